@@ -1,0 +1,245 @@
+//! `RunConfig`: the resolved run, exactly what the trainer executes. The operator
+//! writes it as JSON into the run's ConfigMap; `trainer run` builds it from a
+//! manifest with the same [`crate::resolve`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::presets::{ModelConfig, ParamCounts};
+use crate::types::{Attention, GrpoTask, LossType, OnStall, Phase, Precision, ScaleRewards, Schedule};
+
+/// Bumped when the RunConfig layout changes incompatibly.
+pub const RUN_CONFIG_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunConfig {
+    pub version: u32,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub phase: Phase,
+    pub seed: u64,
+    /// Gang attempt, 1-based; the operator sets it for each new Job.
+    pub attempt: u32,
+    pub model: ModelConfig,
+    pub params: ParamCounts,
+    pub tokenizer: Location,
+    pub precision: Precision,
+    pub attention: Attention,
+    pub gradient_checkpointing: bool,
+    pub topology: ResolvedTopology,
+    pub batch: ResolvedBatch,
+    pub schedule: ResolvedSchedule,
+    pub optimizer: ResolvedOptimizer,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ResolvedData>,
+    pub checkpoint: ResolvedCheckpoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<ResolvedInit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpo: Option<ResolvedGrpo>,
+    pub failure: ResolvedFailure,
+}
+
+/// Where bytes live. Parsed from `s3://bucket/prefix`, `pvc://claim/path`,
+/// `embedded:<name>` or a plain path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Location {
+    S3 { bucket: String, prefix: String },
+    Pvc { claim: String, path: String },
+    Path { path: String },
+    Embedded { name: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedTopology {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// Trainer processes per pod: gpusPerNode, or 1 on CPU.
+    pub procs_per_node: u32,
+    pub world_size: u32,
+    pub device: Device,
+    /// "4x2"
+    pub display: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedBatch {
+    /// Sequences per forward/backward pass per rank.
+    pub micro_batch: u32,
+    pub seq_len: u32,
+    /// Micro-steps per optimizer step on every rank.
+    pub grad_accum: u32,
+    /// Sequences per optimizer step, all ranks.
+    pub global_sequences: u64,
+    /// Tokens per optimizer step, all ranks.
+    pub tokens_per_step: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedSchedule {
+    /// The spec's budget.
+    pub budget_tokens: u64,
+    /// Tokens actually trained: totalSteps × tokensPerStep (≤ budget).
+    pub total_tokens: u64,
+    pub total_steps: u64,
+    pub warmup_tokens: u64,
+    pub lr: f64,
+    pub min_lr: f64,
+    pub kind: Schedule,
+}
+
+impl ResolvedSchedule {
+    /// Learning rate after `tokens` tokens: linear warmup to `lr`, then cosine to
+    /// `min_lr` at `total_tokens` (or constant).
+    pub fn lr_at(&self, tokens: u64) -> f64 {
+        if tokens < self.warmup_tokens {
+            return self.lr * (tokens + 1) as f64 / self.warmup_tokens as f64;
+        }
+        match self.kind {
+            Schedule::Constant => self.lr,
+            Schedule::Cosine => {
+                let span = self.total_tokens.saturating_sub(self.warmup_tokens).max(1);
+                let done = (tokens - self.warmup_tokens).min(span) as f64 / span as f64;
+                let cosine = 0.5 * (1.0 + (std::f64::consts::PI * done).cos());
+                self.min_lr + (self.lr - self.min_lr) * cosine
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedOptimizer {
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// 0 disables clipping.
+    pub grad_clip: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedData {
+    pub mix: Vec<ResolvedSource>,
+    /// 0 disables evaluation.
+    pub eval_every_steps: u32,
+    pub eval_tokens: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedSource {
+    pub name: String,
+    pub weight: f64,
+    pub uri: String,
+    pub location: Location,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedCheckpoint {
+    /// Checkpoint directory inside the pod (the PVC mount).
+    pub dir: String,
+    pub every_steps: u32,
+    pub keep_last: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<ResolvedS3>,
+}
+
+/// S3 mirror target. Credentials come from the standard AWS environment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedS3 {
+    pub bucket: String,
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Name of the Secret the operator maps into AWS_* env vars.
+    pub secret_name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum ResolvedInit {
+    /// Final checkpoint of another run, mounted read-only at [`crate::contract::INIT_MOUNT`].
+    TrainingRun { name: String },
+    Checkpoint { uri: String, location: Location },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedGrpo {
+    pub dataset: Location,
+    pub task: GrpoTask,
+    pub prompts_per_step: u32,
+    pub generations_per_prompt: u32,
+    pub prompts_per_rank: u32,
+    pub max_new_tokens: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub beta: f64,
+    pub clip_epsilon_low: f64,
+    pub clip_epsilon_high: f64,
+    pub length_penalty: f64,
+    pub loss_type: LossType,
+    pub scale_rewards: ScaleRewards,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedFailure {
+    pub max_restarts: u32,
+    pub stall_timeout_seconds: u64,
+    pub on_stall: OnStall,
+}
+
+impl RunConfig {
+    /// Stable hash of everything that must match for a checkpoint to be resumed
+    /// (attempt excluded), hex-encoded.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut c = self.clone();
+        c.attempt = 0;
+        c.failure = ResolvedFailure { max_restarts: 0, stall_timeout_seconds: 0, on_stall: OnStall::Report };
+        let json = serde_json::to_vec(&c).expect("RunConfig serializes");
+        let digest = Sha256::digest(&json);
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// PVC claims the trainer reads data or initial weights from (besides its own).
+    pub fn pvc_claims(&self) -> Vec<String> {
+        let mut claims: Vec<String> = self
+            .data
+            .iter()
+            .flat_map(|d| d.mix.iter().map(|s| &s.location))
+            .chain(std::iter::once(&self.tokenizer))
+            .chain(self.grpo.iter().map(|g| &g.dataset))
+            .chain(self.init_from.iter().filter_map(|i| match i {
+                ResolvedInit::Checkpoint { location, .. } => Some(location),
+                ResolvedInit::TrainingRun { .. } => None,
+            }))
+            .filter_map(|l| match l {
+                Location::Pvc { claim, .. } => Some(claim.clone()),
+                _ => None,
+            })
+            .collect();
+        claims.sort();
+        claims.dedup();
+        claims
+    }
+}

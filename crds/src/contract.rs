@@ -1,0 +1,220 @@
+//! The contract between operator and trainer: environment, ports, paths, exit
+//! codes with their termination message, and the rank-0 `/status` document.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::CheckpointRef;
+
+/// Rendezvous (c10d TCPStore) port on rank 0.
+pub const RENDEZVOUS_PORT: u16 = 29500;
+/// Rank 0's HTTP port: `/status`, `/metrics`, `/healthz`.
+pub const STATUS_PORT: u16 = 8080;
+
+/// Where the ConfigMap's `run.json` is mounted.
+pub const CONFIG_PATH: &str = "/etc/trainingrun/run.json";
+/// ConfigMap key holding the RunConfig JSON.
+pub const CONFIG_KEY: &str = "run.json";
+/// Checkpoint PVC mount.
+pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
+/// Read-only mount of an `initFrom.trainingRun` run's checkpoint PVC.
+pub const INIT_MOUNT: &str = "/init";
+/// Kubernetes' default termination message path.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+pub mod env {
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    pub const NNODES: &str = "NNODES";
+    pub const NODE_RANK: &str = "NODE_RANK";
+    pub const NPROC_PER_NODE: &str = "NPROC_PER_NODE";
+    pub const RANK: &str = "RANK";
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
+    pub const WORLD_SIZE: &str = "WORLD_SIZE";
+    pub const JOB_COMPLETION_INDEX: &str = "JOB_COMPLETION_INDEX";
+    /// Path of the RunConfig JSON.
+    pub const TRAINER_CONFIG: &str = "TRAINER_CONFIG";
+    /// Path the trainer writes its termination message to.
+    pub const TERMINATION_LOG: &str = "TRAINER_TERMINATION_LOG";
+    pub const STATUS_PORT: &str = "TRAINER_STATUS_PORT";
+    pub const ATTEMPT: &str = "TRAINER_ATTEMPT";
+}
+
+/// NCCL defaults from seed 000, set on every trainer pod; `spec.env` overrides them.
+pub const NCCL_DEFAULTS: &[(&str, &str)] =
+    &[("NCCL_IB_DISABLE", "0"), ("NCCL_NET_GDR_LEVEL", "5"), ("CUDA_DEVICE_MAX_CONNECTIONS", "1")];
+
+/// Why a trainer exited non-zero. Each reason has its own exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FailureReason {
+    /// Loss or gradient norm became NaN or Inf.
+    NaNLoss,
+    /// CUDA out of memory.
+    OutOfMemory,
+    /// A collective or the rendezvous timed out: a peer died or the network failed.
+    CollectiveTimeout,
+    /// The RunConfig cannot run (bad values, missing backend).
+    InvalidConfig,
+    /// Data could not be read or is corrupt.
+    DataError,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 5] = [
+        FailureReason::NaNLoss,
+        FailureReason::OutOfMemory,
+        FailureReason::CollectiveTimeout,
+        FailureReason::InvalidConfig,
+        FailureReason::DataError,
+    ];
+
+    /// Exit codes stay clear of 1-2 (generic), 126-128 (shell) and 128+N (signals).
+    pub const fn exit_code(self) -> i32 {
+        match self {
+            FailureReason::InvalidConfig => 78,
+            FailureReason::DataError => 65,
+            FailureReason::NaNLoss => 86,
+            FailureReason::OutOfMemory => 87,
+            FailureReason::CollectiveTimeout => 88,
+        }
+    }
+
+    pub fn from_exit_code(code: i32) -> Option<FailureReason> {
+        Self::ALL.into_iter().find(|r| r.exit_code() == code)
+    }
+
+    /// Whether a gang restart from the last checkpoint can help.
+    pub const fn retriable(self) -> bool {
+        matches!(self, FailureReason::CollectiveTimeout)
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::NaNLoss => "NaNLoss",
+            FailureReason::OutOfMemory => "OutOfMemory",
+            FailureReason::CollectiveTimeout => "CollectiveTimeout",
+            FailureReason::InvalidConfig => "InvalidConfig",
+            FailureReason::DataError => "DataError",
+        }
+    }
+}
+
+/// JSON written to the termination-message file before a failing exit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminationMessage {
+    pub reason: FailureReason,
+    /// Optimizer step at the failure, if training had started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    pub detail: String,
+}
+
+impl TerminationMessage {
+    /// Kubernetes keeps at most 4096 bytes of a termination message.
+    pub const MAX_BYTES: usize = 4096;
+
+    /// The JSON, with `detail` shortened so the whole fits in [`Self::MAX_BYTES`].
+    pub fn to_json(&self) -> String {
+        let mut msg = self.clone();
+        loop {
+            let json = serde_json::to_string(&msg).expect("termination message serializes");
+            if json.len() <= Self::MAX_BYTES || msg.detail.is_empty() {
+                return json;
+            }
+            let keep = msg.detail.len().saturating_sub(json.len() - Self::MAX_BYTES + 3);
+            let mut cut = keep.min(msg.detail.len());
+            while !msg.detail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            msg.detail.truncate(cut);
+            msg.detail.push_str("...");
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<TerminationMessage> {
+        serde_json::from_str(text.trim()).ok()
+    }
+}
+
+/// Phase reported by the trainer on `/status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainerPhase {
+    Starting,
+    Training,
+    Evaluating,
+    Checkpointing,
+    Done,
+    Failed,
+}
+
+/// Rank 0's `GET /status` document, which the operator copies into the run's status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainerStatus {
+    pub phase: TrainerPhase,
+    pub attempt: u32,
+    pub step: u64,
+    pub total_steps: u64,
+    pub tokens: u64,
+    pub total_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_distinct_and_round_trip() {
+        let mut codes: Vec<i32> = FailureReason::ALL.iter().map(|r| r.exit_code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), FailureReason::ALL.len());
+        for r in FailureReason::ALL {
+            assert_eq!(FailureReason::from_exit_code(r.exit_code()), Some(r));
+            let c = r.exit_code();
+            assert!(c > 2 && c < 126, "{c} collides with shell or signal codes");
+        }
+        assert_eq!(FailureReason::from_exit_code(1), None);
+        assert_eq!(FailureReason::from_exit_code(137), None);
+    }
+
+    #[test]
+    fn only_collective_timeouts_are_retriable() {
+        let retriable: Vec<_> = FailureReason::ALL.into_iter().filter(|r| r.retriable()).collect();
+        assert_eq!(retriable, vec![FailureReason::CollectiveTimeout]);
+    }
+
+    #[test]
+    fn termination_message_round_trips_and_fits() {
+        let m = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(1200), detail: "loss=nan".into() };
+        let json = m.to_json();
+        assert_eq!(json, r#"{"reason":"NaNLoss","step":1200,"detail":"loss=nan"}"#);
+        assert_eq!(TerminationMessage::parse(&json), Some(m));
+        let long = TerminationMessage { reason: FailureReason::DataError, step: None, detail: "é".repeat(5000) };
+        let json = long.to_json();
+        assert!(json.len() <= TerminationMessage::MAX_BYTES, "{}", json.len());
+        assert_eq!(TerminationMessage::parse(&json).unwrap().reason, FailureReason::DataError);
+        assert_eq!(TerminationMessage::parse("Traceback: ..."), None);
+    }
+
+    #[test]
+    fn reason_names_match_serde() {
+        for r in FailureReason::ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), serde_json::json!(r.as_str()));
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The TrainingRun API: CRD types, model presets, the resolver and the
+//! operator↔trainer contract. The operator and the trainer both use this crate,
+//! so they can never disagree about a run.
+
+pub mod config;
+pub mod contract;
+pub mod manifest;
+pub mod presets;
+pub mod quantity;
+pub mod resolve;
+pub mod types;
+
+pub use config::RunConfig;
+pub use resolve::{InvalidSpec, resolve};
+pub use types::{TrainingRun, TrainingRunSpec, TrainingRunStatus};
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{origin}: {message}")]
+    Manifest { origin: String, message: String },
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid TrainingRun {name:?}: {source}")]
+    Invalid { name: String, source: InvalidSpec },
+}

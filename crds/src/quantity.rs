@@ -1,0 +1,191 @@
+//! Token quantities: `131072`, `"600M"`, `"11B"`, `"1.5B"`.
+
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// A count of tokens, written as an integer or as a string with an optional
+/// K (10^3), M (10^6), B (10^9) or T (10^12) suffix.
+///
+/// The original spelling is kept, so a manifest reads back as it was written;
+/// [`TokenQuantity::value`] parses it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenQuantity {
+    Int(u64),
+    Text(String),
+}
+
+/// Rejected spellings of a token quantity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error(
+        "{0:?} is not a token count; write an integer or a number with a K, M, B or T suffix, e.g. \"11B\" or \"600M\""
+    )]
+    Malformed(String),
+    #[error("{0:?} is not a whole number of tokens")]
+    Fractional(String),
+    #[error("{0:?} is too large")]
+    Overflow(String),
+    #[error("must be at least 1 token")]
+    Zero,
+}
+
+/// CEL check of the spelling, so the API server rejects bad values at apply time.
+/// `string(self)` reads both the integer and the string form.
+const CEL_RULE: &str =
+    r"string(self).matches('^[0-9]+(\\.[0-9]+)?[kKmMbBtT]?$') && !string(self).matches('^[0.]+[kKmMbBtT]?$')";
+
+impl TokenQuantity {
+    /// The number of tokens.
+    pub fn value(&self) -> Result<u64, QuantityError> {
+        match self {
+            TokenQuantity::Int(0) => Err(QuantityError::Zero),
+            TokenQuantity::Int(n) => Ok(*n),
+            TokenQuantity::Text(s) => parse_tokens(s),
+        }
+    }
+}
+
+impl From<u64> for TokenQuantity {
+    fn from(n: u64) -> Self {
+        TokenQuantity::Int(n)
+    }
+}
+
+impl From<&str> for TokenQuantity {
+    fn from(s: &str) -> Self {
+        TokenQuantity::Text(s.to_string())
+    }
+}
+
+/// Parses `"11B"`, `"600M"`, `"1.5B"`, `"64K"`, `"2T"` or `"131072"`.
+pub fn parse_tokens(text: &str) -> Result<u64, QuantityError> {
+    let malformed = || QuantityError::Malformed(text.to_string());
+    let s = text.trim();
+    let (number, scale): (&str, u64) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1_000_000),
+        Some('b' | 'B') => (&s[..s.len() - 1], 1_000_000_000),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1_000_000_000_000),
+        Some(c) if c.is_ascii_digit() => (s, 1),
+        _ => return Err(malformed()),
+    };
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed());
+    }
+    if number.ends_with('.') {
+        return Err(malformed());
+    }
+    let overflow = || QuantityError::Overflow(text.to_string());
+    let whole: u64 = whole.parse().map_err(|_| overflow())?;
+    let mut value = whole.checked_mul(scale).ok_or_else(overflow)?;
+    // Exact decimal arithmetic: "1.5B" is 1_500_000_000, never 1_499_999_999.
+    let mut unit = scale;
+    for digit in frac.bytes() {
+        if unit % 10 != 0 {
+            return Err(QuantityError::Fractional(text.to_string()));
+        }
+        unit /= 10;
+        value = value.checked_add(u64::from(digit - b'0') * unit).ok_or_else(overflow)?;
+    }
+    if value == 0 {
+        return Err(QuantityError::Zero);
+    }
+    Ok(value)
+}
+
+/// Formats a count the way people write it: 11B, 600M, 1.5B, 131072.
+pub fn format_tokens(n: u64) -> String {
+    for (scale, suffix) in [(1_000_000_000_000, "T"), (1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")] {
+        if n >= scale {
+            let v = n as f64 / scale as f64;
+            return if n % scale == 0 {
+                format!("{}{suffix}", n / scale)
+            } else {
+                format!("{}{suffix}", (v * 100.0).round() / 100.0)
+            };
+        }
+    }
+    n.to_string()
+}
+
+impl JsonSchema for TokenQuantity {
+    fn schema_name() -> Cow<'static, str> {
+        "TokenQuantity".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "x-kubernetes-int-or-string": true,
+            "x-kubernetes-validations": [{
+                "rule": CEL_RULE,
+                "message": "must be a positive integer or a number with a K, M, B or T suffix, e.g. \"11B\""
+            }]
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_suffixes_exactly() {
+        assert_eq!(parse_tokens("11B"), Ok(11_000_000_000));
+        assert_eq!(parse_tokens("600M"), Ok(600_000_000));
+        assert_eq!(parse_tokens("100B"), Ok(100_000_000_000));
+        assert_eq!(parse_tokens("1.5B"), Ok(1_500_000_000));
+        assert_eq!(parse_tokens("0.6B"), Ok(600_000_000));
+        assert_eq!(parse_tokens("64k"), Ok(64_000));
+        assert_eq!(parse_tokens("2T"), Ok(2_000_000_000_000));
+        assert_eq!(parse_tokens("131072"), Ok(131_072));
+        assert_eq!(parse_tokens(" 2M "), Ok(2_000_000));
+    }
+
+    #[test]
+    fn rejects_bad_spellings() {
+        for bad in ["", "B", "11X", "1e9", "-5", "1.5", "1.", ".5B", "11 B", "1,000", "eleven"] {
+            let err = parse_tokens(bad).unwrap_err();
+            assert!(
+                matches!(err, QuantityError::Malformed(_) | QuantityError::Fractional(_)),
+                "{bad:?} gave {err:?}"
+            );
+        }
+        assert_eq!(parse_tokens("1.0001K"), Err(QuantityError::Fractional("1.0001K".into())));
+        assert_eq!(parse_tokens("0"), Err(QuantityError::Zero));
+        assert_eq!(parse_tokens("0M"), Err(QuantityError::Zero));
+        assert!(matches!(parse_tokens("99999999999T"), Err(QuantityError::Overflow(_))));
+        assert!(matches!(parse_tokens("99999999999999999999"), Err(QuantityError::Overflow(_))));
+        assert_eq!(TokenQuantity::Int(0).value(), Err(QuantityError::Zero));
+    }
+
+    #[test]
+    fn error_says_what_to_write() {
+        let msg = parse_tokens("11X").unwrap_err().to_string();
+        assert!(msg.contains("\"11X\"") && msg.contains("\"11B\""), "{msg}");
+    }
+
+    #[test]
+    fn deserializes_int_or_string() {
+        let q: TokenQuantity = serde_json::from_str("131072").unwrap();
+        assert_eq!(q.value(), Ok(131_072));
+        let q: TokenQuantity = serde_json::from_str("\"11B\"").unwrap();
+        assert_eq!(q.value(), Ok(11_000_000_000));
+        assert_eq!(serde_json::to_string(&q).unwrap(), "\"11B\"");
+    }
+
+    #[test]
+    fn formats_round_numbers() {
+        assert_eq!(format_tokens(11_000_000_000), "11B");
+        assert_eq!(format_tokens(1_500_000_000), "1.5B");
+        assert_eq!(format_tokens(131_072), "131.07K");
+        assert_eq!(format_tokens(999), "999");
+    }
+}

@@ -1,0 +1,670 @@
+//! `resolve`: TrainingRun spec → RunConfig. Every rule the CRD's CEL enforces is
+//! checked here too, so `trainer run` on a laptop rejects what the API server would.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::config::*;
+use crate::contract::CHECKPOINT_MOUNT;
+use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
+use crate::quantity::{TokenQuantity, format_tokens};
+use crate::types::*;
+
+/// Names of the corpora compiled into the trainer (`embedded:<name>`).
+pub const EMBEDDED_SOURCES: &[&str] = &["textbook", "facts", "arithmetic", "mcq"];
+
+/// Longest TrainingRun name: children append suffixes such as `-a12-3` and pod
+/// hostnames must stay within 63 characters.
+pub const MAX_NAME_LEN: usize = 48;
+
+/// One problem with a spec, named by its field path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Every problem found in a spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidSpec(pub Vec<FieldError>);
+
+impl fmt::Display for InvalidSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|e| e.to_string()).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+impl std::error::Error for InvalidSpec {}
+
+impl InvalidSpec {
+    /// Whether some error names `field` (exactly, or a sub-field of it).
+    pub fn names(&self, field: &str) -> bool {
+        self.0.iter().any(|e| e.field == field || e.field.starts_with(&format!("{field}.")) || e.field.starts_with(&format!("{field}[")))
+    }
+}
+
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError { field: field.into(), message: message.into() });
+    }
+
+    fn tokens(&mut self, field: &str, q: &TokenQuantity) -> Option<u64> {
+        q.value().map_err(|e| self.add(field, e.to_string())).ok()
+    }
+
+    fn positive(&mut self, field: &str, v: Option<u32>) -> Option<u32> {
+        match v {
+            Some(0) => {
+                self.add(field, "must be at least 1");
+                None
+            }
+            v => v,
+        }
+    }
+}
+
+/// Resolves a TrainingRun into the exact configuration the trainer runs.
+pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
+    let mut e = Errors::default();
+    let name = run.metadata.name.clone().unwrap_or_default();
+    check_name(&mut e, "metadata.name", &name);
+    let spec = &run.spec;
+
+    let model = resolve_model(&mut e, spec);
+    let topology = resolve_topology(&mut e, spec);
+    let budget = e.tokens("spec.tokens", &spec.tokens);
+    let (batch, tokens_per_step) = resolve_batch(&mut e, spec, model.as_ref(), topology.as_ref());
+    let schedule = resolve_schedule(&mut e, spec, budget, tokens_per_step);
+    let optimizer = resolve_optimizer(&mut e, &spec.optimizer);
+    let data = resolve_data(&mut e, spec);
+    let tokenizer = resolve_tokenizer(&mut e, &spec.model, model.as_ref());
+    let checkpoint = resolve_checkpoint(&mut e, &spec.checkpoint, spec.topology.nodes);
+    let init_from = resolve_init(&mut e, spec, &name);
+    let grpo = resolve_grpo(&mut e, spec, topology.as_ref(), batch.as_ref());
+    let failure = resolve_failure(&mut e, &spec.failure_policy);
+    if let Some(q) = &spec.queue_name {
+        check_label_value(&mut e, "spec.queueName", q);
+    }
+    if spec.ttl_seconds_after_finished.is_some_and(|t| t < 0) {
+        e.add("spec.ttlSecondsAfterFinished", "must not be negative");
+    }
+
+    if !e.0.is_empty() {
+        return Err(InvalidSpec(e.0));
+    }
+    let model = model.expect("no errors");
+    let params = model.param_counts();
+    Ok(RunConfig {
+        version: RUN_CONFIG_VERSION,
+        name,
+        namespace: run.metadata.namespace.clone(),
+        phase: spec.phase,
+        seed: spec.seed,
+        attempt: 1,
+        model,
+        params,
+        tokenizer: tokenizer.expect("no errors"),
+        precision: spec.precision,
+        attention: spec.attention,
+        gradient_checkpointing: spec.gradient_checkpointing,
+        topology: topology.expect("no errors"),
+        batch: batch.expect("no errors"),
+        schedule: schedule.expect("no errors"),
+        optimizer: optimizer.expect("no errors"),
+        data,
+        checkpoint: checkpoint.expect("no errors"),
+        init_from,
+        grpo,
+        failure: failure.expect("no errors"),
+    })
+}
+
+fn check_name(e: &mut Errors, field: &str, name: &str) {
+    if name.is_empty() {
+        e.add(field, "is required");
+        return;
+    }
+    let ok = name.len() <= MAX_NAME_LEN
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        e.add(
+            field,
+            format!(
+                "{name:?} must be a DNS label of at most {MAX_NAME_LEN} characters: lowercase letters, digits and '-', starting with a letter"
+            ),
+        );
+    }
+}
+
+fn check_label_value(e: &mut Errors, field: &str, v: &str) {
+    let ok = v.len() <= 63
+        && !v.is_empty()
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        e.add(field, format!("{v:?} is not a valid label value (at most 63 alphanumerics, '-', '_' or '.')"));
+    }
+}
+
+fn resolve_model(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ModelConfig> {
+    let m = &spec.model;
+    let Some(preset) = presets::preset(&m.preset) else {
+        e.add("spec.model.preset", format!("unknown preset {:?}; known presets: {}", m.preset, presets::preset_names().join(", ")));
+        return None;
+    };
+    let before = e.0.len();
+    let mut c = ModelConfig::from(preset);
+    let layers = e.positive("spec.model.layers", m.layers);
+    let d_model = e.positive("spec.model.dModel", m.d_model);
+    let heads = e.positive("spec.model.heads", m.heads);
+    let kv_heads = e.positive("spec.model.kvHeads", m.kv_heads);
+    let d_head = e.positive("spec.model.dHead", m.d_head);
+    let d_ff = e.positive("spec.model.dFf", m.d_ff);
+    let vocab = e.positive("spec.model.vocabSize", m.vocab_size);
+    let seq = e.positive("spec.model.seqLength", m.seq_length);
+    c.n_layer = layers.unwrap_or(c.n_layer);
+    c.d_model = d_model.unwrap_or(c.d_model);
+    c.n_head = heads.unwrap_or(c.n_head);
+    c.d_ff = d_ff.unwrap_or(c.d_ff);
+    c.vocab_size = vocab.unwrap_or(c.vocab_size);
+    c.max_seq_len = seq.unwrap_or(c.max_seq_len);
+    // Without an explicit dHead, a new width or head count re-derives it.
+    c.d_head = match d_head {
+        Some(d) => d,
+        None if m.d_model.is_some() || m.heads.is_some() => {
+            if c.d_model % c.n_head != 0 {
+                e.add("spec.model.heads", format!("{} heads do not divide dModel {}; set dHead or change heads", c.n_head, c.d_model));
+            }
+            c.d_model / c.n_head.max(1)
+        }
+        None => c.d_head,
+    };
+    c.n_kv_head = match kv_heads {
+        Some(k) => k,
+        None if c.arch == Arch::Gpt2 => c.n_head,
+        // Keep the preset's query-to-kv ratio when only the head count changes.
+        None => (c.n_head / (preset.n_head / preset.n_kv_head)).max(1),
+    };
+    if c.n_head % c.n_kv_head != 0 {
+        e.add("spec.model.kvHeads", format!("{} kv heads do not divide {} heads", c.n_kv_head, c.n_head));
+    }
+    if c.arch == Arch::Gpt2 && c.n_kv_head != c.n_head {
+        e.add("spec.model.kvHeads", "GPT-2 has no grouped-query attention: kvHeads must equal heads");
+    }
+    if let Some(theta) = m.rope_theta {
+        if c.arch == Arch::Gpt2 {
+            e.add("spec.model.ropeTheta", "GPT-2 uses learned positions, not RoPE");
+        } else if !(theta.is_finite() && theta > 0.0) {
+            e.add("spec.model.ropeTheta", format!("{theta} must be a positive number"));
+        } else {
+            c.rope_theta = theta;
+        }
+    }
+    if c.arch != Arch::Gpt2 && c.d_head % 2 != 0 {
+        e.add("spec.model.dHead", format!("RoPE needs an even head width, got {}", c.d_head));
+    }
+    (e.0.len() == before).then_some(c)
+}
+
+fn resolve_tokenizer(e: &mut Errors, m: &ModelSpec, model: Option<&ModelConfig>) -> Option<Location> {
+    let loc = parse_location(e, "spec.model.tokenizer", if m.tokenizer == "embedded" { "embedded:bpe" } else { &m.tokenizer })?;
+    if let (Location::Embedded { name }, Some(model)) = (&loc, model) {
+        if name != "bpe" {
+            e.add("spec.model.tokenizer", format!("{:?}: the embedded tokenizer is written `embedded`", m.tokenizer));
+        } else if model.vocab_size < EMBEDDED_VOCAB_SIZE {
+            e.add(
+                "spec.model.vocabSize",
+                format!("{} is smaller than the embedded tokenizer's {EMBEDDED_VOCAB_SIZE} tokens", model.vocab_size),
+            );
+        }
+    }
+    Some(loc)
+}
+
+fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTopology> {
+    let t = &spec.topology;
+    let before = e.0.len();
+    if t.nodes == 0 {
+        e.add("spec.topology.nodes", "must be at least 1");
+    }
+    if t.gpus_per_node > 0 && t.gpu_resource_name.trim().is_empty() {
+        e.add("spec.topology.gpuResourceName", "must not be empty");
+    }
+    if e.0.len() != before {
+        return None;
+    }
+    let procs = t.gpus_per_node.max(1);
+    Some(ResolvedTopology {
+        nodes: t.nodes,
+        gpus_per_node: t.gpus_per_node,
+        procs_per_node: procs,
+        world_size: t.nodes * procs,
+        device: if t.gpus_per_node > 0 { Device::Cuda } else { Device::Cpu },
+        display: format!("{}x{}", t.nodes, t.gpus_per_node),
+    })
+}
+
+/// Returns the batch and the tokens one optimizer step trains on.
+fn resolve_batch(
+    e: &mut Errors,
+    spec: &TrainingRunSpec,
+    model: Option<&ModelConfig>,
+    topo: Option<&ResolvedTopology>,
+) -> (Option<ResolvedBatch>, Option<u64>) {
+    let b = &spec.batch;
+    let micro = e.positive("spec.batch.microBatch", Some(b.micro_batch));
+    let seq = e.positive("spec.batch.seqLength", b.seq_length);
+    let (Some(model), Some(topo), Some(micro)) = (model, topo, micro) else { return (None, None) };
+    let seq = seq.unwrap_or(model.max_seq_len);
+    if seq > model.max_seq_len {
+        e.add(
+            "spec.batch.seqLength",
+            format!("{seq} exceeds the model's context of {} tokens; raise spec.model.seqLength", model.max_seq_len),
+        );
+        return (None, None);
+    }
+    let world = u64::from(topo.world_size);
+    let per_micro_step = u64::from(micro) * u64::from(seq) * world;
+    match spec.phase {
+        Phase::Pretrain => {
+            let Some(q) = &b.global_tokens else {
+                e.add("spec.batch.globalTokens", "is required for phase pretrain");
+                return (None, None);
+            };
+            let Some(global) = e.tokens("spec.batch.globalTokens", q) else { return (None, None) };
+            if global % per_micro_step != 0 {
+                let lower = (global / per_micro_step) * per_micro_step;
+                let upper = lower + per_micro_step;
+                let suggest = if lower > 0 { format!("{lower} or {upper}") } else { upper.to_string() };
+                e.add(
+                    "spec.batch.globalTokens",
+                    format!(
+                        "{global} is not a multiple of microBatch {micro} × seqLength {seq} × world size {world} = {per_micro_step}; use e.g. {suggest}"
+                    ),
+                );
+                return (None, None);
+            }
+            let accum = global / per_micro_step;
+            let Ok(grad_accum) = u32::try_from(accum) else {
+                e.add("spec.batch.globalTokens", format!("needs {accum} accumulation steps, which is too many"));
+                return (None, None);
+            };
+            let batch = ResolvedBatch {
+                micro_batch: micro,
+                seq_len: seq,
+                grad_accum,
+                global_sequences: global / u64::from(seq),
+                tokens_per_step: global,
+            };
+            (Some(batch), Some(global))
+        }
+        Phase::Grpo => {
+            if b.global_tokens.is_some() {
+                e.add(
+                    "spec.batch.globalTokens",
+                    "is not used in phase grpo: a step is grpo.promptsPerStep × grpo.generationsPerPrompt completions",
+                );
+            }
+            let Some(g) = &spec.grpo else { return (None, None) };
+            let completions = u64::from(g.prompts_per_step) * u64::from(g.generations_per_prompt);
+            let per_rank = completions / world.max(1);
+            if per_rank == 0 || per_rank % u64::from(micro) != 0 {
+                // Reported by resolve_grpo, which knows the prompt split.
+                return (None, None);
+            }
+            let tokens_per_step = completions * u64::from(seq);
+            let batch = ResolvedBatch {
+                micro_batch: micro,
+                seq_len: seq,
+                grad_accum: (per_rank / u64::from(micro)) as u32,
+                global_sequences: completions,
+                tokens_per_step,
+            };
+            (Some(batch), Some(tokens_per_step))
+        }
+    }
+}
+
+fn resolve_schedule(
+    e: &mut Errors,
+    spec: &TrainingRunSpec,
+    budget: Option<u64>,
+    tokens_per_step: Option<u64>,
+) -> Option<ResolvedSchedule> {
+    let o = &spec.optimizer;
+    let (default_lr, grpo) = match spec.phase {
+        Phase::Pretrain => (3e-4, false),
+        Phase::Grpo => (1e-5, true),
+    };
+    let lr = o.lr.unwrap_or(default_lr);
+    let mut ok = true;
+    if !(lr.is_finite() && lr > 0.0) {
+        e.add("spec.optimizer.lr", format!("{lr} must be a positive number"));
+        ok = false;
+    }
+    let min_lr = o.min_lr.unwrap_or(if grpo { lr } else { lr / 10.0 });
+    if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= lr) {
+        e.add("spec.optimizer.minLr", format!("{min_lr} must be between 0 and lr ({lr})"));
+        ok = false;
+    }
+    let warmup = match &o.warmup_tokens {
+        Some(q) => e.tokens("spec.optimizer.warmupTokens", q),
+        None => budget.map(|b| (b / 20).min(100_000_000)),
+    };
+    let (budget, per_step, warmup) = (budget?, tokens_per_step?, warmup?);
+    let steps = budget / per_step;
+    if steps == 0 {
+        e.add(
+            "spec.tokens",
+            format!("budget {} is smaller than one step of {per_step} tokens", format_tokens(budget)),
+        );
+        return None;
+    }
+    let total_tokens = steps * per_step;
+    if warmup > total_tokens {
+        e.add(
+            "spec.optimizer.warmupTokens",
+            format!("{} exceeds the {} tokens the run trains on", format_tokens(warmup), format_tokens(total_tokens)),
+        );
+        return None;
+    }
+    ok.then_some(ResolvedSchedule {
+        budget_tokens: budget,
+        total_tokens,
+        total_steps: steps,
+        warmup_tokens: warmup,
+        lr,
+        min_lr,
+        kind: o.schedule,
+    })
+}
+
+fn resolve_optimizer(e: &mut Errors, o: &OptimizerSpec) -> Option<ResolvedOptimizer> {
+    let before = e.0.len();
+    if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+        e.add("spec.optimizer.weightDecay", format!("{} must be ≥ 0", o.weight_decay));
+    }
+    let betas_ok = o.betas.len() == 2 && o.betas.iter().all(|b| (0.0..1.0).contains(b));
+    if !betas_ok {
+        e.add("spec.optimizer.betas", format!("{:?} must be two numbers in [0, 1)", o.betas));
+    }
+    if !(o.eps.is_finite() && o.eps > 0.0) {
+        e.add("spec.optimizer.eps", format!("{} must be positive", o.eps));
+    }
+    if !(o.grad_clip.is_finite() && o.grad_clip >= 0.0) {
+        e.add("spec.optimizer.gradClip", format!("{} must be ≥ 0 (0 disables clipping)", o.grad_clip));
+    }
+    (e.0.len() == before).then(|| ResolvedOptimizer {
+        weight_decay: o.weight_decay,
+        beta1: o.betas[0],
+        beta2: o.betas[1],
+        eps: o.eps,
+        grad_clip: o.grad_clip,
+    })
+}
+
+fn resolve_data(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedData> {
+    let Some(d) = &spec.data else {
+        if spec.phase == Phase::Pretrain {
+            e.add("spec.data", "is required for phase pretrain");
+        }
+        return None;
+    };
+    if d.mix.is_empty() {
+        e.add("spec.data.mix", "needs at least one source");
+        return None;
+    }
+    let mut seen = BTreeSet::new();
+    let mut mix = Vec::new();
+    for (i, m) in d.mix.iter().enumerate() {
+        let f = format!("spec.data.mix[{i}]");
+        if m.name.trim().is_empty() {
+            e.add(format!("{f}.name"), "must not be empty");
+        } else if !seen.insert(m.name.as_str()) {
+            e.add(format!("{f}.name"), format!("{:?} appears twice; names must be unique", m.name));
+        }
+        if !(m.weight.is_finite() && m.weight > 0.0 && m.weight <= 1.0) {
+            e.add(format!("{f}.weight"), format!("{} must be in (0, 1]", m.weight));
+        }
+        if let Some(location) = parse_location(e, &format!("{f}.uri"), &m.uri) {
+            mix.push(ResolvedSource { name: m.name.clone(), weight: m.weight, uri: m.uri.clone(), location });
+        }
+    }
+    let sum: f64 = d.mix.iter().map(|m| m.weight).sum();
+    if (sum - 1.0).abs() > 1e-6 {
+        e.add("spec.data.mix", format!("weights sum to {sum}, not 1"));
+    }
+    let eval_tokens = e.tokens("spec.data.validation.tokens", &d.validation.tokens);
+    Some(ResolvedData { mix, eval_every_steps: d.validation.every_steps, eval_tokens: eval_tokens? })
+}
+
+/// Parses `s3://bucket/prefix`, `pvc://claim/path`, `embedded:<name>` or a path.
+pub fn parse_location_str(uri: &str) -> Result<Location, String> {
+    if let Some(rest) = uri.strip_prefix("s3://") {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("{uri:?} has no bucket; write s3://bucket/prefix"));
+        }
+        return Ok(Location::S3 { bucket: bucket.into(), prefix: prefix.trim_matches('/').into() });
+    }
+    if let Some(rest) = uri.strip_prefix("pvc://") {
+        let (claim, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if claim.is_empty() {
+            return Err(format!("{uri:?} has no claim; write pvc://claim/path"));
+        }
+        return Ok(Location::Pvc { claim: claim.into(), path: path.trim_matches('/').into() });
+    }
+    if let Some(name) = uri.strip_prefix("embedded:") {
+        if name == "bpe" || EMBEDDED_SOURCES.contains(&name) {
+            return Ok(Location::Embedded { name: name.into() });
+        }
+        return Err(format!("{uri:?}: no embedded corpus named {name:?}; embedded corpora: {}", EMBEDDED_SOURCES.join(", ")));
+    }
+    if let Some((scheme, _)) = uri.split_once("://") {
+        return Err(format!("{uri:?}: unsupported scheme {scheme:?}; use s3://, pvc://, embedded: or a path"));
+    }
+    if uri.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(Location::Path { path: uri.into() })
+}
+
+fn parse_location(e: &mut Errors, field: &str, uri: &str) -> Option<Location> {
+    parse_location_str(uri).map_err(|m| e.add(field, m)).ok()
+}
+
+fn resolve_checkpoint(e: &mut Errors, c: &CheckpointSpec, nodes: u32) -> Option<ResolvedCheckpoint> {
+    let before = e.0.len();
+    if c.every_steps == 0 {
+        e.add("spec.checkpoint.everySteps", "must be at least 1");
+    }
+    if c.keep_last == 0 {
+        e.add("spec.checkpoint.keepLast", "must be at least 1");
+    }
+    if nodes > 1 && matches!(c.access_mode, Some(AccessMode::ReadWriteOnce | AccessMode::ReadWriteOncePod)) {
+        e.add(
+            "spec.checkpoint.accessMode",
+            format!("{:?} cannot be mounted by pods on {nodes} nodes; use ReadWriteMany", c.access_mode.unwrap()),
+        );
+    }
+    let s3 = c.s3.as_ref().and_then(|s| match parse_location_str(&s.uri) {
+        Ok(Location::S3 { bucket, prefix }) => {
+            if s.secret_ref.name.trim().is_empty() {
+                e.add("spec.checkpoint.s3.secretRef.name", "must name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+            }
+            Some(ResolvedS3 {
+                bucket,
+                prefix,
+                endpoint: s.endpoint.clone(),
+                region: s.region.clone(),
+                secret_name: s.secret_ref.name.clone(),
+            })
+        }
+        Ok(_) => {
+            e.add("spec.checkpoint.s3.uri", format!("{:?} must start with s3://", s.uri));
+            None
+        }
+        Err(m) => {
+            e.add("spec.checkpoint.s3.uri", m);
+            None
+        }
+    });
+    (e.0.len() == before).then(|| ResolvedCheckpoint {
+        dir: CHECKPOINT_MOUNT.into(),
+        every_steps: c.every_steps,
+        keep_last: c.keep_last,
+        s3,
+    })
+}
+
+fn resolve_init(e: &mut Errors, spec: &TrainingRunSpec, own_name: &str) -> Option<ResolvedInit> {
+    let Some(init) = &spec.init_from else {
+        if spec.phase == Phase::Grpo {
+            e.add("spec.initFrom", "is required for phase grpo: GRPO fine-tunes pretrained weights");
+        }
+        return None;
+    };
+    match (&init.training_run, &init.uri) {
+        (Some(run), None) => {
+            check_name(e, "spec.initFrom.trainingRun", run);
+            if run == own_name {
+                e.add("spec.initFrom.trainingRun", "a run cannot start from itself");
+            }
+            Some(ResolvedInit::TrainingRun { name: run.clone() })
+        }
+        (None, Some(uri)) => match parse_location(e, "spec.initFrom.uri", uri)? {
+            Location::Embedded { .. } => {
+                e.add("spec.initFrom.uri", "embedded corpora hold no checkpoints");
+                None
+            }
+            location => Some(ResolvedInit::Checkpoint { uri: uri.clone(), location }),
+        },
+        _ => {
+            e.add("spec.initFrom", "set exactly one of trainingRun and uri");
+            None
+        }
+    }
+}
+
+fn resolve_grpo(
+    e: &mut Errors,
+    spec: &TrainingRunSpec,
+    topo: Option<&ResolvedTopology>,
+    batch: Option<&ResolvedBatch>,
+) -> Option<ResolvedGrpo> {
+    let g = match (spec.phase, &spec.grpo) {
+        (Phase::Grpo, Some(g)) => g,
+        (Phase::Grpo, None) => {
+            e.add("spec.grpo", "is required for phase grpo");
+            return None;
+        }
+        (Phase::Pretrain, Some(_)) => {
+            e.add("spec.grpo", "is only allowed with phase grpo");
+            return None;
+        }
+        (Phase::Pretrain, None) => return None,
+    };
+    let before = e.0.len();
+    let dataset = parse_location(e, "spec.grpo.dataset", &g.dataset);
+    if g.prompts_per_step == 0 {
+        e.add("spec.grpo.promptsPerStep", "must be at least 1");
+    }
+    if g.generations_per_prompt < 2 {
+        e.add("spec.grpo.generationsPerPrompt", "must be at least 2: advantages are relative to the group");
+    }
+    let world = topo.map_or(1, |t| t.world_size);
+    if g.prompts_per_step > 0 && g.prompts_per_step % world != 0 {
+        e.add(
+            "spec.grpo.promptsPerStep",
+            format!("{} prompts cannot be split evenly over {world} ranks", g.prompts_per_step),
+        );
+    }
+    let prompts_per_rank = g.prompts_per_step / world.max(1);
+    let completions_per_rank = prompts_per_rank * g.generations_per_prompt;
+    let micro = spec.batch.micro_batch;
+    if micro > 0 && completions_per_rank > 0 && completions_per_rank % micro != 0 {
+        e.add(
+            "spec.batch.microBatch",
+            format!("{micro} does not divide the {completions_per_rank} completions each rank trains on per step"),
+        );
+    }
+    if g.max_new_tokens == 0 {
+        e.add("spec.grpo.maxNewTokens", "must be at least 1");
+    } else if let Some(b) = batch {
+        if g.max_new_tokens >= b.seq_len {
+            e.add(
+                "spec.grpo.maxNewTokens",
+                format!("{} leaves no room for the prompt in seqLength {}", g.max_new_tokens, b.seq_len),
+            );
+        }
+    }
+    if !(g.temperature.is_finite() && g.temperature > 0.0) {
+        e.add("spec.grpo.temperature", format!("{} must be positive", g.temperature));
+    }
+    if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+        e.add("spec.grpo.topP", format!("{} must be in (0, 1]", g.top_p));
+    }
+    if !(g.beta.is_finite() && g.beta >= 0.0) {
+        e.add("spec.grpo.beta", format!("{} must be ≥ 0", g.beta));
+    }
+    let high = g.clip_epsilon_high.unwrap_or(g.clip_epsilon);
+    if !(g.clip_epsilon > 0.0 && g.clip_epsilon < 1.0) {
+        e.add("spec.grpo.clipEpsilon", format!("{} must be in (0, 1)", g.clip_epsilon));
+    }
+    if !(high.is_finite() && high > 0.0) {
+        e.add("spec.grpo.clipEpsilonHigh", format!("{high} must be positive"));
+    }
+    if !(g.length_penalty.is_finite() && g.length_penalty >= 0.0) {
+        e.add("spec.grpo.lengthPenalty", format!("{} must be ≥ 0", g.length_penalty));
+    }
+    if e.0.len() != before {
+        return None;
+    }
+    Some(ResolvedGrpo {
+        dataset: dataset?,
+        task: g.task,
+        prompts_per_step: g.prompts_per_step,
+        generations_per_prompt: g.generations_per_prompt,
+        prompts_per_rank,
+        max_new_tokens: g.max_new_tokens,
+        temperature: g.temperature,
+        top_p: g.top_p,
+        beta: g.beta,
+        clip_epsilon_low: g.clip_epsilon,
+        clip_epsilon_high: high,
+        length_penalty: g.length_penalty,
+        loss_type: g.loss_type,
+        scale_rewards: g.scale_rewards,
+    })
+}
+
+fn resolve_failure(e: &mut Errors, f: &FailurePolicy) -> Option<ResolvedFailure> {
+    match humantime::parse_duration(f.stall_timeout.trim()) {
+        Ok(d) if d.as_secs() >= 60 => Some(ResolvedFailure {
+            max_restarts: f.max_restarts,
+            stall_timeout_seconds: d.as_secs(),
+            on_stall: f.on_stall,
+        }),
+        Ok(_) => {
+            e.add("spec.failurePolicy.stallTimeout", format!("{:?} is shorter than 1m", f.stall_timeout));
+            None
+        }
+        Err(err) => {
+            e.add("spec.failurePolicy.stallTimeout", format!("{:?} is not a duration like \"30m\" or \"1h30m\": {err}", f.stall_timeout));
+            None
+        }
+    }
+}

@@ -1,0 +1,838 @@
+//! The `TrainingRun` custom resource: the single source of truth for the API.
+//!
+//! The `///` docs on fields are user documentation: `kubectl explain` shows them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::TokenQuantity;
+
+pub const GROUP: &str = "training.puretransformer.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "TrainingRun";
+
+/// Desired state of a TrainingRun.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "training.puretransformer.dev",
+    version = "v1alpha1",
+    kind = "TrainingRun",
+    plural = "trainingruns",
+    singular = "trainingrun",
+    shortname = "tr",
+    category = "all",
+    namespaced,
+    status = "TrainingRunStatus",
+    doc = "TrainingRun declares one LLM training run: a model, a token budget, a weighted data mix and a GPU topology. The operator turns it into a ConfigMap, a headless Service, a checkpoint PVC and an Indexed Job with one pod per node, and keeps its status true.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.model.preset"}"#,
+    printcolumn = r#"{"name":"Topology","type":"string","jsonPath":".status.topology"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.display"}"#,
+    printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.metrics.loss","format":"float"}"#,
+    printcolumn = r#"{"name":"Tokens/s","type":"integer","jsonPath":".status.metrics.tokensPerSecond"}"#,
+    printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.progress.eta"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt","priority":1}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.grpo) == (self.phase == 'grpo')").message("spec.grpo must be set exactly when spec.phase is grpo").field_path(".grpo"),
+    validation = Rule::new("self.phase != 'pretrain' || has(self.data)").message("spec.data is required when spec.phase is pretrain").field_path(".data"),
+    validation = Rule::new("self.phase != 'pretrain' || has(self.batch.globalTokens)").message("spec.batch.globalTokens is required when spec.phase is pretrain").field_path(".batch.globalTokens"),
+)]
+pub struct TrainingRunSpec {
+    /// What this run does: `pretrain` (next-token prediction on the data mix) or
+    /// `grpo` (GRPO fine-tuning on multiple-choice questions, see `grpo`).
+    /// Immutable after creation.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("phase is immutable"))]
+    pub phase: Phase,
+
+    /// The model architecture: a preset and optional overrides. Immutable after creation.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("model is immutable"))]
+    pub model: ModelSpec,
+
+    /// Token budget of the run: an integer or a string with a K, M, B or T
+    /// suffix, e.g. "11B" or "600M". Training runs floor(tokens / batch.globalTokens) steps.
+    pub tokens: TokenQuantity,
+
+    /// Training data: a weighted mix of sources and the validation schedule.
+    /// Required for pretrain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+
+    /// GPU topology: nodes × GPUs per node, and where the pods may run.
+    #[serde(default)]
+    pub topology: Topology,
+
+    /// Batch geometry. Gradient accumulation is derived from it, never given.
+    pub batch: BatchSpec,
+
+    /// AdamW and its learning-rate schedule.
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+
+    /// Numeric precision: `bf16-mixed` (f32 master weights, bf16 autocast on CUDA),
+    /// `bf16` (everything in bf16) or `f32`.
+    #[serde(default)]
+    pub precision: Precision,
+
+    /// Scaled-dot-product attention backend. `auto` lets PyTorch choose; `flash`,
+    /// `cudnn` or `math` force one, and the run fails if it cannot run.
+    #[serde(default)]
+    pub attention: Attention,
+
+    /// Recompute each transformer block during backward, trading about a third more
+    /// compute for much less activation memory.
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
+
+    /// Seed for weight initialization and the data order. Same seed, same run.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+
+    /// Checkpointing: cadence, retention, the checkpoint PVC and an optional S3 mirror.
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+
+    /// Start from existing weights: another TrainingRun's final checkpoint, or a
+    /// checkpoint URI. Loads weights only; optimizer and data position start fresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
+
+    /// GRPO settings. Required when phase is grpo, forbidden otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpo: Option<GrpoSpec>,
+
+    /// Trainer container image. Defaults to the operator's configured trainer image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// Image pull policy of the trainer container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// Extra environment for every trainer process, e.g. NCCL settings. These
+    /// override the defaults the operator sets (NCCL_IB_DISABLE=0,
+    /// NCCL_NET_GDR_LEVEL=5, CUDA_DEVICE_MAX_CONNECTIONS=1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub env: Vec<EnvVar>,
+
+    /// When a failed attempt is retried, and when a run counts as stalled.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// Suspend the run: the Job is suspended and its pods removed; resuming
+    /// continues from the last checkpoint.
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// PriorityClass of the trainer pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+
+    /// Scheduler of the trainer pods, e.g. a gang scheduler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+
+    /// Kueue LocalQueue. Copied to the Job's `kueue.x-k8s.io/queue-name` label;
+    /// Kueue then admits (un-suspends) the Job when quota allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+
+    /// Delete the finished Job this many seconds after the run ends. The
+    /// TrainingRun and its checkpoints stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("must not be negative"))]
+    pub ttl_seconds_after_finished: Option<i32>,
+}
+
+fn default_seed() -> u64 {
+    1337
+}
+
+/// What a run does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    // Next-token prediction on the data mix.
+    #[default]
+    Pretrain,
+    // GRPO fine-tuning on multiple-choice questions.
+    Grpo,
+}
+
+/// A model preset plus optional overrides.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Preset name: nano, micro, tiny, small, medium, medium-large, large, xlarge,
+    /// llama2-1.36b, llama3-1.5b, llama3-2.2b, qwen3-1.8b, gpt2-1.36b or gpt2-1b.
+    /// `trainer presets` lists their sizes.
+    pub preset: String,
+    /// Override the number of transformer blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    /// Override the residual width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<u32>,
+    /// Override the number of query heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u32>,
+    /// Override the number of key/value heads (grouped-query attention). Must divide heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u32>,
+    /// Override the head width. Defaults to dModel / heads when dModel or heads is overridden.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_head: Option<u32>,
+    /// Override the MLP hidden width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_ff: Option<u32>,
+    /// Override the vocabulary size. Must hold every id of the tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
+    /// Override the RoPE base θ (llama and qwen3 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// Override the context length: the RoPE table or the number of learned positions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_length: Option<u32>,
+    /// Tokenizer: `embedded` (the byte-level BPE compiled into the trainer), or the
+    /// URI of a Hugging Face tokenizer.json (s3://, pvc://claim/path or a path).
+    #[serde(default = "default_tokenizer")]
+    pub tokenizer: String,
+}
+
+fn default_tokenizer() -> String {
+    "embedded".into()
+}
+
+/// Training data.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.mix.map(m, m.weight).sum() >= 0.999999 && self.mix.map(m, m.weight).sum() <= 1.000001").message("mix weights must sum to 1").field_path(".mix"))]
+pub struct DataSpec {
+    /// Weighted sources, keyed by name. Every global batch draws from them in
+    /// exactly these proportions for the whole run (a static mix, no curriculum).
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[schemars(length(min = 1, max = 32))]
+    pub mix: Vec<MixEntry>,
+    /// Held-out evaluation: how often and on how many tokens per source.
+    #[serde(default)]
+    pub validation: ValidationSpec,
+}
+
+/// One source of the data mix.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MixEntry {
+    /// Source name, unique in the mix; used in metrics and per-source validation loss.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Share of training samples drawn from this source, in (0, 1]. Weights sum to 1.
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("weight must be in (0, 1]"))]
+    pub weight: f64,
+    /// Where the prepared shards are: `s3://bucket/prefix`, `pvc://claim/path`,
+    /// an absolute path inside the pod, or `embedded:<name>` for a corpus compiled
+    /// into the trainer.
+    #[schemars(length(min = 1))]
+    pub uri: String,
+}
+
+/// Held-out evaluation schedule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationSpec {
+    /// Evaluate every this many optimizer steps, and at the end. 0 disables evaluation.
+    #[serde(default = "default_eval_every")]
+    pub every_steps: u32,
+    /// Held-out tokens evaluated per source at each evaluation.
+    #[serde(default = "default_eval_tokens")]
+    pub tokens: TokenQuantity,
+}
+
+fn default_eval_every() -> u32 {
+    1000
+}
+
+fn default_eval_tokens() -> TokenQuantity {
+    TokenQuantity::Text("1M".into())
+}
+
+impl Default for ValidationSpec {
+    fn default() -> Self {
+        ValidationSpec { every_steps: default_eval_every(), tokens: default_eval_tokens() }
+    }
+}
+
+/// Nodes × GPUs per node, and pod placement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// Number of nodes: one pod per node, in an Indexed Job.
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self >= 1").message("nodes must be at least 1"))]
+    pub nodes: u32,
+    /// GPUs per node, one trainer process each. 0 runs one process per pod on CPU
+    /// (Gloo); locally, `trainer run` starts max(gpusPerNode, 1) processes.
+    #[serde(default = "one")]
+    pub gpus_per_node: u32,
+    /// Extended resource name of a GPU.
+    #[serde(default = "default_gpu_resource")]
+    pub gpu_resource_name: String,
+    /// CPU and memory of each pod. GPU limits are added from gpusPerNode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node labels the pods require.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the pods, e.g. for tainted GPU nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_gpu_resource() -> String {
+    "nvidia.com/gpu".into()
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            nodes: 1,
+            gpus_per_node: 1,
+            gpu_resource_name: default_gpu_resource(),
+            resources: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+        }
+    }
+}
+
+/// Batch geometry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchSpec {
+    /// Tokens per optimizer step across all ranks, e.g. 131072 or "512K". Must be a
+    /// multiple of microBatch × seqLength × world size; the quotient is the gradient
+    /// accumulation. Pretrain only: a GRPO step is grpo.promptsPerStep ×
+    /// grpo.generationsPerPrompt completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_tokens: Option<TokenQuantity>,
+    /// Sequences per forward/backward pass on each GPU.
+    #[x_kube(validation = Rule::new("self >= 1").message("microBatch must be at least 1"))]
+    pub micro_batch: u32,
+    /// Tokens per training sequence (for GRPO: prompt plus completion). Defaults to the
+    /// model's context length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_length: Option<u32>,
+}
+
+/// AdamW with linear warmup and a decay schedule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OptimizerSpec {
+    /// Peak learning rate. Default 3e-4 for pretrain, 1e-5 for grpo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Final learning rate of the cosine decay. Default lr / 10 for pretrain, lr for grpo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr: Option<f64>,
+    /// Tokens of linear warmup from 0 to lr. Default: min(100M, tokens / 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_tokens: Option<TokenQuantity>,
+    /// Decoupled weight decay, applied to 2-D weights only (not norms, biases or embeddings' norms).
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f64,
+    /// Adam β1 and β2.
+    #[serde(default = "default_betas")]
+    #[schemars(length(min = 2, max = 2))]
+    pub betas: Vec<f64>,
+    /// Adam ε.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    /// Clip the global gradient norm to this value; 0 disables clipping.
+    #[serde(default = "default_grad_clip")]
+    pub grad_clip: f64,
+    /// Learning-rate schedule after warmup: `cosine` decays to minLr at the token
+    /// budget; `constant` stays at lr.
+    #[serde(default)]
+    pub schedule: Schedule,
+}
+
+fn default_weight_decay() -> f64 {
+    0.1
+}
+fn default_betas() -> Vec<f64> {
+    vec![0.9, 0.95]
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn default_grad_clip() -> f64 {
+    1.0
+}
+
+impl Default for OptimizerSpec {
+    fn default() -> Self {
+        OptimizerSpec {
+            lr: None,
+            min_lr: None,
+            warmup_tokens: None,
+            weight_decay: default_weight_decay(),
+            betas: default_betas(),
+            eps: default_eps(),
+            grad_clip: default_grad_clip(),
+            schedule: Schedule::default(),
+        }
+    }
+}
+
+/// Learning-rate schedule after warmup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    #[default]
+    Cosine,
+    Constant,
+}
+
+/// Numeric precision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Precision {
+    // f32 master weights and optimizer, bf16 autocast for matmuls on CUDA.
+    #[default]
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    // Weights, gradients and optimizer state in bf16.
+    #[serde(rename = "bf16")]
+    Bf16,
+    // Everything in f32.
+    #[serde(rename = "f32")]
+    F32,
+}
+
+/// SDPA backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    #[default]
+    Auto,
+    Flash,
+    Cudnn,
+    Math,
+}
+
+/// Checkpointing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Save every this many optimizer steps; a checkpoint is also saved at the end
+    /// and on SIGTERM.
+    #[serde(default = "default_every_steps")]
+    #[x_kube(validation = Rule::new("self >= 1").message("everySteps must be at least 1"))]
+    pub every_steps: u32,
+    /// Keep this many most recent checkpoints; older ones are deleted.
+    #[serde(default = "default_keep_last")]
+    #[x_kube(validation = Rule::new("self >= 1").message("keepLast must be at least 1"))]
+    pub keep_last: u32,
+    /// Keep the checkpoint PVC when the TrainingRun is deleted.
+    #[serde(default)]
+    pub retain_on_delete: bool,
+    /// Size of the checkpoint PVC.
+    #[serde(default = "default_pvc_size")]
+    pub size: Quantity,
+    /// StorageClass of the checkpoint PVC; the cluster default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Access mode of the checkpoint PVC. Default ReadWriteMany when nodes > 1,
+    /// else ReadWriteOnce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+    /// Mirror every finished checkpoint to S3, and resume from it when the PVC is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Mirror>,
+}
+
+fn default_every_steps() -> u32 {
+    1000
+}
+fn default_keep_last() -> u32 {
+    3
+}
+fn default_pvc_size() -> Quantity {
+    Quantity("100Gi".into())
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec {
+            every_steps: default_every_steps(),
+            keep_last: default_keep_last(),
+            retain_on_delete: false,
+            size: default_pvc_size(),
+            storage_class_name: None,
+            access_mode: None,
+            s3: None,
+        }
+    }
+}
+
+/// PersistentVolumeClaim access mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AccessMode {
+    ReadWriteOnce,
+    ReadWriteMany,
+    ReadWriteOncePod,
+}
+
+/// An S3 (or S3-compatible) checkpoint mirror.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Mirror {
+    /// Destination prefix, `s3://bucket/prefix`.
+    #[x_kube(validation = Rule::new("self.startsWith('s3://')").message("uri must start with s3://"))]
+    pub uri: String,
+    /// Endpoint of an S3-compatible store, e.g. https://minio.example:9000.
+    /// Path-style addressing is used when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Region of the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally
+    /// AWS_SESSION_TOKEN). Credentials are never written inline.
+    pub secret_ref: SecretRef,
+}
+
+/// A Secret in the run's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Where initial weights come from. Exactly one field is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.trainingRun) != has(self.uri)").message("set exactly one of initFrom.trainingRun and initFrom.uri"))]
+pub struct InitFrom {
+    /// Name of a TrainingRun in the same namespace. This run waits until it has
+    /// Succeeded, then mounts its checkpoint PVC read-only and loads its final weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_run: Option<String>,
+    /// A checkpoint directory: `s3://bucket/prefix/step-000100`, `pvc://claim/path` or a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
+/// GRPO fine-tuning settings (TRL's formulas).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpoSpec {
+    /// Question set: MedQA-USMLE jsonl (question, options A-D, answer_idx) at
+    /// s3://, pvc:// or a path, or `embedded:mcq` for the synthetic task.
+    pub dataset: String,
+    /// Task format and reward.
+    #[serde(default)]
+    pub task: GrpoTask,
+    /// Prompts per optimizer step, split across ranks.
+    #[serde(default = "default_prompts")]
+    #[x_kube(validation = Rule::new("self >= 1").message("promptsPerStep must be at least 1"))]
+    pub prompts_per_step: u32,
+    /// Completions sampled per prompt (the group size G).
+    #[serde(default = "default_generations")]
+    #[x_kube(validation = Rule::new("self >= 2").message("generationsPerPrompt must be at least 2"))]
+    pub generations_per_prompt: u32,
+    /// Longest completion, in tokens.
+    #[serde(default = "default_max_new_tokens")]
+    pub max_new_tokens: u32,
+    /// Sampling temperature; log-probabilities are taken from logits / temperature.
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    /// Nucleus sampling threshold.
+    #[serde(default = "default_top_p")]
+    pub top_p: f64,
+    /// KL coefficient β against the frozen reference model (k3 estimator). 0 skips the
+    /// reference model entirely.
+    #[serde(default = "default_beta")]
+    pub beta: f64,
+    /// Lower clip ε of the probability ratio.
+    #[serde(default = "default_clip")]
+    pub clip_epsilon: f64,
+    /// Upper clip ε of the ratio; defaults to clipEpsilon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_epsilon_high: Option<f64>,
+    /// Reward subtracted per completion token.
+    #[serde(default = "default_length_penalty")]
+    pub length_penalty: f64,
+    /// Loss aggregation: `grpo` (per-sequence mean), `bnpo` (per-batch token mean) or
+    /// `dr_grpo` (sum over a constant max length).
+    #[serde(default)]
+    pub loss_type: LossType,
+    /// Advantage scaling: `group` (by the group's std), `batch` (by the batch std) or `none`.
+    #[serde(default)]
+    pub scale_rewards: ScaleRewards,
+}
+
+fn default_prompts() -> u32 {
+    8
+}
+fn default_generations() -> u32 {
+    16
+}
+fn default_max_new_tokens() -> u32 {
+    256
+}
+fn default_temperature() -> f64 {
+    1.0
+}
+fn default_top_p() -> f64 {
+    1.0
+}
+fn default_beta() -> f64 {
+    0.04
+}
+fn default_clip() -> f64 {
+    0.2
+}
+fn default_length_penalty() -> f64 {
+    0.01
+}
+
+impl GrpoSpec {
+    pub fn new(dataset: impl Into<String>) -> Self {
+        GrpoSpec {
+            dataset: dataset.into(),
+            task: GrpoTask::default(),
+            prompts_per_step: default_prompts(),
+            generations_per_prompt: default_generations(),
+            max_new_tokens: default_max_new_tokens(),
+            temperature: default_temperature(),
+            top_p: default_top_p(),
+            beta: default_beta(),
+            clip_epsilon: default_clip(),
+            clip_epsilon_high: None,
+            length_penalty: default_length_penalty(),
+            loss_type: LossType::default(),
+            scale_rewards: ScaleRewards::default(),
+        }
+    }
+}
+
+/// GRPO task.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GrpoTask {
+    // Four-option multiple choice: reward 1 when the parsed answer letter is the
+    // gold letter, minus lengthPenalty per completion token.
+    #[default]
+    Mcq,
+}
+
+/// GRPO loss aggregation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    #[default]
+    Grpo,
+    Bnpo,
+    DrGrpo,
+}
+
+/// GRPO advantage scaling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleRewards {
+    #[default]
+    Group,
+    Batch,
+    None,
+}
+
+/// Image pull policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// Restart and stall policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicy {
+    /// Gang restarts allowed after retriable failures. Disruptions (preemption,
+    /// eviction, node loss) do not count. NaN loss and OOM never restart.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+    /// A Running run whose step has not advanced for this long is Stalled,
+    /// e.g. "30m" or "1h30m".
+    #[serde(default = "default_stall_timeout")]
+    pub stall_timeout: String,
+    /// What to do on a stall: `report` sets the Stalled condition and an event;
+    /// `restart` also gang-restarts from the last checkpoint (counts as a restart).
+    #[serde(default)]
+    pub on_stall: OnStall,
+}
+
+fn default_max_restarts() -> u32 {
+    3
+}
+fn default_stall_timeout() -> String {
+    "30m".into()
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        FailurePolicy { max_restarts: default_max_restarts(), stall_timeout: default_stall_timeout(), on_stall: OnStall::default() }
+    }
+}
+
+/// Reaction to a stall.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStall {
+    #[default]
+    Report,
+    Restart,
+}
+
+/// Observed state of a TrainingRun, written only by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingRunStatus {
+    /// Pending, Waiting, Running, Restarting, Succeeded, Failed or Suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RunPhase>,
+    /// Reason of the latest phase change, e.g. NaNLoss or WaitingForInitRun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Accepted, Running, Restarting, Succeeded, Failed, Stalled, Suspended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Training progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// Latest training metrics reported by rank 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<RunMetrics>,
+    /// The newest complete checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+    /// Gang restarts so far (disruptions excluded).
+    #[serde(default)]
+    pub restarts: u32,
+    /// Current attempt, starting at 1; every gang restart creates a new attempt.
+    #[serde(default)]
+    pub attempt: u32,
+    /// Name of the current attempt's Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// When the first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Topology for display, nodes x GPUs per node, e.g. "4x2".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+}
+
+/// Lifecycle phase of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RunPhase {
+    Pending,
+    Waiting,
+    Running,
+    Restarting,
+    Succeeded,
+    Failed,
+    Suspended,
+}
+
+/// Training progress.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Tokens trained on so far.
+    pub tokens: u64,
+    /// Tokens the run will train on.
+    pub total_tokens: u64,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Optimizer steps of the whole run.
+    pub total_steps: u64,
+    /// Percent done, 0-100.
+    pub percent: f64,
+    /// Estimated seconds to completion at the current throughput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+    /// ETA for display, e.g. "3h12m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    /// Progress for display, e.g. "42.1%".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<String>,
+}
+
+/// Training metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunMetrics {
+    /// Training loss (mean over the last step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Validation loss at the latest evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Tokens per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<u64>,
+    /// Model FLOPs utilization (0-1) against 989 TFLOP/s bf16 per GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Global gradient norm before clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// Current learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+}
+
+/// A complete checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRef {
+    /// Optimizer step of the checkpoint.
+    pub step: u64,
+    /// Tokens trained on at the checkpoint.
+    pub tokens: u64,
+    /// Where it is: a path on the checkpoint PVC, or its S3 mirror.
+    pub uri: String,
+    /// When it was completed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+}

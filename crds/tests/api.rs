@@ -1,0 +1,204 @@
+//! The CRD: freshness, shape, and every CEL rule (evaluated client-side with kube-cel,
+//! schema defaults applied as the API server applies them).
+
+use crds::TrainingRun;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+fn schema() -> Value {
+    let crd = TrainingRun::crd();
+    serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap()
+}
+
+fn base() -> Value {
+    json!({
+        "apiVersion": "training.puretransformer.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "r"},
+        "spec": {
+            "model": {"preset": "micro"},
+            "tokens": "1M",
+            "data": {"mix": [
+                {"name": "a", "weight": 0.45, "uri": "embedded:textbook"},
+                {"name": "b", "weight": 0.25, "uri": "embedded:facts"},
+                {"name": "c", "weight": 0.2, "uri": "embedded:arithmetic"},
+                {"name": "d", "weight": 0.1, "uri": "embedded:mcq"}
+            ]},
+            "batch": {"globalTokens": 8192, "microBatch": 8, "seqLength": 256}
+        }
+    })
+}
+
+fn cel(obj: &Value, old: Option<&Value>) -> Result<(), String> {
+    kube::core::cel::Validator::new().validate(&schema(), obj, old).map_err(|e| e.to_string())
+}
+
+fn with(mut v: Value, pointer: &str, new: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let target = v.pointer_mut(parent).unwrap();
+    match target {
+        Value::Array(a) => a[key.parse::<usize>().unwrap()] = new,
+        Value::Object(o) if new.is_null() => {
+            o.remove(key);
+        }
+        Value::Object(o) => {
+            o.insert(key.to_string(), new);
+        }
+        _ => panic!("{pointer}"),
+    }
+    v
+}
+
+fn rejects(obj: Value, old: Option<&Value>, needle: &str) {
+    let err = cel(&obj, old).expect_err("the API server would reject this");
+    assert!(err.contains(needle), "expected {needle:?} in {err}");
+}
+
+#[test]
+fn committed_crd_is_fresh() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/trainingruns.yaml")).unwrap();
+    assert!(
+        committed == crds::manifest::crd_yaml(),
+        "crds/trainingruns.yaml is stale: run `make crds` (cargo run -p crds --bin crdgen > crds/trainingruns.yaml)"
+    );
+}
+
+#[test]
+fn crd_names_scope_and_subresource() {
+    let crd = TrainingRun::crd();
+    assert_eq!(crd.metadata.name.as_deref(), Some("trainingruns.training.puretransformer.dev"));
+    assert_eq!(crd.spec.group, "training.puretransformer.dev");
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(crd.spec.names.kind, "TrainingRun");
+    assert_eq!(crd.spec.names.plural, "trainingruns");
+    assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["tr".to_string()][..]));
+    let v = &crd.spec.versions[0];
+    assert_eq!(v.name, "v1alpha1");
+    assert!(v.subresources.as_ref().unwrap().status.is_some());
+}
+
+#[test]
+fn printer_columns_read_status_fields() {
+    let crd = TrainingRun::crd();
+    let cols = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
+    let shown: Vec<(String, String)> =
+        cols.iter().filter(|c| c.priority.unwrap_or(0) == 0).map(|c| (c.name.to_uppercase(), c.json_path.clone())).collect();
+    let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["PHASE", "MODEL", "TOPOLOGY", "PROGRESS", "LOSS", "TOKENS/S", "ETA", "AGE"]);
+    for (name, path) in &shown {
+        assert!(!path.contains("conditions"), "{name} reads conditions");
+        if !matches!(name.as_str(), "MODEL" | "AGE") {
+            assert!(path.starts_with(".status."), "{name} reads {path}");
+        }
+    }
+    // Every status path a column reads exists in the schema.
+    let s = schema();
+    for (name, path) in shown.iter().filter(|(_, p)| p.starts_with(".status.")) {
+        let mut node = &s["properties"]["status"];
+        for part in path.trim_start_matches(".status.").split('.') {
+            node = &node["properties"][part];
+            assert!(!node.is_null(), "{name}: {path} is not in the status schema");
+        }
+    }
+}
+
+#[test]
+fn every_field_is_documented() {
+    fn walk(path: &str, node: &Value, missing: &mut Vec<String>) {
+        if let Some(props) = node.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                let p = format!("{path}.{k}");
+                if v.get("description").is_none() {
+                    missing.push(p.clone());
+                }
+                walk(&p, v, missing);
+            }
+        }
+        if let Some(items) = node.get("items") {
+            walk(&format!("{path}[]"), items, missing);
+        }
+    }
+    let mut missing = Vec::new();
+    let s = schema();
+    walk("spec", &s["properties"]["spec"], &mut missing);
+    walk("status", &s["properties"]["status"], &mut missing);
+    assert!(missing.is_empty(), "fields without docs (kubectl explain shows nothing): {missing:?}");
+}
+
+#[test]
+fn base_object_passes() {
+    cel(&base(), None).unwrap();
+}
+
+#[test]
+fn mix_weights_must_be_positive_and_sum_to_one() {
+    rejects(with(base(), "/spec/data/mix/3/weight", json!(0.0)), None, "weight must be in (0, 1]");
+    rejects(with(base(), "/spec/data/mix/3/weight", json!(-0.1)), None, "weight must be in (0, 1]");
+    rejects(with(base(), "/spec/data/mix/3/weight", json!(0.2)), None, "mix weights must sum to 1");
+    rejects(with(base(), "/spec/data/mix/0/weight", json!(0.4)), None, "mix weights must sum to 1");
+    cel(&with(base(), "/spec/data/mix/3/weight", json!(0.1000005)), None).expect("within 1e-6");
+}
+
+#[test]
+fn nodes_and_micro_batch_at_least_one() {
+    rejects(with(base(), "/spec/topology", json!({"nodes": 0})), None, "nodes must be at least 1");
+    cel(&with(base(), "/spec/topology", json!({"nodes": 4, "gpusPerNode": 2})), None).unwrap();
+    rejects(with(base(), "/spec/batch/microBatch", json!(0)), None, "microBatch must be at least 1");
+}
+
+#[test]
+fn grpo_present_exactly_when_phase_is_grpo() {
+    let grpo = json!({"dataset": "embedded:mcq"});
+    rejects(with(base(), "/spec/grpo", grpo.clone()), None, "spec.grpo must be set exactly when spec.phase is grpo");
+    let phase_only = with(base(), "/spec/phase", json!("grpo"));
+    rejects(phase_only.clone(), None, "spec.grpo must be set exactly when spec.phase is grpo");
+    let ok = with(with(phase_only, "/spec/grpo", grpo), "/spec/batch/globalTokens", Value::Null);
+    cel(&with(ok, "/spec/data", Value::Null), None).unwrap();
+}
+
+#[test]
+fn pretrain_needs_data_and_global_tokens() {
+    rejects(with(base(), "/spec/data", Value::Null), None, "spec.data is required");
+    rejects(with(base(), "/spec/batch/globalTokens", Value::Null), None, "spec.batch.globalTokens is required");
+}
+
+#[test]
+fn model_and_phase_are_immutable() {
+    let old = base();
+    rejects(with(base(), "/spec/model/preset", json!("tiny")), Some(&old), "model is immutable");
+    rejects(with(base(), "/spec/model/layers", json!(3)), Some(&old), "model is immutable");
+    let grpo = with(
+        with(with(with(base(), "/spec/phase", json!("grpo")), "/spec/grpo", json!({"dataset": "embedded:mcq"})), "/spec/data", Value::Null),
+        "/spec/batch/globalTokens",
+        Value::Null,
+    );
+    rejects(grpo, Some(&old), "phase is immutable");
+    // Everything else may change, e.g. the token budget.
+    cel(&with(base(), "/spec/tokens", json!("2M")), Some(&old)).unwrap();
+}
+
+#[test]
+fn token_quantities_are_checked() {
+    rejects(with(base(), "/spec/tokens", json!("11X")), None, "K, M, B or T suffix");
+    rejects(with(base(), "/spec/tokens", json!(0)), None, "K, M, B or T suffix");
+    rejects(with(base(), "/spec/batch/globalTokens", json!("8k tokens")), None, "K, M, B or T suffix");
+    cel(&with(base(), "/spec/tokens", json!("1.5B")), None).unwrap();
+    cel(&with(base(), "/spec/tokens", json!(1000000)), None).unwrap();
+}
+
+#[test]
+fn init_from_names_exactly_one_source() {
+    rejects(with(base(), "/spec/initFrom", json!({})), None, "exactly one of initFrom.trainingRun and initFrom.uri");
+    rejects(
+        with(base(), "/spec/initFrom", json!({"trainingRun": "a", "uri": "s3://b/c"})),
+        None,
+        "exactly one of initFrom.trainingRun and initFrom.uri",
+    );
+    cel(&with(base(), "/spec/initFrom", json!({"trainingRun": "a"})), None).unwrap();
+}
+
+#[test]
+fn s3_mirror_needs_an_s3_uri() {
+    let s3 = json!({"uri": "gs://bucket/x", "secretRef": {"name": "creds"}});
+    rejects(with(base(), "/spec/checkpoint", json!({"s3": s3})), None, "uri must start with s3://");
+}

@@ -1,0 +1,128 @@
+//! Every example parses, resolves, passes the CRD's CEL rules, and resolves to the
+//! seed's figures.
+
+use std::path::{Path, PathBuf};
+
+use crds::TrainingRun;
+use crds::config::{Device, RunConfig};
+use kube::CustomResourceExt;
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn resolved(name: &str) -> RunConfig {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    crds::resolve(&crds::manifest::from_file(&path).unwrap()).unwrap()
+}
+
+#[test]
+fn every_example_parses_resolves_and_passes_cel() {
+    let crd = TrainingRun::crd();
+    let schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+    let files = examples();
+    assert!(files.len() >= 12, "expected an example per seed configuration, found {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let run = crds::manifest::from_yaml(&text, &file.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+        crds::resolve(&run).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let raw: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        kube::core::cel::Validator::new()
+            .validate(&schema, &raw, None)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        if let Some(seed) = name.strip_prefix("seed").and_then(|s| s.get(..3)) {
+            assert!(text.starts_with(&format!("# Seed {seed}")), "{name} must open with a comment naming seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn seed_000_xlarge_on_8_gpus() {
+    let c = resolved("seed000-xlarge-8xa100.yaml");
+    assert_eq!(c.params.total, 1_461_413_760);
+    assert_eq!((c.topology.world_size, c.batch.grad_accum, c.batch.tokens_per_step), (8, 1, 131_072));
+    assert_eq!(c.schedule.total_steps, 83_923);
+    assert_eq!(c.schedule.warmup_tokens, 100_000_000);
+    let weights: Vec<f64> = c.data.unwrap().mix.iter().map(|s| s.weight).collect();
+    assert_eq!(weights, [0.45, 0.25, 0.20, 0.10]);
+}
+
+#[test]
+fn seed_000_as_written_is_rejected_with_a_fix() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/seed000-xlarge-8xa100.yaml");
+    let mut run = crds::manifest::from_file(&path).unwrap();
+    run.spec.batch.micro_batch = 16;
+    let err = crds::resolve(&run).unwrap_err();
+    assert!(err.names("spec.batch.globalTokens"), "{err}");
+    assert!(err.to_string().contains("use e.g. 262144"), "{err}");
+}
+
+#[test]
+fn seed_001_four_nodes_by_two() {
+    let c = resolved("seed001-xlarge-4x2a100.yaml");
+    assert_eq!((c.topology.nodes, c.topology.procs_per_node, c.topology.world_size), (4, 2, 8));
+    assert_eq!(c.topology.display, "4x2");
+    assert_eq!(c.batch.grad_accum, 2);
+    assert_eq!(c.schedule.total_steps, 190_734);
+}
+
+#[test]
+fn seed_002_both_phases() {
+    let p = resolved("seed002-medium-large-pretrain.yaml");
+    assert_eq!(p.params.without_norms, 401_227_776);
+    assert_eq!(p.schedule.total_steps, 61_035);
+    assert_eq!(p.schedule.warmup_tokens, 50_000_000);
+    assert!(p.gradient_checkpointing);
+    let g = resolved("seed002-medium-large-grpo.yaml");
+    let grpo = g.grpo.as_ref().unwrap();
+    assert_eq!((grpo.prompts_per_step, grpo.generations_per_prompt, grpo.length_penalty), (8, 16, 0.01));
+    assert_eq!(g.schedule.lr, 1e-5);
+    assert_eq!(g.batch.grad_accum, 8);
+    assert_eq!(g.schedule.total_steps, 4_577);
+    assert_eq!(g.init_from, Some(crds::config::ResolvedInit::TrainingRun { name: "medqa-pretrain".into() }));
+}
+
+#[test]
+fn seed_003_families() {
+    for (file, preset, accum) in [
+        ("seed003-gpt2-1.36b.yaml", "gpt2-1.36b", 32),
+        ("seed003-llama2-1.36b.yaml", "llama2-1.36b", 32),
+        ("seed003-llama3-1.5b.yaml", "llama3-1.5b", 24),
+        ("seed003-llama3-2.2b.yaml", "llama3-2.2b", 32),
+        ("seed003-qwen3-1.8b.yaml", "qwen3-1.8b", 32),
+    ] {
+        let c = resolved(file);
+        assert_eq!(c.model.preset, preset);
+        assert_eq!(c.batch.grad_accum, accum, "{file}");
+        assert_eq!(c.schedule.warmup_tokens, 2000 * c.batch.tokens_per_step, "{file}");
+    }
+    assert_eq!(resolved("seed003-llama3-1.5b.yaml").schedule.budget_tokens, 101_909_000_000);
+}
+
+#[test]
+fn seed_004_gpt2_1b_on_8_h100() {
+    let c = resolved("seed004-gpt2-1b-8xh100.yaml");
+    assert!(c.model.tied_embeddings);
+    assert_eq!((c.batch.micro_batch, c.batch.grad_accum, c.batch.global_sequences), (4, 16, 512));
+    assert_eq!(c.schedule.total_steps, 100_000);
+    let s3 = c.checkpoint.s3.unwrap();
+    assert_eq!((s3.bucket.as_str(), s3.prefix.as_str()), ("refocused-ai", "checkpoints"));
+}
+
+#[test]
+fn local_examples_run_on_cpu_with_embedded_data() {
+    let c = resolved("tiny-local.yaml");
+    assert_eq!(c.topology.device, Device::Cpu);
+    assert_eq!(c.topology.world_size, 1);
+    assert!(c.data.unwrap().mix.iter().all(|s| matches!(s.location, crds::config::Location::Embedded { .. })));
+    let g = resolved("tiny-grpo-local.yaml");
+    assert_eq!(g.init_from, Some(crds::config::ResolvedInit::TrainingRun { name: "tiny-local".into() }));
+}

@@ -1,0 +1,1 @@
+//! End-to-end harness: a stateful fake API server and a simulated kubelet (see the README).
