@@ -355,7 +355,12 @@ fn resolve_schedule(
         e.add("spec.optimizer.lr", format!("{lr} must be a positive number"));
         ok = false;
     }
-    let min_lr = o.min_lr.unwrap_or(if grpo { lr } else { lr / 10.0 });
+    let min_lr = match (o.min_lr, o.lr) {
+        (Some(m), _) => m,
+        (None, _) if grpo => lr,
+        (None, None) => 3e-5,
+        (None, Some(lr)) => lr / 10.0,
+    };
     if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= lr) {
         e.add("spec.optimizer.minLr", format!("{min_lr} must be between 0 and lr ({lr})"));
         ok = false;
@@ -501,6 +506,10 @@ fn resolve_checkpoint(e: &mut Errors, c: &CheckpointSpec, nodes: u32) -> Option<
         );
     }
     let s3 = c.s3.as_ref().and_then(|s| match parse_location_str(&s.uri) {
+        _ if !s.uri.starts_with("s3://") => {
+            e.add("spec.checkpoint.s3.uri", format!("{:?} must start with s3://", s.uri));
+            None
+        }
         Ok(Location::S3 { bucket, prefix }) => {
             if s.secret_ref.name.trim().is_empty() {
                 e.add("spec.checkpoint.s3.secretRef.name", "must name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
@@ -513,10 +522,7 @@ fn resolve_checkpoint(e: &mut Errors, c: &CheckpointSpec, nodes: u32) -> Option<
                 secret_name: s.secret_ref.name.clone(),
             })
         }
-        Ok(_) => {
-            e.add("spec.checkpoint.s3.uri", format!("{:?} must start with s3://", s.uri));
-            None
-        }
+        Ok(_) => unreachable!("an s3:// uri parses as S3"),
         Err(m) => {
             e.add("spec.checkpoint.s3.uri", m);
             None

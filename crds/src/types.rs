@@ -350,7 +350,8 @@ pub struct OptimizerSpec {
     /// Peak learning rate. Default 3e-4 for pretrain, 1e-5 for grpo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
-    /// Final learning rate of the cosine decay. Default lr / 10 for pretrain, lr for grpo.
+    /// Final learning rate of the cosine decay. Default lr / 10 for pretrain (3e-5 with
+    /// the default lr), lr for grpo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_lr: Option<f64>,
     /// Tokens of linear warmup from 0 to lr. Default: min(100M, tokens / 20).
