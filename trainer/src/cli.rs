@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use crds::presets::{H100_PEAK_BF16_FLOPS, ModelConfig, PRESETS};
-use crds::quantity::format_tokens;
 
 use crate::Error;
 
@@ -36,7 +35,10 @@ pub enum Command {
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
     match cli.command {
-        Command::Presets { json } => presets(json),
+        Command::Presets { json } => {
+            presets(json);
+            Ok(())
+        }
         Command::Resolve { manifest } => {
             let run = crds::manifest::from_file(&manifest)?;
             let config = crds::resolve(&run)
@@ -86,10 +88,8 @@ fn presets(json: bool) {
     }
     if !json {
         println!(
-            "\nMFU = tokens/s × (6·N_matmul + 12·L·H·d_head·T) / {:.0} TFLOP/s (H100 bf16 peak). {} params = {}.",
-            H100_PEAK_BF16_FLOPS / 1e12,
-            "medium-large w/o norms",
-            format_tokens(401_227_776)
+            "\nGFLOP/tok = 6·N_matmul + 12·L·H·d_head·T at the preset's context T.\nMFU = tokens/s × FLOP/tok / {:.0} TFLOP/s (H100 bf16 dense peak), as torch_reference.py computes it.",
+            H100_PEAK_BF16_FLOPS / 1e12
         );
     }
 }
