@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the trainer with --features cuda against the full PyTorch 2.11.0 wheel
+# (compile and link only; no GPU needed), so the GPU path never rots. Prints the
+# binary's path. Extra arguments go to cargo, e.g. --release.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/env.sh
+LIBTORCH="$(scripts/setup-libtorch.sh cuda)"
+export LIBTORCH
+export CARGO_TARGET_DIR="$PT_CACHE/target-cuda"
+cargo build -p trainer --features cuda --locked "$@" >&2
+profile=debug
+for a in "$@"; do [ "$a" = --release ] && profile=release; done
+bin="$CARGO_TARGET_DIR/$profile/trainer"
+if ! readelf -d "$bin" | grep -q 'NEEDED.*libtorch_cuda.so'; then
+  echo "error: $bin does not link libtorch_cuda.so" >&2
+  exit 1
+fi
+# It must load and run on a machine without a GPU too.
+"$bin" info > /dev/null
+echo "$bin"

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Validates the CRD against the official Kubernetes schemas (kubernetes-validate) and
+every example TrainingRun against the CRD's openAPIV3Schema (jsonschema), failing on
+unknown fields as `kubectl apply --validate=strict` does."""
+import glob
+import sys
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+K8S_VERSION = "1.33"
+
+
+def unknown_fields(obj, schema, path):
+    """Fields the API server would prune (x-kubernetes-preserve-unknown-fields aside)."""
+    out = []
+    if isinstance(obj, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        for key, value in obj.items():
+            if path == "" and key in ("apiVersion", "kind", "metadata"):
+                continue  # implicit in every custom resource
+            if key in schema["properties"]:
+                out += unknown_fields(value, schema["properties"][key], f"{path}.{key}")
+            elif "additionalProperties" not in schema:
+                out.append(f"{path}.{key}")
+    elif isinstance(obj, list) and "items" in schema:
+        for i, item in enumerate(obj):
+            out += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def main():
+    failed = False
+    with open("crds/trainingruns.yaml") as f:
+        crd = yaml.safe_load(f)
+    try:
+        kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+        print(f"ok   crds/trainingruns.yaml is a valid CustomResourceDefinition (Kubernetes {K8S_VERSION})")
+    except kubernetes_validate.ValidationError as e:
+        print(f"FAIL crds/trainingruns.yaml: {e.message} at {'.'.join(map(str, e.path))}")
+        failed = True
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    validator = jsonschema.Draft4Validator(schema)
+    examples = sorted(glob.glob("examples/*.yaml"))
+    if not examples:
+        print("FAIL no examples found")
+        failed = True
+    for path in examples:
+        with open(path) as f:
+            obj = yaml.safe_load(f)
+        errors = [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]
+        errors += [f"{p}: unknown field" for p in unknown_fields(obj, schema, "")]
+        if obj.get("apiVersion") != f"{crd['spec']['group']}/v1alpha1" or obj.get("kind") != "TrainingRun":
+            errors.append("not a training.puretransformer.dev/v1alpha1 TrainingRun")
+        if errors:
+            failed = True
+            for e in errors:
+                print(f"FAIL {path}: {e}")
+        else:
+            print(f"ok   {path}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
