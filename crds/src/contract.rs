@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::CheckpointRef;
+use crate::types::{CheckpointRef, RunMetrics};
 
 /// Rendezvous (c10d TCPStore) port on rank 0.
 pub const RENDEZVOUS_PORT: u16 = 29500;
@@ -157,18 +157,10 @@ pub struct TrainerStatus {
     pub total_steps: u64,
     pub tokens: u64,
     pub total_tokens: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub val_loss: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lr: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grad_norm: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_per_second: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mfu: Option<f64>,
+    /// Loss, valLoss, tokensPerSecond, mfu, gradNorm and lr: the same fields the
+    /// run's `status.metrics` shows.
+    #[serde(flatten)]
+    pub metrics: RunMetrics,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,
 }
@@ -209,6 +201,25 @@ mod tests {
         assert!(json.len() <= TerminationMessage::MAX_BYTES, "{}", json.len());
         assert_eq!(TerminationMessage::parse(&json).unwrap().reason, FailureReason::DataError);
         assert_eq!(TerminationMessage::parse("Traceback: ..."), None);
+    }
+
+    #[test]
+    fn status_document_is_flat_json() {
+        let s = TrainerStatus {
+            phase: TrainerPhase::Training,
+            attempt: 2,
+            step: 10,
+            total_steps: 100,
+            tokens: 81920,
+            total_tokens: 819200,
+            metrics: RunMetrics { loss: Some(3.5), tokens_per_second: Some(4096), ..Default::default() },
+            last_checkpoint: None,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["loss"], 3.5);
+        assert_eq!(v["tokensPerSecond"], 4096);
+        assert_eq!(v["totalSteps"], 100);
+        assert_eq!(serde_json::from_value::<TrainerStatus>(v).unwrap(), s);
     }
 
     #[test]
