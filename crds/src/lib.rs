@@ -22,6 +22,4 @@ pub enum Error {
     Manifest { origin: String, message: String },
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("invalid TrainingRun {name:?}: {source}")]
-    Invalid { name: String, source: InvalidSpec },
 }

@@ -13,17 +13,20 @@ pub enum Error {
     InvalidSpec(String),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
-    #[error("{context}: {source}")]
-    Io { context: String, source: std::io::Error },
 }
 
 impl Error {
-    /// The contract's failure reason, which decides the exit code.
-    pub fn reason(&self) -> FailureReason {
+    /// The contract's failure reason, if this error has one; others exit 1, which the
+    /// operator treats as a retriable failure.
+    pub fn reason(&self) -> Option<FailureReason> {
         match self {
-            Error::Api(_) | Error::InvalidSpec(_) => FailureReason::InvalidConfig,
-            Error::Torch(e) if e.to_string().contains("out of memory") => FailureReason::OutOfMemory,
-            Error::Torch(_) | Error::Io { .. } => FailureReason::DataError,
+            Error::Api(_) | Error::InvalidSpec(_) => Some(FailureReason::InvalidConfig),
+            Error::Torch(e) if e.to_string().contains("out of memory") => Some(FailureReason::OutOfMemory),
+            Error::Torch(_) => None,
         }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        self.reason().map_or(1, |r| r.exit_code() as u8)
     }
 }

@@ -8,7 +8,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(e.reason().exit_code() as u8)
+            ExitCode::from(e.exit_code())
         }
     }
 }
