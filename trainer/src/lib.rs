@@ -1,6 +1,7 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
 pub mod cli;
+pub mod model;
 pub mod torch_info;
 
 use crds::contract::FailureReason;

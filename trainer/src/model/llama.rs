@@ -1,0 +1,106 @@
+//! LLaMA-family block (also Qwen3, which adds per-head q/k RMSNorm).
+
+use tch::nn::Path;
+use tch::{TchError, Tensor};
+
+use super::layers::{Linear, RmsNorm, Rope};
+use super::{Dims, INIT_STD};
+
+/// `self_attn`: GQA attention with RoPE and SDPA.
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    dims: Dims,
+}
+
+impl Attention {
+    pub fn new(p: Path, dims: Dims, qk_norm: bool) -> Result<Self, TchError> {
+        let Dims { d_model: d, n_head: hq, n_kv_head: hk, d_head: dh, .. } = dims;
+        let (q_norm, k_norm) = if qk_norm {
+            (Some(RmsNorm::new(&p / "q_norm", dh, dims.eps)?), Some(RmsNorm::new(&p / "k_norm", dh, dims.eps)?))
+        } else {
+            (None, None)
+        };
+        Ok(Attention {
+            q_proj: Linear::new(&p / "q_proj", d, hq * dh, false, INIT_STD)?,
+            k_proj: Linear::new(&p / "k_proj", d, hk * dh, false, INIT_STD)?,
+            v_proj: Linear::new(&p / "v_proj", d, hk * dh, false, INIT_STD)?,
+            o_proj: Linear::new(&p / "o_proj", hq * dh, d, false, dims.residual_std())?,
+            q_norm,
+            k_norm,
+            dims,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
+        let Dims { n_head: hq, n_kv_head: hk, d_head: dh, .. } = self.dims;
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let mut q = self.q_proj.forward(x)?.f_view([b, t, hq, dh])?; // (B, T, n_head, d_head)
+        let mut k = self.k_proj.forward(x)?.f_view([b, t, hk, dh])?; // (B, T, n_kv_head, d_head)
+        let v = self.v_proj.forward(x)?.f_view([b, t, hk, dh])?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
+        let q = rope.apply(&q.f_transpose(1, 2)?, 0)?; // (B, n_head, T, d_head)
+        let k = rope.apply(&k.f_transpose(1, 2)?, 0)?; // (B, n_kv_head, T, d_head)
+        let v = v.f_transpose(1, 2)?;
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, hk != hq)?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, hq * dh])?; // (B, T, n_head·d_head)
+        self.o_proj.forward(&y)
+    }
+}
+
+/// `mlp`: SwiGLU, `down(silu(gate(x)) · up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn new(p: Path, dims: Dims) -> Result<Self, TchError> {
+        Ok(Mlp {
+            gate_proj: Linear::new(&p / "gate_proj", dims.d_model, dims.d_ff, false, INIT_STD)?,
+            up_proj: Linear::new(&p / "up_proj", dims.d_model, dims.d_ff, false, INIT_STD)?,
+            down_proj: Linear::new(&p / "down_proj", dims.d_ff, dims.d_model, false, dims.residual_std())?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
+        let h = self.gate_proj.forward(x)?.f_silu()?.f_mul(&self.up_proj.forward(x)?)?; // (B, T, d_ff)
+        self.down_proj.forward(&h)
+    }
+}
+
+/// `model.layers.{i}`: pre-norm attention and MLP with residuals.
+#[derive(Debug)]
+pub struct LlamaBlock {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl LlamaBlock {
+    pub fn new(p: Path, dims: Dims, qk_norm: bool) -> Result<Self, TchError> {
+        Ok(LlamaBlock {
+            input_layernorm: RmsNorm::new(&p / "input_layernorm", dims.d_model, dims.eps)?,
+            self_attn: Attention::new(&p / "self_attn", dims, qk_norm)?,
+            post_attention_layernorm: RmsNorm::new(&p / "post_attention_layernorm", dims.d_model, dims.eps)?,
+            mlp: Mlp::new(&p / "mlp", dims)?,
+        })
+    }
+
+    /// `x`: (B, T, d_model) → (B, T, d_model).
+    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
+        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope)?)?;
+        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+    }
+}

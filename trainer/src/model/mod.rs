@@ -1,0 +1,229 @@
+//! The decoder-only transformer of every preset, in tch. Parameter paths are the
+//! Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`,
+//! `transformer.h.{i}.attn.c_attn.weight`, …), so a VarStore is a checkpoint.
+
+pub mod gpt2;
+pub mod layers;
+pub mod llama;
+
+use crds::presets::{Arch, ModelConfig};
+use tch::nn::Path;
+use tch::{Device, Kind, Reduction, TchError, Tensor};
+
+use gpt2::Gpt2Block;
+use layers::{Embedding, LayerNorm, Linear, RmsNorm, Rope};
+use llama::LlamaBlock;
+
+/// Standard deviation of every weight at init (GPT-2 / nanoGPT).
+pub const INIT_STD: f64 = 0.02;
+
+/// The sizes every layer needs, as i64 for tch.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub n_layer: i64,
+    pub d_model: i64,
+    pub n_head: i64,
+    pub n_kv_head: i64,
+    pub d_head: i64,
+    pub d_ff: i64,
+    pub vocab: i64,
+    pub max_seq: i64,
+    pub eps: f64,
+}
+
+impl Dims {
+    pub fn of(cfg: &ModelConfig) -> Dims {
+        Dims {
+            n_layer: cfg.n_layer.into(),
+            d_model: cfg.d_model.into(),
+            n_head: cfg.n_head.into(),
+            n_kv_head: cfg.n_kv_head.into(),
+            d_head: cfg.d_head.into(),
+            d_ff: cfg.d_ff.into(),
+            vocab: cfg.vocab_size.into(),
+            max_seq: cfg.max_seq_len.into(),
+            eps: cfg.norm_eps,
+        }
+    }
+
+    /// Residual output projections start smaller so the residual stream's variance
+    /// does not grow with depth: 0.02 / √(2·layers).
+    pub fn residual_std(&self) -> f64 {
+        INIT_STD / (2.0 * self.n_layer as f64).sqrt()
+    }
+}
+
+#[derive(Debug)]
+enum Block {
+    Llama(LlamaBlock),
+    Gpt2(Gpt2Block),
+}
+
+#[derive(Debug)]
+enum FinalNorm {
+    Rms(RmsNorm),
+    Layer(LayerNorm),
+}
+
+/// A decoder-only language model.
+#[derive(Debug)]
+pub struct Model {
+    cfg: ModelConfig,
+    dims: Dims,
+    embed_tokens: Embedding,
+    /// Learned positions (GPT-2).
+    wpe: Option<Embedding>,
+    blocks: Vec<Block>,
+    norm: FinalNorm,
+    /// `None` when tied to the token embedding.
+    lm_head: Option<Linear>,
+    /// RoPE tables (LLaMA and Qwen3).
+    rope: Option<Rope>,
+}
+
+impl Model {
+    /// Creates the parameters under `root` (normally `vs.root()`), initialised with
+    /// the global torch RNG. RoPE tables are built on `device`.
+    pub fn new(root: &Path, cfg: &ModelConfig, device: Device) -> Result<Self, TchError> {
+        let dims = Dims::of(cfg);
+        let (d, v) = (dims.d_model, dims.vocab);
+        let model = match cfg.arch {
+            Arch::Llama | Arch::Qwen3 => {
+                let m = root / "model";
+                let blocks = (0..dims.n_layer)
+                    .map(|i| LlamaBlock::new(&m / "layers" / i, dims, cfg.arch == Arch::Qwen3).map(Block::Llama))
+                    .collect::<Result<_, _>>()?;
+                Model {
+                    cfg: cfg.clone(),
+                    dims,
+                    embed_tokens: Embedding::new(&m / "embed_tokens", v, d, INIT_STD)?,
+                    wpe: None,
+                    blocks,
+                    norm: FinalNorm::Rms(RmsNorm::new(&m / "norm", d, dims.eps)?),
+                    lm_head: None,
+                    rope: Some(Rope::new(dims.d_head, dims.max_seq, cfg.rope_theta, device)?),
+                }
+            }
+            Arch::Gpt2 => {
+                let m = root / "transformer";
+                let blocks = (0..dims.n_layer)
+                    .map(|i| Gpt2Block::new(&m / "h" / i, dims).map(Block::Gpt2))
+                    .collect::<Result<_, _>>()?;
+                Model {
+                    cfg: cfg.clone(),
+                    dims,
+                    embed_tokens: Embedding::new(&m / "wte", v, d, INIT_STD)?,
+                    wpe: Some(Embedding::new(&m / "wpe", dims.max_seq, d, INIT_STD)?),
+                    blocks,
+                    norm: FinalNorm::Layer(LayerNorm::new(&m / "ln_f", d, dims.eps)?),
+                    lm_head: None,
+                    rope: None,
+                }
+            }
+        };
+        let lm_head = if cfg.tied_embeddings { None } else { Some(Linear::new(root / "lm_head", d, v, false, INIT_STD)?) };
+        Ok(Model { lm_head, ..model })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// `idx`: (B, T) token ids → (B, T, d_model).
+    pub fn embed(&self, idx: &Tensor) -> Result<Tensor, TchError> {
+        let t = idx.size()[1];
+        if t > self.dims.max_seq {
+            return Err(TchError::Shape(format!(
+                "sequence of {t} tokens exceeds the model's context of {} (model.seqLength)",
+                self.dims.max_seq
+            )));
+        }
+        let x = self.embed_tokens.forward(idx)?;
+        match &self.wpe {
+            Some(wpe) => x.f_add(&wpe.forward(&Tensor::f_arange(t, (Kind::Int64, idx.device()))?)?),
+            None => Ok(x),
+        }
+    }
+
+    /// Block `i`: (B, T, d_model) → (B, T, d_model).
+    pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor, TchError> {
+        match &self.blocks[i] {
+            Block::Llama(b) => b.forward(x, self.rope.as_ref().expect("LLaMA models have RoPE tables")),
+            Block::Gpt2(b) => b.forward(x),
+        }
+    }
+
+    /// Final norm and lm_head: (B, T, d_model) → logits (B, T, vocab).
+    pub fn head(&self, x: &Tensor) -> Result<Tensor, TchError> {
+        let h = match &self.norm {
+            FinalNorm::Rms(n) => n.forward(x)?,
+            FinalNorm::Layer(n) => n.forward(x)?,
+        };
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => h.f_linear(&self.embed_tokens.weight, None::<Tensor>),
+        }
+    }
+
+    /// (B, T) token ids → logits (B, T, vocab).
+    pub fn logits(&self, idx: &Tensor) -> Result<Tensor, TchError> {
+        let mut x = self.embed(idx)?;
+        for i in 0..self.blocks.len() {
+            x = self.block(i, &x)?;
+        }
+        self.head(&x)
+    }
+
+    /// Mean next-token cross-entropy in f32.
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, TchError> {
+        cross_entropy(&self.logits(idx)?, targets)
+    }
+
+    /// Forward and backward with activation recomputation: the forward pass keeps
+    /// only each block's input, and the backward pass recomputes one block at a time.
+    /// Gradients accumulate into the parameters exactly as `(loss * scale).backward()`
+    /// would; returns the unscaled loss, detached.
+    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64) -> Result<Tensor, TchError> {
+        let emb = self.embed(idx)?;
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut x = emb.f_detach()?;
+        tch::no_grad(|| -> Result<(), TchError> {
+            for i in 0..self.blocks.len() {
+                let next = self.block(i, &x)?;
+                inputs.push(std::mem::replace(&mut x, next));
+            }
+            Ok(())
+        })?;
+        let top = x.f_detach()?.f_requires_grad_(true)?;
+        let loss = cross_entropy(&self.head(&top)?, targets)?;
+        loss.f_mul_scalar(scale)?.f_backward()?;
+        let mut grad = top.f_grad()?;
+        for (i, input) in inputs.iter().enumerate().rev() {
+            let xi = input.f_detach()?.f_requires_grad_(true)?;
+            // d(sum(y·g))/dy = g, so this backpropagates exactly g through block i.
+            self.block(i, &xi)?.f_mul(&grad)?.f_sum(None)?.f_backward()?;
+            grad = xi.f_grad()?;
+        }
+        emb.f_mul(&grad)?.f_sum(None)?.f_backward()?;
+        loss.f_detach()
+    }
+}
+
+/// Mean cross-entropy of logits (B, T, V) against targets (B, T), in f32.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor, TchError> {
+    let v = *logits.size().last().expect("logits have a vocab dimension");
+    logits.f_to_kind(Kind::Float)?.f_view([-1, v])?.f_cross_entropy_loss(
+        &targets.f_reshape([-1])?,
+        None::<Tensor>,
+        Reduction::Mean,
+        -100,
+        0.0,
+    )
+}
+
+#[cfg(test)]
+mod tests;

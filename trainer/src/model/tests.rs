@@ -1,0 +1,188 @@
+use std::collections::BTreeMap;
+
+use crds::presets::{Arch, ModelConfig, PRESETS, preset};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use super::*;
+
+/// A small config of each family, with GQA where the family has it.
+pub(crate) fn small(arch: Arch, tied: bool) -> ModelConfig {
+    let mut cfg = ModelConfig::from(preset("nano").expect("nano preset"));
+    cfg.arch = arch;
+    cfg.n_layer = 2;
+    cfg.d_model = 64;
+    cfg.n_head = 4;
+    cfg.n_kv_head = if arch == Arch::Gpt2 { 4 } else { 2 };
+    cfg.d_head = 16;
+    cfg.d_ff = 96;
+    cfg.vocab_size = 97;
+    cfg.max_seq_len = 32;
+    cfg.tied_embeddings = tied;
+    cfg
+}
+
+fn build(cfg: &ModelConfig, seed: i64) -> (VarStore, Model) {
+    tch::manual_seed(seed);
+    let vs = VarStore::new(Device::Cpu);
+    let model = Model::new(&vs.root(), cfg, Device::Cpu).expect("model builds");
+    (vs, model)
+}
+
+fn shapes(vs: &VarStore) -> BTreeMap<String, Vec<i64>> {
+    vs.variables().into_iter().map(|(k, v)| (k, v.size())).collect()
+}
+
+#[test]
+fn parameter_counts_equal_the_preset_table() {
+    for cfg in [
+        small(Arch::Llama, false),
+        small(Arch::Qwen3, false),
+        small(Arch::Gpt2, false),
+        small(Arch::Gpt2, true),
+        ModelConfig::from(preset("nano").unwrap()),
+        ModelConfig::from(preset("micro").unwrap()),
+    ] {
+        let (vs, _) = build(&cfg, 0);
+        let vars = vs.variables();
+        let total: i64 = vars.values().map(|t| t.numel() as i64).sum();
+        let norms: i64 = vars
+            .iter()
+            .filter(|(k, _)| k.contains("norm") || k.contains(".ln_"))
+            .map(|(_, t)| t.numel() as i64)
+            .sum();
+        let matmul: i64 = vars
+            .iter()
+            .filter(|(k, t)| t.dim() == 2 && !k.contains("embed_tokens") && !k.contains("wte") && !k.contains("wpe"))
+            .map(|(_, t)| t.numel() as i64)
+            .sum::<i64>()
+            + if cfg.tied_embeddings { vars["transformer.wte.weight"].numel() as i64 } else { 0 };
+        let want = cfg.param_counts();
+        assert_eq!(total as u64, want.total, "{:?} total", cfg.arch);
+        assert_eq!((total - norms) as u64, want.without_norms, "{:?} without norms", cfg.arch);
+        assert_eq!(matmul as u64, want.matmul, "{:?} matmul", cfg.arch);
+    }
+    assert!(PRESETS.iter().any(|p| p.name == "micro"));
+}
+
+#[test]
+fn parameter_names_are_hugging_face_names() {
+    let (vs, _) = build(&small(Arch::Qwen3, false), 0);
+    let s = shapes(&vs);
+    for (name, shape) in [
+        ("model.embed_tokens.weight", vec![97, 64]),
+        ("model.layers.1.input_layernorm.weight", vec![64]),
+        ("model.layers.1.self_attn.q_proj.weight", vec![64, 64]),
+        ("model.layers.1.self_attn.k_proj.weight", vec![32, 64]),
+        ("model.layers.1.self_attn.v_proj.weight", vec![32, 64]),
+        ("model.layers.1.self_attn.o_proj.weight", vec![64, 64]),
+        ("model.layers.1.self_attn.q_norm.weight", vec![16]),
+        ("model.layers.1.self_attn.k_norm.weight", vec![16]),
+        ("model.layers.1.post_attention_layernorm.weight", vec![64]),
+        ("model.layers.1.mlp.gate_proj.weight", vec![96, 64]),
+        ("model.layers.1.mlp.up_proj.weight", vec![96, 64]),
+        ("model.layers.1.mlp.down_proj.weight", vec![64, 96]),
+        ("model.norm.weight", vec![64]),
+        ("lm_head.weight", vec![97, 64]),
+    ] {
+        assert_eq!(s.get(name), Some(&shape), "{name}");
+    }
+    assert_eq!(s.len(), 2 * 11 + 3);
+
+    let (vs, _) = build(&small(Arch::Gpt2, true), 0);
+    let s = shapes(&vs);
+    for (name, shape) in [
+        ("transformer.wte.weight", vec![97, 64]),
+        ("transformer.wpe.weight", vec![32, 64]),
+        ("transformer.h.0.ln_1.weight", vec![64]),
+        ("transformer.h.0.ln_1.bias", vec![64]),
+        ("transformer.h.0.attn.c_attn.weight", vec![192, 64]),
+        ("transformer.h.0.attn.c_attn.bias", vec![192]),
+        ("transformer.h.0.attn.c_proj.weight", vec![64, 64]),
+        ("transformer.h.0.mlp.c_fc.weight", vec![96, 64]),
+        ("transformer.h.0.mlp.c_proj.bias", vec![64]),
+        ("transformer.ln_f.bias", vec![64]),
+    ] {
+        assert_eq!(s.get(name), Some(&shape), "{name}");
+    }
+    assert!(!s.contains_key("lm_head.weight"), "tied GPT-2 has no separate lm_head");
+}
+
+#[test]
+fn init_scales_residual_projections() {
+    let cfg = ModelConfig { n_layer: 8, d_model: 256, d_ff: 512, ..small(Arch::Llama, false) };
+    let (vs, _) = build(&cfg, 1);
+    let vars = vs.variables();
+    let std = |n: &str| vars[n].f_std(true).unwrap().double_value(&[]);
+    let resid = 0.02 / 16f64.sqrt();
+    assert!((std("model.layers.3.mlp.gate_proj.weight") - 0.02).abs() < 0.001);
+    assert!((std("model.layers.3.mlp.down_proj.weight") - resid).abs() < 0.0005);
+    assert!((std("model.layers.3.self_attn.o_proj.weight") - resid).abs() < 0.0005);
+    assert_eq!(vars["model.norm.weight"].f_sum(Kind::Float).unwrap().double_value(&[]), 256.0);
+}
+
+#[test]
+fn future_tokens_leave_past_logits_unchanged() {
+    for arch in [Arch::Llama, Arch::Qwen3, Arch::Gpt2] {
+        let (_vs, model) = build(&small(arch, false), 2);
+        let a = Tensor::randint(97, [2, 16], (Kind::Int64, Device::Cpu));
+        let b = a.copy();
+        let _ = b.narrow(1, 10, 6).fill_(5);
+        let la = model.logits(&a).unwrap();
+        let lb = model.logits(&b).unwrap();
+        let past = (la.narrow(1, 0, 10) - lb.narrow(1, 0, 10)).abs().max().double_value(&[]);
+        let future = (la.narrow(1, 10, 6) - lb.narrow(1, 10, 6)).abs().max().double_value(&[]);
+        assert!(past < 1e-6, "{arch:?}: past logits moved by {past}");
+        assert!(future > 1e-4, "{arch:?}: the change must be visible at later positions");
+    }
+}
+
+#[test]
+fn sequences_longer_than_the_context_are_an_error() {
+    let (_vs, model) = build(&small(Arch::Gpt2, false), 0);
+    let idx = Tensor::zeros([1, 33], (Kind::Int64, Device::Cpu));
+    let err = model.logits(&idx).unwrap_err().to_string();
+    assert!(err.contains("seqLength"), "{err}");
+}
+
+fn grads(vs: &VarStore) -> BTreeMap<String, Tensor> {
+    vs.variables().into_iter().map(|(k, v)| (k, v.grad().copy())).collect()
+}
+
+fn max_diff(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> f64 {
+    a.iter().map(|(k, g)| (g - &b[k]).abs().max().double_value(&[])).fold(0.0, f64::max)
+}
+
+#[test]
+fn checkpointed_backward_gives_the_same_gradients() {
+    for arch in [Arch::Llama, Arch::Gpt2] {
+        let cfg = small(arch, arch == Arch::Gpt2);
+        let (vs, model) = build(&cfg, 3);
+        let idx = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
+        let tgt = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
+        let loss = model.loss(&idx, &tgt).unwrap();
+        (&loss * 0.5).backward();
+        let plain = grads(&vs);
+        vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+        let ck_loss = model.backward_checkpointed(&idx, &tgt, 0.5).unwrap();
+        assert_eq!(loss.double_value(&[]), ck_loss.double_value(&[]));
+        let diff = max_diff(&plain, &grads(&vs));
+        assert!(diff < 1e-7, "{arch:?}: gradients differ by {diff}");
+    }
+}
+
+#[test]
+fn two_micro_batches_accumulated_equal_one_batch_of_four() {
+    let (vs, model) = build(&small(Arch::Llama, false), 4);
+    let idx = Tensor::randint(97, [4, 12], (Kind::Int64, Device::Cpu));
+    let tgt = Tensor::randint(97, [4, 12], (Kind::Int64, Device::Cpu));
+    model.loss(&idx, &tgt).unwrap().backward();
+    let whole = grads(&vs);
+    vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+    for m in 0..2 {
+        let loss = model.loss(&idx.narrow(0, 2 * m, 2), &tgt.narrow(0, 2 * m, 2)).unwrap();
+        (loss / 2.0).backward();
+    }
+    let diff = max_diff(&whole, &grads(&vs));
+    assert!(diff < 1e-7, "accumulated gradients differ by {diff}");
+}
