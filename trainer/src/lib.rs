@@ -1,6 +1,7 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
 pub mod cli;
+pub mod export;
 pub mod model;
 pub mod torch_info;
 
@@ -12,6 +13,8 @@ pub enum Error {
     Api(#[from] crds::Error),
     #[error("{0}")]
     InvalidSpec(String),
+    #[error("{}: {source}", path.display())]
+    Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }
@@ -23,7 +26,7 @@ impl Error {
         match self {
             Error::Api(_) | Error::InvalidSpec(_) => Some(FailureReason::InvalidConfig),
             Error::Torch(e) if e.to_string().contains("out of memory") => Some(FailureReason::OutOfMemory),
-            Error::Torch(_) => None,
+            Error::Torch(_) | Error::Io { .. } => None,
         }
     }
 
