@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod export;
+pub mod generate;
 pub mod model;
 pub mod torch_info;
 
