@@ -31,6 +31,98 @@ pub enum Command {
     },
     /// Report the libtorch build: CUDA, cuDNN, threads, and a bf16 matmul check per device.
     Info,
+    /// Train a TrainingRun manifest locally: resolve it as the operator does, then
+    /// train, checkpoint into the output directory and resume from it when rerun.
+    Run(RunArgs),
+    /// Validation loss and perplexity of a checkpoint, per data source.
+    Eval {
+        /// A run's output directory or one checkpoint directory.
+        checkpoint: PathBuf,
+    },
+    /// Sample text from a checkpoint.
+    Generate(GenerateArgs),
+    /// Write a checkpoint as a Hugging Face model directory.
+    Export {
+        /// A run's output directory or one checkpoint directory.
+        checkpoint: PathBuf,
+        /// Output directory for config.json and model.safetensors.
+        #[arg(long)]
+        hf: PathBuf,
+    },
+    /// Time the training step like `torch_reference.py` and print the same JSON fields.
+    ///
+    /// MFU = tokens/s × (6·N_matmul + 12·L·n_head·d_head·T) / 989e12, where N_matmul
+    /// counts every Linear weight (lm_head included, input embedding excluded).
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// TrainingRun YAML file.
+    pub manifest: PathBuf,
+    /// Checkpoints and metrics.jsonl go here [default: runs/<metadata.name>].
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Serve /status, /metrics and /healthz here (port 0 picks a free one).
+    #[arg(long, env = "TRAINER_STATUS_ADDR", default_value = "127.0.0.1:0")]
+    pub status_addr: std::net::SocketAddr,
+    /// Stop after this many optimizer steps (with a checkpoint); rerun to resume.
+    #[arg(long)]
+    pub stop_after_steps: Option<u64>,
+    /// Skip the sample generation at the end.
+    #[arg(long)]
+    pub no_sample: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A run's output directory or one checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// Text to continue; defaults to a validation multiple-choice question.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i64,
+    /// Nucleus sampling threshold.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    /// Number of samples.
+    #[arg(long, short, default_value_t = 1)]
+    pub n: usize,
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: i64,
+    #[arg(long, default_value_t = 2048)]
+    pub seq: i64,
+    /// Timed steps.
+    #[arg(long, default_value_t = 20)]
+    pub steps: u32,
+    #[arg(long, default_value_t = 5)]
+    pub warmup: u32,
+    /// bf16-mixed, bf16 or f32.
+    #[arg(long, default_value = "bf16-mixed")]
+    pub precision: String,
+    /// auto, flash, cudnn or math.
+    #[arg(long, default_value = "auto")]
+    pub attention: String,
+    /// cpu or cuda [default: cuda when available].
+    #[arg(long)]
+    pub device: Option<String>,
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -48,6 +140,38 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Info => {
             println!("{}", serde_json::to_string_pretty(&crate::torch_info::describe()?).expect("JSON"));
+            Ok(())
+        }
+        Command::Run(args) => crate::local::run(&args),
+        Command::Eval { checkpoint } => crate::local::eval(&checkpoint),
+        Command::Generate(args) => crate::local::generate(&args),
+        Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
+        Command::Bench(args) => {
+            let parse = |field: &str, v: &str| {
+                serde_json::from_value(serde_json::Value::String(v.into()))
+                    .map_err(|_| Error::InvalidSpec(format!("--{field} {v}: not a valid value")))
+            };
+            let model = crds::presets::preset(&args.preset).map(ModelConfig::from).ok_or_else(|| {
+                Error::InvalidSpec(format!("--preset {}: unknown; one of {}", args.preset, crds::presets::preset_names().join(", ")))
+            })?;
+            let device = match args.device.as_deref() {
+                None if tch::Cuda::is_available() => tch::Device::Cuda(0),
+                None | Some("cpu") => tch::Device::Cpu,
+                Some("cuda") => tch::Device::Cuda(0),
+                Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
+            };
+            let opts = crate::bench::BenchOptions {
+                model,
+                micro_batch: args.micro_batch,
+                seq: args.seq,
+                steps: args.steps,
+                warmup: args.warmup,
+                precision: parse("precision", &args.precision)?,
+                attention: parse("attention", &args.attention)?,
+                device,
+                gradient_checkpointing: args.gradient_checkpointing,
+            };
+            println!("{}", crate::bench::run(&opts)?);
             Ok(())
         }
     }

@@ -1,13 +1,30 @@
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use crds::contract::{TERMINATION_LOG, TerminationMessage, env};
 use trainer::cli::{Cli, execute};
 
+/// `TRAINER_TERMINATION_LOG`, else Kubernetes' `/dev/termination-log` when it exists.
+fn termination_log() -> Option<PathBuf> {
+    match std::env::var_os(env::TERMINATION_LOG) {
+        Some(p) if !p.is_empty() => Some(p.into()),
+        _ => Some(PathBuf::from(TERMINATION_LOG)).filter(|p| p.exists()),
+    }
+}
+
 fn main() -> ExitCode {
+    trainer::progress::init_logging();
     match execute(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if let (Some(reason), Some(path)) = (e.reason(), termination_log()) {
+                let msg = TerminationMessage { reason, step: e.step(), detail: e.to_string() };
+                if let Err(io) = std::fs::write(&path, msg.to_json()) {
+                    eprintln!("error: writing the termination message to {}: {io}", path.display());
+                }
+            }
             ExitCode::from(e.exit_code())
         }
     }

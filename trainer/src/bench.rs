@@ -1,0 +1,121 @@
+//! `trainer bench`: the training step of `torch_reference.py` (random tokens,
+//! forward, backward, clip, AdamW), timed the same way and printed as the same JSON
+//! fields, for side-by-side runs on one machine.
+
+use std::time::Instant;
+
+use crds::config::ResolvedOptimizer;
+use crds::presets::{H100_PEAK_BF16_FLOPS, ModelConfig};
+use crds::types::{Attention, Precision};
+use serde_json::{Value, json};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::Error;
+use crate::model::Model;
+use crate::optim::{self, AdamW};
+use crate::train::{precision_plan, sorted_variables};
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub model: ModelConfig,
+    pub micro_batch: i64,
+    pub seq: i64,
+    pub steps: u32,
+    pub warmup: u32,
+    pub precision: Precision,
+    pub attention: Attention,
+    pub device: Device,
+    pub gradient_checkpointing: bool,
+}
+
+/// Peak resident memory of this process (VmHWM), GiB; Linux only.
+pub fn peak_rss_gib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / (1024.0 * 1024.0))
+}
+
+pub fn run(o: &BenchOptions) -> Result<Value, Error> {
+    let mut model_cfg = o.model.clone();
+    model_cfg.max_seq_len = model_cfg.max_seq_len.max(o.seq as u32);
+    let (kind, autocast, _) = precision_plan(o.precision, o.device);
+    tch::manual_seed(0);
+    let mut vs = VarStore::new(Device::Cpu);
+    let model = Model::new(&vs.root(), &model_cfg, o.device)?;
+    if kind == Kind::BFloat16 {
+        vs.bfloat16();
+    }
+    vs.set_device(o.device);
+    let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+    let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
+    optim::set_sdp_backend(o.attention)?;
+    let act = if autocast { Kind::BFloat16 } else { kind };
+    let q = Tensor::f_zeros([o.micro_batch, model_cfg.n_head as i64, o.seq, model_cfg.d_head as i64], (act, o.device))?;
+    let k = Tensor::f_zeros([o.micro_batch, model_cfg.n_kv_head as i64, o.seq, model_cfg.d_head as i64], (act, o.device))?;
+    let backend = optim::check_sdp_backend(o.attention, &q, &k, &k, true, model_cfg.n_kv_head != model_cfg.n_head)?;
+    drop((q, k));
+
+    let vocab = model_cfg.vocab_size as i64;
+    let mut step = || -> Result<Tensor, Error> {
+        let idx = Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device))?;
+        let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
+        let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
+            if o.gradient_checkpointing {
+                Ok(model.backward_checkpointed(&x, &y, 1.0)?)
+            } else {
+                let loss = model.loss(&x, &y)?;
+                loss.f_backward()?;
+                Ok(loss)
+            }
+        })?;
+        opt.clip_grad_norm(1.0)?;
+        opt.step(3e-4)?;
+        opt.zero_grad()?;
+        Ok(loss)
+    };
+    let sync = || {
+        if o.device.is_cuda() {
+            tch::Cuda::synchronize(0);
+        }
+    };
+    for _ in 0..o.warmup {
+        step()?;
+    }
+    sync();
+    if o.device.is_cuda() {
+        crate::ffi::cuda_reset_peak_memory()?;
+    }
+    let t0 = Instant::now();
+    let mut loss = Tensor::f_zeros([], (Kind::Float, o.device))?;
+    for _ in 0..o.steps {
+        loss = step()?;
+    }
+    sync();
+    let dt = t0.elapsed().as_secs_f64();
+    let tok_s = o.steps as f64 * (o.micro_batch * o.seq) as f64 / dt;
+    let counts = model_cfg.param_counts();
+    let peak_mem = if o.device.is_cuda() { Some(crate::ffi::cuda_max_memory_allocated()? as f64 / (1u64 << 30) as f64) } else { None };
+    let round = |v: f64, d: i32| (v * 10f64.powi(d)).round() / 10f64.powi(d);
+    Ok(json!({
+        "impl": "trainer",
+        "preset": model_cfg.preset,
+        "device": if o.device.is_cuda() { crate::ffi::cuda_device_name(0).unwrap_or_else(|_| "cuda".into()) } else { "cpu".into() },
+        "torch": "2.11.0 (libtorch via tch 0.24.0)",
+        "precision": serde_json::to_value(o.precision).expect("precision serializes"),
+        "micro_batch": o.micro_batch,
+        "seq": o.seq,
+        "params": counts.total,
+        "params_without_norms": counts.without_norms,
+        "matmul_params": counts.matmul,
+        "step_ms": 1000.0 * dt / o.steps as f64,
+        "tokens_per_s": round(tok_s, 1),
+        "mfu": round(model_cfg.mfu(o.seq as u32, tok_s, H100_PEAK_BF16_FLOPS), 4),
+        "peak_mem_gib": peak_mem.map(|g| round(g, 2)),
+        "peak_rss_gib": peak_rss_gib().map(|g| round(g, 3)),
+        "final_loss": loss.f_double_value(&[])?,
+        "attention_backend": format!("{backend:?}"),
+        "gradient_checkpointing": o.gradient_checkpointing,
+        "threads": tch::get_num_threads(),
+    }))
+}

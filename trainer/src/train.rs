@@ -1,0 +1,568 @@
+//! The training loop of one process: data, forward/backward with accumulation,
+//! clipping, fused AdamW, evaluation, checkpoints, status and the failure contract.
+//! Rank 0 alone logs, serves status and writes checkpoints.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crds::config::{Device as RunDevice, Location, ResolvedInit, RunConfig};
+use crds::contract::TrainerPhase;
+use crds::presets::H100_PEAK_BF16_FLOPS;
+use crds::types::{Attention, CheckpointRef, Precision};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::Error;
+use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
+use crate::data::corpus::{self, Split};
+use crate::data::mix::{self, Mix, SourceTokens};
+use crate::data::tokenizer::Tokenizer;
+use crate::generate::{self, Sampling};
+use crate::metrics_log::MetricsLog;
+use crate::model::Model;
+use crate::optim::{self, AdamW};
+use crate::progress::Progress;
+use crate::status::{SharedStatus, StatusServer, StepReport};
+
+/// Test-only fault injection: the loss of this optimizer step becomes NaN.
+pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
+/// Test-only fault injection: this step allocates far more memory than exists.
+pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
+
+/// Embedded sources never need more than this many tokens each; longer runs repeat epochs.
+const MAX_EMBEDDED_TOKENS: usize = 16_000_000;
+
+/// How one process takes part in the run, and where it writes.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Checkpoints and `metrics.jsonl`.
+    pub output_dir: PathBuf,
+    /// Where rank 0 serves `/status`, `/metrics` and `/healthz`; `None` serves nothing.
+    pub status_addr: Option<SocketAddr>,
+    /// Stop (with a checkpoint) after this many optimizer steps in total, before the budget.
+    pub stop_after_steps: Option<u64>,
+    /// Progress bar or log lines; `None` decides by whether stdout is a terminal.
+    pub tty: Option<bool>,
+    /// Print a sample generation at the end.
+    pub sample: bool,
+    /// Where `initFrom.trainingRun` runs are found (`/init` in a pod; their output
+    /// directory locally).
+    pub init_dir: PathBuf,
+    pub rank: u32,
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub step: u64,
+    pub tokens: u64,
+    /// (step, loss) of every step this process ran.
+    pub losses: Vec<(u64, f64)>,
+    pub val_loss: Option<f64>,
+    pub last_checkpoint: Option<CheckpointRef>,
+    /// Entropy of the training stream's unigram distribution, nats/token: the loss
+    /// of a model that learned only token frequencies.
+    pub unigram_entropy: f64,
+    /// Step the run resumed from, if it did.
+    pub resumed_from: Option<u64>,
+}
+
+/// The device and dtype a precision runs with, and a plain description.
+pub fn precision_plan(precision: Precision, device: Device) -> (Kind, bool, &'static str) {
+    match (precision, device.is_cuda()) {
+        (Precision::F32, _) => (Kind::Float, false, "f32"),
+        (Precision::Bf16, _) => (Kind::BFloat16, false, "bf16 weights, gradients and optimizer state"),
+        (Precision::Bf16Mixed, true) => (Kind::Float, true, "f32 master weights, bf16 autocast"),
+        (Precision::Bf16Mixed, false) => (
+            Kind::Float,
+            false,
+            "f32 (bf16-mixed asked for, but libtorch's autocast does nothing on CPU)",
+        ),
+    }
+}
+
+pub struct Trainer {
+    cfg: RunConfig,
+    opts: RunOptions,
+    device: Device,
+    autocast: bool,
+    vs: VarStore,
+    model: Model,
+    opt: AdamW,
+    train: Mix,
+    val: Option<Mix>,
+    tokenizer: Tokenizer,
+    step: u64,
+    tokens: u64,
+    data_position: u64,
+    resumed_from: Option<u64>,
+    status: SharedStatus,
+    inject_nan: Option<u64>,
+    inject_oom: Option<u64>,
+}
+
+impl Trainer {
+    /// Builds everything and resumes from the newest valid checkpoint in the output
+    /// directory, or loads `initFrom` weights.
+    pub fn new(cfg: &RunConfig, opts: RunOptions, status: SharedStatus) -> Result<Trainer, Error> {
+        let device = match cfg.topology.device {
+            RunDevice::Cuda if tch::Cuda::is_available() => Device::Cuda(0),
+            RunDevice::Cuda => {
+                return Err(Error::InvalidSpec(
+                    "spec.topology.gpusPerNode > 0 but no CUDA device is visible (or this trainer was built without the `cuda` feature)".into(),
+                ));
+            }
+            RunDevice::Cpu => Device::Cpu,
+        };
+        let (kind, autocast, what) = precision_plan(cfg.precision, device);
+        if opts.rank == 0 {
+            tracing::info!("precision: {what}");
+        }
+
+        let tokenizer = match &cfg.tokenizer {
+            Location::Embedded { .. } => Tokenizer::embedded()?,
+            Location::Path { path } => Tokenizer::from_file(path)?,
+            other => {
+                return Err(Error::Data {
+                    name: "spec.model.tokenizer".into(),
+                    message: format!("{other:?}: only embedded and local tokenizer.json files can be read by this build"),
+                });
+            }
+        };
+        if tokenizer.vocab_size() > cfg.model.vocab_size as usize {
+            return Err(Error::InvalidSpec(format!(
+                "spec.model.vocabSize {} is smaller than the tokenizer's vocabulary of {}",
+                cfg.model.vocab_size,
+                tokenizer.vocab_size()
+            )));
+        }
+        let (train, val) = load_data(cfg, &tokenizer)?;
+
+        tch::manual_seed(cfg.seed as i64);
+        let mut vs = VarStore::new(Device::Cpu);
+        let model = Model::new(&vs.root(), &cfg.model, device)?;
+        if kind == Kind::BFloat16 {
+            vs.bfloat16();
+        }
+        vs.set_device(device);
+        let opt = AdamW::new(sorted_variables(&vs), &cfg.optimizer)?;
+
+        optim::set_sdp_backend(cfg.attention)?;
+        let mut trainer = Trainer {
+            cfg: cfg.clone(),
+            opts,
+            device,
+            autocast,
+            vs,
+            model,
+            opt,
+            train,
+            val,
+            tokenizer,
+            step: 0,
+            tokens: 0,
+            data_position: 0,
+            resumed_from: None,
+            status,
+            inject_nan: env_step(INJECT_NAN_ENV),
+            inject_oom: env_step(INJECT_OOM_ENV),
+        };
+        trainer.check_attention(kind)?;
+        trainer.restore()?;
+        Ok(trainer)
+    }
+
+    /// Logs the SDPA backend libtorch picks for the model's shapes, and fails when a
+    /// forced `spec.attention` backend cannot run them.
+    fn check_attention(&self, kind: Kind) -> Result<(), Error> {
+        let m = &self.cfg.model;
+        let t = self.cfg.batch.seq_len as i64;
+        let b = self.cfg.batch.micro_batch as i64;
+        let kind = if self.autocast { Kind::BFloat16 } else { kind };
+        let opts = (kind, self.device);
+        let q = Tensor::f_zeros([b, m.n_head as i64, t, m.d_head as i64], opts)?;
+        let k = Tensor::f_zeros([b, m.n_kv_head as i64, t, m.d_head as i64], opts)?;
+        let gqa = m.n_kv_head != m.n_head;
+        let backend = optim::check_sdp_backend(self.cfg.attention, &q, &k, &k, true, gqa)?;
+        if self.opts.rank == 0 && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
+            tracing::info!("attention: SDPA runs the {backend:?} backend for {kind:?} q {:?}", q.size());
+        }
+        Ok(())
+    }
+
+    fn checkpoint_dir(&self) -> &Path {
+        &self.opts.output_dir
+    }
+
+    fn restore(&mut self) -> Result<(), Error> {
+        if let Some(loaded) = checkpoint::latest_valid(self.checkpoint_dir())? {
+            checkpoint::check_resumable(&loaded.state, &self.cfg.fingerprint(), self.cfg.topology.world_size)?;
+            copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
+            self.opt.load_state(&loaded.optimizer)?;
+            self.step = loaded.state.step;
+            self.tokens = loaded.state.tokens;
+            self.data_position = loaded.state.data_position;
+            self.resumed_from = Some(self.step);
+            if self.opts.rank == 0 {
+                tracing::info!("resuming from {} at step {} ({} tokens)", loaded.dir.display(), self.step, self.tokens);
+            }
+            return Ok(());
+        }
+        let source = match &self.cfg.init_from {
+            None => return Ok(()),
+            Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
+            Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
+            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => {
+                Path::new(crds::contract::INIT_MOUNT).join(path)
+            }
+            Some(ResolvedInit::Checkpoint { uri, .. }) => {
+                return Err(Error::Data {
+                    name: "spec.initFrom.uri".into(),
+                    message: format!("{uri}: this build reads initial weights from a path or a PVC only"),
+                });
+            }
+        };
+        let weights = checkpoint::load_weights(&source)?;
+        copy_weights(&self.vs, &weights, &source)?;
+        if self.opts.rank == 0 {
+            tracing::info!("initial weights from {}", source.display());
+        }
+        Ok(())
+    }
+
+    /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T).
+    fn micro_batch(&self, m: u32) -> Result<(Tensor, Tensor), Error> {
+        let b = &self.cfg.batch;
+        let world = self.cfg.topology.world_size as u64;
+        let first = self.data_position + (m as u64 * world + self.opts.rank as u64) * b.micro_batch as u64;
+        let (x, y, _) = self.train.batch_tensors(first, b.micro_batch as usize);
+        Ok((x.f_to_device(self.device)?, y.f_to_device(self.device)?))
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches.
+    pub fn train_step(&mut self) -> Result<StepReport, Error> {
+        let started = Instant::now();
+        let step = self.step + 1;
+        let accum = self.cfg.batch.grad_accum;
+        let lr = self.cfg.schedule.lr_at(self.tokens);
+        if self.inject_oom == Some(step) {
+            // A real allocation failure through libtorch's allocator.
+            Tensor::f_empty([1 << 62], (Kind::Float, self.device))?;
+        }
+        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
+        for m in 0..accum {
+            let (x, y) = self.micro_batch(m)?;
+            let scale = 1.0 / accum as f64;
+            let inject = self.inject_nan == Some(step);
+            let loss = tch::autocast(self.autocast, || -> Result<Tensor, Error> {
+                if self.cfg.gradient_checkpointing && !inject {
+                    return Ok(self.model.backward_checkpointed(&x, &y, scale)?);
+                }
+                let mut loss = self.model.loss(&x, &y)?;
+                if inject {
+                    loss = loss.f_mul_scalar(f64::NAN)?;
+                }
+                loss.f_mul_scalar(scale)?.f_backward()?;
+                Ok(loss.f_detach()?)
+            })?;
+            loss_sum = loss_sum.f_add(&loss)?;
+        }
+        let grad_norm = self.opt.clip_grad_norm(self.cfg.optimizer.grad_clip)?;
+        // One host sync per step.
+        let loss = loss_sum.f_div_scalar(accum as f64)?.f_double_value(&[])?;
+        let grad_norm = grad_norm.f_double_value(&[])?;
+        if !loss.is_finite() || !grad_norm.is_finite() {
+            self.status.record_nonfinite();
+            return Err(Error::NonFinite { step, loss, grad_norm });
+        }
+        self.opt.step(lr)?;
+        self.opt.zero_grad()?;
+        self.step = step;
+        self.tokens += self.cfg.batch.tokens_per_step;
+        self.data_position += self.cfg.batch.global_sequences as u64;
+        let seconds = started.elapsed().as_secs_f64();
+        let tokens_per_second = self.cfg.batch.tokens_per_step as f64 / seconds;
+        let mfu = self.device.is_cuda().then(|| {
+            let per_gpu = tokens_per_second / self.cfg.topology.world_size as f64;
+            self.cfg.model.mfu(self.cfg.batch.seq_len, per_gpu, H100_PEAK_BF16_FLOPS)
+        });
+        Ok(StepReport { step, tokens: self.tokens, loss, lr, grad_norm, tokens_per_second, mfu })
+    }
+
+    /// Validation loss per source over `evalTokens`, and their mix-weighted mean.
+    pub fn evaluate(&self) -> Result<Option<(f64, Vec<(String, f64)>)>, Error> {
+        match &self.val {
+            Some(val) => evaluate_mix(&self.model, &self.cfg, val, self.device, self.autocast).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn payload(&self, loss: Option<f64>) -> Result<Payload, Error> {
+        Ok(Payload {
+            model: sorted_variables(&self.vs),
+            optimizer: self.opt.state_tensors(),
+            state: TrainState {
+                format_version: checkpoint::FORMAT_VERSION,
+                step: self.step,
+                tokens: self.tokens,
+                data_position: self.data_position,
+                // Data order is a pure function of (seed, position); nothing else draws.
+                rng: serde_json::json!({"seed": self.cfg.seed}),
+                config_hash: self.cfg.fingerprint(),
+                world_size: self.cfg.topology.world_size,
+                attempt: self.cfg.attempt,
+                preset: self.cfg.model.preset.clone(),
+                loss,
+                time: String::new(),
+                files: Default::default(),
+            },
+        })
+    }
+
+    /// Greedy answer to a validation multiple-choice question: (prompt, completion).
+    pub fn sample(&self) -> Result<(String, String), Error> {
+        let record = corpus::mcq_records(self.cfg.seed, 1, Split::Validation).remove(0);
+        let prompt = record.prompt();
+        let ids: Vec<i64> = self.tokenizer.encode(&prompt).into_iter().map(i64::from).collect();
+        let x = Tensor::from_slice(&ids).f_unsqueeze(0)?.f_to_device(self.device)?;
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        let out = tch::autocast(self.autocast, || {
+            generate::generate(&self.model, &x, 24, &greedy, Some(self.tokenizer.eos_id() as i64))
+        })?;
+        let new: Vec<i64> = Vec::<i64>::try_from(out.f_narrow(1, ids.len() as i64, out.size()[1] - ids.len() as i64)?.f_squeeze_dim(0)?)
+            .map_err(Error::Torch)?;
+        let new: Vec<u32> = new.into_iter().map(|t| t as u32).take_while(|&t| t != self.tokenizer.eos_id()).collect();
+        let gold = crate::data::corpus::McqRecord::letter(record.answer);
+        Ok((prompt, format!("{} (gold: {gold})", self.tokenizer.decode(&new))))
+    }
+
+    /// Trains to the budget (or `stop_after_steps`), checkpointing on schedule, at the
+    /// end and on SIGTERM.
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> Result<Outcome, Error> {
+        let rank0 = self.opts.rank == 0;
+        let total_steps = self.cfg.schedule.total_steps;
+        let last_step = self.opts.stop_after_steps.map_or(total_steps, |s| s.min(total_steps));
+        let mut log = if rank0 {
+            Some(MetricsLog::open(self.checkpoint_dir(), self.step, self.tokens, Some(&self.cfg.name), self.cfg.attempt)?)
+        } else {
+            None
+        };
+        let _server = match (rank0, self.opts.status_addr) {
+            (true, Some(addr)) => {
+                let server = StatusServer::start(addr, self.status.clone())?;
+                tracing::info!("status on http://{}/status", server.addr());
+                Some(server)
+            }
+            _ => None,
+        };
+        let mut checkpointer = Checkpointer::new(self.checkpoint_dir(), self.cfg.checkpoint.keep_last)?;
+        let unigram_entropy = self.train.unigram_entropy();
+        self.status.update(|s| {
+            s.step = self.step;
+            s.tokens = self.tokens;
+        });
+        let mut progress = rank0.then(|| Progress::new(total_steps, self.cfg.schedule.total_tokens, self.step, self.opts.tty));
+        if let Some(p) = progress.as_mut() {
+            p.println(format!(
+                "{}: {} ({} params) on {}, {} steps of {} tokens; unigram entropy of the data {unigram_entropy:.3} nats/token",
+                self.cfg.name,
+                self.cfg.model.preset,
+                crate::progress::human_count(self.cfg.params.total as f64),
+                self.cfg.topology.display,
+                total_steps,
+                self.cfg.batch.tokens_per_step,
+            ));
+        }
+        self.status.set_phase(TrainerPhase::Training);
+        let mut losses = Vec::new();
+        let mut val_loss = None;
+        let mut last_checkpoint = None;
+        let mut last_loss = None;
+        let every = self.cfg.checkpoint.every_steps as u64;
+        let eval_every = self.cfg.data.as_ref().map_or(0, |d| d.eval_every_steps) as u64;
+        while self.step < last_step && !stop.load(Ordering::SeqCst) {
+            let report = self.train_step().map_err(|e| e.at_step(self.step + 1))?;
+            losses.push((report.step, report.loss));
+            last_loss = Some(report.loss);
+            self.status.record_step(&report);
+            if let Some(log) = log.as_mut() {
+                log.step(&report)?;
+            }
+            if let Some(p) = progress.as_mut() {
+                p.on_step(&report);
+            }
+            if eval_every > 0 && (self.step % eval_every == 0 || self.step == total_steps) {
+                self.status.set_phase(TrainerPhase::Evaluating);
+                if let Some((v, per_source)) = self.evaluate()? {
+                    val_loss = Some(v);
+                    self.status.record_eval(v, per_source.clone());
+                    if let Some(log) = log.as_mut() {
+                        log.eval(self.step, self.tokens, v, &per_source)?;
+                    }
+                    if let Some(p) = progress.as_mut() {
+                        p.on_eval(self.step, v, &per_source);
+                    }
+                }
+                self.status.set_phase(TrainerPhase::Training);
+            }
+            let stopping = self.step == last_step || stop.load(Ordering::SeqCst);
+            if rank0 && every > 0 && self.step % every == 0 && !stopping {
+                // Training goes on while the background thread writes.
+                if let Some(done) = checkpointer.save_async(self.payload(last_loss)?)? {
+                    self.checkpoint_written(&done, log.as_mut())?;
+                    last_checkpoint = Some(done);
+                }
+            }
+        }
+        if rank0 {
+            if let Some(done) = checkpointer.wait()? {
+                self.checkpoint_written(&done, log.as_mut())?;
+                last_checkpoint = Some(done);
+            }
+            if last_checkpoint.as_ref().map(|c| c.step) != Some(self.step) && self.step > 0 {
+                self.status.set_phase(TrainerPhase::Checkpointing);
+                let done = checkpointer.save(self.payload(last_loss)?)?;
+                self.checkpoint_written(&done, log.as_mut())?;
+                last_checkpoint = Some(done);
+            }
+        }
+        let interrupted = stop.load(Ordering::SeqCst) && self.step < last_step;
+        if rank0 && self.opts.sample && !interrupted {
+            let (prompt, text) = self.sample()?;
+            if let Some(log) = log.as_mut() {
+                log.sample(self.step, self.tokens, Some(&prompt), &text)?;
+            }
+            if let Some(p) = progress.as_mut() {
+                p.println(format!("sample after {} steps:\n{prompt} {text}", self.step));
+            }
+        }
+        if let Some(p) = progress {
+            p.finish();
+        }
+        if interrupted {
+            return Err(Error::Terminated { step: self.step });
+        }
+        self.status.set_phase(TrainerPhase::Done);
+        Ok(Outcome {
+            step: self.step,
+            tokens: self.tokens,
+            losses,
+            val_loss,
+            last_checkpoint,
+            unigram_entropy,
+            resumed_from: self.resumed_from,
+        })
+    }
+
+    fn checkpoint_written(&self, done: &CheckpointRef, log: Option<&mut MetricsLog>) -> Result<(), Error> {
+        self.status.record_checkpoint(done.clone());
+        if let Some(log) = log {
+            log.checkpoint(done)?;
+        }
+        Ok(())
+    }
+}
+
+/// Validation loss per source of `val` over the run's `evalTokens`, and the
+/// mix-weighted mean.
+pub fn evaluate_mix(model: &Model, cfg: &RunConfig, val: &Mix, device: Device, autocast: bool) -> Result<(f64, Vec<(String, f64)>), Error> {
+    let b = cfg.batch.micro_batch as u64;
+    let t = cfg.batch.seq_len as u64;
+    let per_source_samples = (cfg.data.as_ref().map_or(0, |d| d.eval_tokens) / val.sources().len() as u64 / t).max(1);
+    let weights: f64 = val.sources().iter().map(|s| s.weight).sum();
+    let mut mean = 0.0;
+    let mut per_source = Vec::new();
+    tch::no_grad(|| -> Result<(), Error> {
+        for src in val.sources() {
+            let one = Mix::validation(vec![SourceTokens { weight: 1.0, ..src.clone() }], t as usize)?;
+            let n = per_source_samples.min(one.windows()[0]).max(1);
+            let (mut total, mut done) = (0.0, 0u64);
+            while done < n {
+                let take = (n - done).min(b) as usize;
+                let (x, y, _) = one.batch_tensors(done, take);
+                let loss = tch::autocast(autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
+                total += loss.f_double_value(&[])? * take as f64;
+                done += take as u64;
+            }
+            let loss = total / n as f64;
+            mean += loss * src.weight / weights;
+            per_source.push((src.name.clone(), loss));
+        }
+        Ok(())
+    })?;
+    Ok((mean, per_source))
+}
+
+/// Evaluates `model` on the validation split of the run's data.
+pub fn evaluate_model(
+    model: &Model,
+    cfg: &RunConfig,
+    tok: &Tokenizer,
+    device: Device,
+    autocast: bool,
+) -> Result<Option<(f64, Vec<(String, f64)>)>, Error> {
+    match load_data(cfg, tok)?.1 {
+        Some(val) => evaluate_mix(model, cfg, &val, device, autocast).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The run's training and validation mixes from its data sources.
+fn load_data(cfg: &RunConfig, tok: &Tokenizer) -> Result<(Mix, Option<Mix>), Error> {
+    let data = cfg.data.as_ref().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
+    let total_weight: f64 = data.mix.iter().map(|s| s.weight).sum();
+    let sample = cfg.batch.seq_len as usize + 1;
+    let eval_each = (data.eval_tokens as usize / data.mix.len().max(1)).max(2 * sample);
+    let mut train = Vec::new();
+    let mut val = Vec::new();
+    for src in &data.mix {
+        let Location::Embedded { name } = &src.location else {
+            return Err(Error::Data {
+                name: src.name.clone(),
+                message: format!("{}: this build trains on the embedded corpus only; prepared shards are not readable yet", src.uri),
+            });
+        };
+        let share = src.weight / total_weight;
+        let need = ((cfg.schedule.total_tokens as f64 * share * 1.02) as usize + 16 * sample).min(MAX_EMBEDDED_TOKENS);
+        let tokens = mix::embedded_source_tokens(tok, name, cfg.seed, Split::Train, need)?;
+        train.push(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() });
+        if data.eval_every_steps > 0 {
+            let tokens = mix::embedded_source_tokens(tok, name, cfg.seed, Split::Validation, eval_each + sample)?;
+            val.push(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() });
+        }
+    }
+    let t = cfg.batch.seq_len as usize;
+    let val = if val.is_empty() { None } else { Some(Mix::validation(val, t)?) };
+    Ok((Mix::new(train, t, cfg.seed)?, val))
+}
+
+/// Variables by name, sorted, so every rank and every checkpoint sees one order.
+pub fn sorted_variables(vs: &VarStore) -> Vec<(String, Tensor)> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// Copies `weights` into the model's variables; every variable must be present with
+/// its shape. Errors name the checkpoint and the parameter.
+pub fn copy_weights(vs: &VarStore, weights: &HashMap<String, Tensor>, origin: &Path) -> Result<(), Error> {
+    let bad = |message: String| Error::Checkpoint { path: origin.to_path_buf(), message };
+    tch::no_grad(|| {
+        for (name, mut var) in sorted_variables(vs) {
+            let src = weights.get(&name).ok_or_else(|| bad(format!("parameter {name} is missing")))?;
+            if src.size() != var.size() {
+                return Err(bad(format!("parameter {name} has shape {:?}, the model needs {:?}", src.size(), var.size())));
+            }
+            var.f_copy_(&src.f_to_kind(var.kind())?)?;
+        }
+        Ok(())
+    })
+}
+
+fn env_step(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
