@@ -1,13 +1,24 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
+pub mod data;
 pub mod export;
+pub mod ffi;
 pub mod generate;
 pub mod local;
+pub mod metrics_log;
 pub mod model;
+pub mod optim;
+pub mod plot;
+pub mod progress;
+pub mod status;
 pub mod torch_info;
 pub mod train;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use crds::contract::FailureReason;
 
@@ -17,10 +28,37 @@ pub enum Error {
     Api(#[from] crds::Error),
     #[error("{0}")]
     InvalidSpec(String),
+    /// A file could not be read, written or renamed.
     #[error("{}: {source}", path.display())]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// An ATen call through the C++ shim threw; the message names the call.
+    #[error("libtorch shim: {0}")]
+    Shim(String),
+    /// Saved optimizer state does not fit the model's parameters.
+    #[error("optimizer state: {0}")]
+    OptimizerState(String),
+    /// A data source (named by its mix name or embedded name) cannot be produced or read.
+    #[error("data source {name}: {message}")]
+    Data { name: String, message: String },
+    /// A tokenizer file cannot be read, parsed or written.
+    #[error("tokenizer {path}: {message}")]
+    Tokenizer { path: String, message: String },
+    #[error("checkpoint {}: {message}", path.display())]
+    Checkpoint { path: PathBuf, message: String },
+    /// A valid checkpoint that this run cannot resume from.
+    #[error("cannot resume from the checkpoint of step {step}: {message}")]
+    IncompatibleCheckpoint { step: u64, message: String },
+    /// A line of a JSONL metrics log is not a valid record.
+    #[error("{}:{line}: bad metrics record: {source}", path.display())]
+    MetricsLog { path: PathBuf, line: usize, source: serde_json::Error },
+    /// The status server could not bind its port.
+    #[error("status server on {addr}: {message}")]
+    StatusServer { addr: SocketAddr, message: String },
+    /// A plot could not be drawn or written.
+    #[error("plot {}: {message}", path.display())]
+    Plot { path: PathBuf, message: String },
     #[error("step {step}: non-finite training signal (loss {loss}, gradient norm {grad_norm})")]
     NonFinite { step: u64, loss: f64, grad_norm: f64 },
     #[error("stopped by a signal after step {step}; the checkpoint of that step is saved")]
@@ -39,11 +77,23 @@ impl Error {
     /// operator treats as a retriable failure.
     pub fn reason(&self) -> Option<FailureReason> {
         match self {
-            Error::Api(_) | Error::InvalidSpec(_) => Some(FailureReason::InvalidConfig),
+            // A checkpoint that does not fit the spec fails the same way on every retry.
+            Error::Api(_) | Error::InvalidSpec(_) | Error::OptimizerState(_) | Error::IncompatibleCheckpoint { .. } => {
+                Some(FailureReason::InvalidConfig)
+            }
             Error::Torch(e) if is_oom(&e.to_string()) => Some(FailureReason::OutOfMemory),
+            Error::Shim(msg) if is_oom(msg) => Some(FailureReason::OutOfMemory),
+            Error::Data { .. } | Error::Tokenizer { .. } => Some(FailureReason::DataError),
             Error::NonFinite { .. } => Some(FailureReason::NaNLoss),
             Error::AtStep { source, .. } => source.reason(),
-            Error::Torch(_) | Error::Io { .. } | Error::Terminated { .. } => None,
+            Error::Torch(_)
+            | Error::Shim(_)
+            | Error::Io { .. }
+            | Error::Checkpoint { .. }
+            | Error::MetricsLog { .. }
+            | Error::StatusServer { .. }
+            | Error::Plot { .. }
+            | Error::Terminated { .. } => None,
         }
     }
 
