@@ -31,6 +31,15 @@ pub enum Command {
     },
     /// Report the libtorch build: CUDA, cuDNN, threads, and a bf16 matmul check per device.
     Info,
+    /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
+    /// validation loss, and the learning rate, against tokens.
+    Plot {
+        /// The metrics.jsonl file.
+        log: PathBuf,
+        /// Output PNG [default: beside the log, <stem>.png].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -48,6 +57,11 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Info => {
             println!("{}", serde_json::to_string_pretty(&crate::torch_info::describe()?).expect("JSON"));
+            Ok(())
+        }
+        Command::Plot { log, output } => {
+            let out = crate::plot::plot_file(&log, output.as_deref())?;
+            println!("{}", out.display());
             Ok(())
         }
     }
