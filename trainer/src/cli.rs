@@ -54,6 +54,15 @@ pub enum Command {
     /// MFU = tokens/s × (6·N_matmul + 12·L·n_head·d_head·T) / 989e12, where N_matmul
     /// counts every Linear weight (lm_head included, input embedding excluded).
     Bench(BenchArgs),
+    /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
+    /// validation loss, and the learning rate, against tokens.
+    Plot {
+        /// The metrics.jsonl file.
+        log: PathBuf,
+        /// Output PNG [default: beside the log, <stem>.png].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -172,6 +181,11 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 gradient_checkpointing: args.gradient_checkpointing,
             };
             println!("{}", crate::bench::run(&opts)?);
+            Ok(())
+        }
+        Command::Plot { log, output } => {
+            let out = crate::plot::plot_file(&log, output.as_deref())?;
+            println!("{}", out.display());
             Ok(())
         }
     }

@@ -1,0 +1,657 @@
+//! Rank 0's HTTP endpoint on the status port: `GET /status` (the operator's
+//! [`TrainerStatus`] document), `GET /metrics` (Prometheus text) and `GET /healthz`.
+//!
+//! The training loop owns a [`SharedStatus`] and updates it after every step; the
+//! [`StatusServer`] thread only reads it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crds::config::RunConfig;
+use crds::contract::{FailureReason, TrainerPhase, TrainerStatus};
+use crds::types::{CheckpointRef, RunMetrics};
+use prometheus::core::Collector;
+use prometheus::{Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use tiny_http::{Header, Method, Request, Response, Server};
+
+use crate::Error;
+
+/// Every phase, in the order `trainer_phase` lists them.
+const PHASES: [TrainerPhase; 6] = [
+    TrainerPhase::Starting,
+    TrainerPhase::Training,
+    TrainerPhase::Evaluating,
+    TrainerPhase::Checkpointing,
+    TrainerPhase::Done,
+    TrainerPhase::Failed,
+];
+
+/// The phase's name as it appears in `/status` JSON and in the `phase` label.
+pub fn phase_name(phase: TrainerPhase) -> &'static str {
+    match phase {
+        TrainerPhase::Starting => "starting",
+        TrainerPhase::Training => "training",
+        TrainerPhase::Evaluating => "evaluating",
+        TrainerPhase::Checkpointing => "checkpointing",
+        TrainerPhase::Done => "done",
+        TrainerPhase::Failed => "failed",
+    }
+}
+
+/// Seconds since the Unix epoch, as a float.
+pub fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One completed optimizer step, as the training loop reports it to the status
+/// endpoint, the metrics log and the progress display.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// Optimizer steps completed, counting this one.
+    pub step: u64,
+    /// Tokens trained on so far, all ranks together, counting this step.
+    pub tokens: u64,
+    /// Mean training loss of the step.
+    pub loss: f64,
+    /// Learning rate the step used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Throughput, all ranks together.
+    pub tokens_per_second: f64,
+    /// Model FLOPs utilization (0-1), where a peak is known for the device.
+    pub mfu: Option<f64>,
+}
+
+impl StepReport {
+    /// Whether the loss or the gradient norm is NaN or infinite.
+    pub fn is_nonfinite(&self) -> bool {
+        !self.loss.is_finite() || !self.grad_norm.is_finite()
+    }
+}
+
+/// Constant facts about the run, exported as the labels of `trainer_info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunInfo {
+    /// Model preset name.
+    pub preset: String,
+    /// Precision as written in the manifest (`bf16-mixed`, `bf16`, `f32`).
+    pub precision: String,
+    /// `cpu` or `cuda`.
+    pub device: String,
+    /// Trainer processes in the run.
+    pub world_size: u32,
+}
+
+impl RunInfo {
+    /// The info of a resolved run.
+    pub fn from_config(config: &RunConfig) -> RunInfo {
+        let name = |v: serde_json::Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+        RunInfo {
+            preset: config.model.preset.clone(),
+            precision: name(serde_json::to_value(config.precision).expect("precision serializes")),
+            device: name(serde_json::to_value(config.topology.device).expect("device serializes")),
+            world_size: config.topology.world_size,
+        }
+    }
+}
+
+/// Everything the endpoint serves: the operator's document plus the counters that
+/// only `/metrics` shows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusState {
+    /// The `/status` document.
+    pub status: TrainerStatus,
+    /// Labels of `trainer_info`.
+    pub info: RunInfo,
+    /// Unix time of the last completed step.
+    pub last_step_time: Option<f64>,
+    /// Validation loss per data source at the latest evaluation.
+    pub val_loss_by_source: BTreeMap<String, f64>,
+    /// NaN/Inf loss or gradient-norm events.
+    pub nonfinite_events: u64,
+    /// Failures recorded, per reason.
+    pub failures: HashMap<FailureReason, u64>,
+}
+
+impl StatusState {
+    /// Whether the training loop is still healthy: no failure recorded.
+    pub fn healthy(&self) -> bool {
+        self.status.phase != TrainerPhase::Failed
+    }
+}
+
+/// Cheap clonable handle on the status the training loop updates and the server reads.
+#[derive(Clone, Debug)]
+pub struct SharedStatus {
+    inner: Arc<RwLock<StatusState>>,
+}
+
+impl SharedStatus {
+    /// A status in phase `starting`, at step 0 unless `status` says otherwise.
+    pub fn new(status: TrainerStatus, info: RunInfo) -> SharedStatus {
+        let state = StatusState {
+            status,
+            info,
+            last_step_time: None,
+            val_loss_by_source: BTreeMap::new(),
+            nonfinite_events: 0,
+            failures: HashMap::new(),
+        };
+        SharedStatus { inner: Arc::new(RwLock::new(state)) }
+    }
+
+    /// The initial status of a resolved run: phase `starting`, its attempt, step 0
+    /// and the run's total steps and tokens.
+    pub fn from_config(config: &RunConfig) -> SharedStatus {
+        let status = TrainerStatus {
+            phase: TrainerPhase::Starting,
+            attempt: config.attempt,
+            step: 0,
+            total_steps: config.schedule.total_steps,
+            tokens: 0,
+            total_tokens: config.schedule.total_tokens,
+            metrics: RunMetrics::default(),
+            last_checkpoint: None,
+        };
+        SharedStatus::new(status, RunInfo::from_config(config))
+    }
+
+    // A panic while holding the lock leaves the state consistent enough to serve.
+    fn read(&self) -> RwLockReadGuard<'_, StatusState> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, StatusState> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the `/status` document.
+    pub fn snapshot(&self) -> TrainerStatus {
+        self.read().status.clone()
+    }
+
+    /// A copy of everything the endpoint serves.
+    pub fn state(&self) -> StatusState {
+        self.read().clone()
+    }
+
+    /// Changes the `/status` document in place.
+    pub fn update<R>(&self, f: impl FnOnce(&mut TrainerStatus) -> R) -> R {
+        f(&mut self.write().status)
+    }
+
+    /// Records a completed step: step, tokens, loss, lr, gradient norm, throughput and
+    /// MFU, and the time of the step. A NaN/Inf loss or gradient norm counts as a
+    /// non-finite event (do not also call [`Self::record_nonfinite`] for it) and is
+    /// left out of the document, which is JSON and cannot hold it. The phase is
+    /// unchanged: the loop sets it with [`Self::set_phase`].
+    pub fn record_step(&self, report: &StepReport) {
+        let now = unix_now();
+        let mut state = self.write();
+        let finite = |v: f64| v.is_finite().then_some(v);
+        let status = &mut state.status;
+        status.step = report.step;
+        status.tokens = report.tokens;
+        status.metrics.loss = finite(report.loss);
+        status.metrics.grad_norm = finite(report.grad_norm);
+        status.metrics.lr = finite(report.lr);
+        status.metrics.tokens_per_second =
+            finite(report.tokens_per_second).map(|t| t.max(0.0).round() as u64);
+        status.metrics.mfu = report.mfu.and_then(finite);
+        state.last_step_time = Some(now);
+        if report.is_nonfinite() {
+            state.nonfinite_events += 1;
+        }
+    }
+
+    /// Records an evaluation: the mean validation loss and the loss of each source.
+    pub fn record_eval(&self, val_loss: f64, per_source: Vec<(String, f64)>) {
+        let mut state = self.write();
+        state.status.metrics.val_loss = val_loss.is_finite().then_some(val_loss);
+        state.val_loss_by_source = per_source.into_iter().collect();
+    }
+
+    /// Records a complete checkpoint.
+    pub fn record_checkpoint(&self, checkpoint: CheckpointRef) {
+        self.write().status.last_checkpoint = Some(checkpoint);
+    }
+
+    /// Sets the phase.
+    pub fn set_phase(&self, phase: TrainerPhase) {
+        self.write().status.phase = phase;
+    }
+
+    /// Records a failure: counts it under its reason and sets the phase to `failed`,
+    /// which turns `/healthz` to 503.
+    pub fn record_failure(&self, reason: FailureReason) {
+        let mut state = self.write();
+        *state.failures.entry(reason).or_default() += 1;
+        state.status.phase = TrainerPhase::Failed;
+    }
+
+    /// Counts a NaN/Inf loss or gradient norm that was not reported through
+    /// [`Self::record_step`], e.g. a step skipped because of it.
+    pub fn record_nonfinite(&self) {
+        self.write().nonfinite_events += 1;
+    }
+
+    /// The `/status` body.
+    pub fn status_json(&self) -> String {
+        serde_json::to_string(&self.read().status).expect("TrainerStatus serializes")
+    }
+
+    /// The `/metrics` body, in the Prometheus text exposition format.
+    pub fn metrics_text(&self) -> String {
+        let state = self.state();
+        let registry = metrics_registry(&state);
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&registry.gather(), &mut buf).expect("metrics encode");
+        String::from_utf8(buf).expect("metrics text is UTF-8")
+    }
+}
+
+/// A registry holding the metrics of one scrape, built from a snapshot so that every
+/// change to the state, however made, shows on the next scrape.
+fn metrics_registry(state: &StatusState) -> Registry {
+    let registry = Registry::new();
+    let add = |c: Box<dyn Collector>| registry.register(c).expect("metric names are unique");
+    let status = &state.status;
+
+    let int_gauge = |name: &str, help: &str, v: i64| {
+        let g = IntGauge::with_opts(Opts::new(name, help)).expect("valid metric");
+        g.set(v);
+        add(Box::new(g));
+    };
+    let gauge = |name: &str, help: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            let g = Gauge::with_opts(Opts::new(name, help)).expect("valid metric");
+            g.set(v);
+            add(Box::new(g));
+        }
+    };
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+
+    int_gauge("trainer_step", "Optimizer steps completed.", as_i64(status.step));
+    int_gauge("trainer_total_steps", "Optimizer steps the run will take.", as_i64(status.total_steps));
+    int_gauge("trainer_total_tokens", "Tokens the run will train on.", as_i64(status.total_tokens));
+    int_gauge("trainer_attempt", "Gang attempt of this trainer, starting at 1.", i64::from(status.attempt));
+
+    let tokens = IntCounter::with_opts(Opts::new("trainer_tokens_total", "Tokens trained on, all ranks together."))
+        .expect("valid metric");
+    tokens.inc_by(status.tokens);
+    add(Box::new(tokens));
+
+    let m = &status.metrics;
+    gauge("trainer_loss", "Training loss of the last step.", m.loss);
+    gauge("trainer_val_loss", "Mean validation loss at the latest evaluation.", m.val_loss);
+    gauge("trainer_learning_rate", "Learning rate of the last step.", m.lr);
+    gauge("trainer_grad_norm", "Global gradient norm before clipping, last step.", m.grad_norm);
+    gauge("trainer_tokens_per_second", "Training throughput, all ranks together.", m.tokens_per_second.map(|t| t as f64));
+    gauge("trainer_mfu", "Model FLOPs utilization (0-1) against the device's bf16 peak.", m.mfu);
+    gauge(
+        "trainer_last_checkpoint_step",
+        "Optimizer step of the newest complete checkpoint.",
+        status.last_checkpoint.as_ref().map(|c| c.step as f64),
+    );
+    gauge(
+        "trainer_last_step_timestamp_seconds",
+        "Unix time at which the last optimizer step completed.",
+        state.last_step_time,
+    );
+
+    if !state.val_loss_by_source.is_empty() {
+        let by_source = GaugeVec::new(
+            Opts::new("trainer_val_loss_by_source", "Validation loss of each data source at the latest evaluation."),
+            &["source"],
+        )
+        .expect("valid metric");
+        for (source, loss) in &state.val_loss_by_source {
+            by_source.with_label_values(&[source.as_str()]).set(*loss);
+        }
+        add(Box::new(by_source));
+    }
+
+    let nonfinite = IntCounter::with_opts(Opts::new(
+        "trainer_nonfinite_total",
+        "Steps whose loss or gradient norm was NaN or infinite.",
+    ))
+    .expect("valid metric");
+    nonfinite.inc_by(state.nonfinite_events);
+    add(Box::new(nonfinite));
+
+    let failures =
+        IntCounterVec::new(Opts::new("trainer_failures_total", "Training failures, by contract reason."), &["reason"])
+            .expect("valid metric");
+    for reason in FailureReason::ALL {
+        failures
+            .with_label_values(&[reason.as_str()])
+            .inc_by(state.failures.get(&reason).copied().unwrap_or(0));
+    }
+    add(Box::new(failures));
+
+    let phase = IntGaugeVec::new(Opts::new("trainer_phase", "1 for the trainer's current phase, 0 for the others."), &["phase"])
+        .expect("valid metric");
+    for p in PHASES {
+        phase.with_label_values(&[phase_name(p)]).set(i64::from(p == status.phase));
+    }
+    add(Box::new(phase));
+
+    let info = IntGaugeVec::new(
+        Opts::new("trainer_info", "Constant 1, labelled with the run's preset, precision, device and world size."),
+        &["preset", "precision", "device", "world_size"],
+    )
+    .expect("valid metric");
+    let world_size = state.info.world_size.to_string();
+    info.with_label_values(&[
+        state.info.preset.as_str(),
+        state.info.precision.as_str(),
+        state.info.device.as_str(),
+        world_size.as_str(),
+    ])
+    .set(1);
+    add(Box::new(info));
+
+    registry
+}
+
+/// The HTTP server on rank 0's status port. Serves until dropped; dropping it stops
+/// and joins its thread.
+pub struct StatusServer {
+    server: Arc<Server>,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StatusServer {
+    /// Binds `addr` (port 0 picks a free port) and serves `state` on its own thread.
+    pub fn start(addr: SocketAddr, state: SharedStatus) -> Result<StatusServer, Error> {
+        let server = Server::http(addr).map_err(|e| Error::StatusServer { addr, message: e.to_string() })?;
+        let bound = server.server_addr().to_ip().ok_or_else(|| Error::StatusServer {
+            addr,
+            message: "bound to a non-IP address".into(),
+        })?;
+        let server = Arc::new(server);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (server, stop) = (Arc::clone(&server), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("status-server".into())
+                .spawn(move || serve(&server, &stop, &state))
+                .map_err(|e| Error::StatusServer { addr, message: format!("cannot spawn its thread: {e}") })?
+        };
+        tracing::info!("status endpoint on http://{bound}/status");
+        Ok(StatusServer { server, addr: bound, stop, thread: Some(thread) })
+    }
+
+    /// The address the server is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for StatusServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.server.unblock();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for StatusServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusServer").field("addr", &self.addr).finish()
+    }
+}
+
+fn serve(server: &Server, stop: &AtomicBool, state: &SharedStatus) {
+    loop {
+        match server.recv() {
+            Ok(request) => respond(request, state),
+            Err(_) if stop.load(Ordering::SeqCst) => return,
+            Err(e) => tracing::warn!("status server: {e}"),
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("valid header")
+}
+
+/// Status code, content type and body for a request.
+fn route(method: &Method, url: &str, state: &SharedStatus) -> (u16, &'static str, String) {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    let path = url.split('?').next().unwrap_or(url);
+    let known = matches!(path, "/status" | "/metrics" | "/healthz");
+    if !known {
+        return (404, TEXT, format!("not found: {path}\n"));
+    }
+    if *method != Method::Get {
+        return (405, TEXT, format!("method {method} not allowed; use GET\n"));
+    }
+    match path {
+        "/status" => (200, "application/json", state.status_json()),
+        "/metrics" => (200, prometheus::TEXT_FORMAT, state.metrics_text()),
+        _ if state.read().healthy() => (200, TEXT, "ok\n".into()),
+        _ => (503, TEXT, "failed\n".into()),
+    }
+}
+
+fn respond(request: Request, state: &SharedStatus) {
+    let (code, content_type, body) = route(request.method(), request.url(), state);
+    let mut response = Response::from_string(body).with_status_code(code).with_header(header("Content-Type", content_type));
+    if code == 405 {
+        response = response.with_header(header("Allow", "GET"));
+    }
+    if let Err(e) = request.respond(response) {
+        tracing::debug!("status server: client went away: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, TcpStream};
+
+    use super::*;
+
+    fn shared() -> SharedStatus {
+        let status = TrainerStatus {
+            phase: TrainerPhase::Starting,
+            attempt: 2,
+            step: 0,
+            total_steps: 100,
+            tokens: 0,
+            total_tokens: 819_200,
+            metrics: RunMetrics::default(),
+            last_checkpoint: None,
+        };
+        let info = RunInfo { preset: "nano".into(), precision: "bf16-mixed".into(), device: "cpu".into(), world_size: 2 };
+        SharedStatus::new(status, info)
+    }
+
+    fn start(state: &SharedStatus) -> StatusServer {
+        StatusServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), state.clone()).unwrap()
+    }
+
+    /// Sends one HTTP/1.0 request and returns (status code, headers, body).
+    fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(stream, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("header/body separator");
+        let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (code, head.to_string(), body.to_string())
+    }
+
+    fn report(step: u64) -> StepReport {
+        StepReport {
+            step,
+            tokens: step * 8192,
+            loss: 3.25,
+            lr: 3e-4,
+            grad_norm: 0.75,
+            tokens_per_second: 4096.4,
+            mfu: Some(0.125),
+        }
+    }
+
+    /// The sample of `name` (with its labels, as written) in a text exposition.
+    fn sample(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .map(|v| v.parse().unwrap())
+    }
+
+    #[test]
+    fn status_json_round_trips_into_the_contract_type() {
+        let state = shared();
+        let server = start(&state);
+        state.set_phase(TrainerPhase::Training);
+        state.record_step(&report(10));
+        state.record_eval(3.5, vec![("web".into(), 3.25), ("code".into(), 3.75)]);
+        let ckpt = CheckpointRef { step: 10, tokens: 81920, uri: "/checkpoints/step-10".into(), time: None };
+        state.record_checkpoint(ckpt.clone());
+
+        let (code, head, body) = http(server.addr(), "GET", "/status");
+        assert_eq!(code, 200, "{head}");
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+        let got: TrainerStatus = serde_json::from_str(&body).unwrap();
+        assert_eq!(got, state.snapshot());
+        assert_eq!(got.phase, TrainerPhase::Training);
+        assert_eq!((got.step, got.tokens, got.attempt), (10, 81920, 2));
+        assert_eq!(got.metrics.loss, Some(3.25));
+        assert_eq!(got.metrics.val_loss, Some(3.5));
+        assert_eq!(got.metrics.tokens_per_second, Some(4096));
+        assert_eq!(got.metrics.mfu, Some(0.125));
+        assert_eq!(got.last_checkpoint, Some(ckpt));
+    }
+
+    #[test]
+    fn metrics_expose_every_series() {
+        let state = shared();
+        let server = start(&state);
+        state.set_phase(TrainerPhase::Evaluating);
+        state.record_step(&report(10));
+        state.record_eval(3.5, vec![("web".into(), 3.25)]);
+        state.record_checkpoint(CheckpointRef { step: 8, tokens: 65536, uri: "u".into(), time: None });
+        state.record_step(&StepReport { loss: f64::NAN, ..report(11) });
+        state.record_nonfinite();
+
+        let (code, head, text) = http(server.addr(), "GET", "/metrics");
+        assert_eq!(code, 200);
+        assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+        assert_eq!(sample(&text, "trainer_step"), Some(11.0));
+        assert_eq!(sample(&text, "trainer_total_steps"), Some(100.0));
+        assert_eq!(sample(&text, "trainer_tokens_total"), Some(11.0 * 8192.0));
+        assert_eq!(sample(&text, "trainer_loss"), None, "a NaN loss is not exported");
+        assert_eq!(sample(&text, "trainer_val_loss"), Some(3.5));
+        assert_eq!(sample(&text, r#"trainer_val_loss_by_source{source="web"}"#), Some(3.25));
+        assert_eq!(sample(&text, "trainer_learning_rate"), Some(3e-4));
+        assert_eq!(sample(&text, "trainer_grad_norm"), Some(0.75));
+        assert_eq!(sample(&text, "trainer_tokens_per_second"), Some(4096.0));
+        assert_eq!(sample(&text, "trainer_mfu"), Some(0.125));
+        assert_eq!(sample(&text, "trainer_last_checkpoint_step"), Some(8.0));
+        assert_eq!(sample(&text, "trainer_nonfinite_total"), Some(2.0));
+        assert_eq!(sample(&text, "trainer_attempt"), Some(2.0));
+        assert_eq!(sample(&text, r#"trainer_phase{phase="evaluating"}"#), Some(1.0));
+        assert_eq!(sample(&text, r#"trainer_phase{phase="training"}"#), Some(0.0));
+        assert_eq!(sample(&text, r#"trainer_failures_total{reason="NaNLoss"}"#), Some(0.0));
+        assert_eq!(
+            sample(&text, r#"trainer_info{device="cpu",precision="bf16-mixed",preset="nano",world_size="2"}"#),
+            Some(1.0)
+        );
+        let stamp = sample(&text, "trainer_last_step_timestamp_seconds").unwrap();
+        assert!((stamp - unix_now()).abs() < 600.0, "{stamp}");
+        assert!(text.contains("# TYPE trainer_tokens_total counter"), "{text}");
+        assert!(text.contains("# HELP trainer_last_step_timestamp_seconds Unix time"), "{text}");
+        // Every sample line is `name{labels} value`, with a HELP and TYPE for its family.
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            value.parse::<f64>().unwrap_or_else(|_| panic!("bad value in {line}"));
+            let family = series.split('{').next().unwrap();
+            assert!(text.contains(&format!("# HELP {family} ")), "no HELP for {family}");
+            assert!(text.contains(&format!("# TYPE {family} ")), "no TYPE for {family}");
+        }
+    }
+
+    #[test]
+    fn metrics_before_the_first_step_leave_unknown_gauges_out() {
+        let text = shared().metrics_text();
+        assert_eq!(sample(&text, "trainer_step"), Some(0.0));
+        assert_eq!(sample(&text, r#"trainer_phase{phase="starting"}"#), Some(1.0));
+        for absent in ["trainer_loss", "trainer_last_step_timestamp_seconds", "trainer_last_checkpoint_step"] {
+            assert!(!text.contains(&format!("\n{absent} ")), "{absent} present:\n{text}");
+        }
+        assert!(!text.contains("trainer_val_loss_by_source"));
+    }
+
+    #[test]
+    fn healthz_turns_503_after_a_failure() {
+        let state = shared();
+        let server = start(&state);
+        let (code, _, body) = http(server.addr(), "GET", "/healthz");
+        assert_eq!((code, body.as_str()), (200, "ok\n"));
+        state.record_failure(FailureReason::OutOfMemory);
+        let (code, _, _) = http(server.addr(), "GET", "/healthz");
+        assert_eq!(code, 503);
+        assert_eq!(state.snapshot().phase, TrainerPhase::Failed);
+        let text = state.metrics_text();
+        assert_eq!(sample(&text, r#"trainer_failures_total{reason="OutOfMemory"}"#), Some(1.0));
+        assert_eq!(sample(&text, r#"trainer_phase{phase="failed"}"#), Some(1.0));
+    }
+
+    #[test]
+    fn unknown_paths_are_404_and_other_methods_405() {
+        let state = shared();
+        let server = start(&state);
+        assert_eq!(http(server.addr(), "GET", "/nope").0, 404);
+        assert_eq!(http(server.addr(), "GET", "/status?pretty=1").0, 200);
+        let (code, head, _) = http(server.addr(), "POST", "/status");
+        assert_eq!(code, 405);
+        assert!(head.contains("Allow: GET"), "{head}");
+        assert_eq!(http(server.addr(), "DELETE", "/healthz").0, 405);
+    }
+
+    #[test]
+    fn drop_joins_the_server_thread() {
+        let state = shared();
+        let server = start(&state);
+        assert_ne!(server.addr().port(), 0);
+        assert_eq!(http(server.addr(), "GET", "/healthz").0, 200);
+        assert_eq!(Arc::strong_count(&state.inner), 2);
+        drop(server);
+        // The serving thread held the other handle; it is gone once the thread has ended.
+        assert_eq!(Arc::strong_count(&state.inner), 1);
+    }
+
+    #[test]
+    fn binding_a_taken_port_names_the_address() {
+        let state = shared();
+        let server = start(&state);
+        let err = StatusServer::start(server.addr(), state).unwrap_err();
+        assert!(err.to_string().contains(&server.addr().to_string()), "{err}");
+    }
+
+    #[test]
+    fn run_info_comes_from_the_run_config() {
+        let config = crds::resolve(&crds::manifest::from_yaml(include_str!("../../examples/tiny-local.yaml"), "tiny-local.yaml").unwrap())
+            .unwrap();
+        let info = RunInfo::from_config(&config);
+        assert_eq!(info.preset, config.model.preset);
+        assert_eq!(info.device, "cpu");
+        assert!(["bf16-mixed", "bf16", "f32"].contains(&info.precision.as_str()), "{info:?}");
+        let state = SharedStatus::from_config(&config);
+        let s = state.snapshot();
+        assert_eq!((s.phase, s.total_steps, s.total_tokens), (TrainerPhase::Starting, config.schedule.total_steps, config.schedule.total_tokens));
+    }
+}
