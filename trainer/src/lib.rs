@@ -1,6 +1,7 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
 pub mod cli;
+pub mod data;
 pub mod torch_info;
 
 use crds::contract::FailureReason;
@@ -13,6 +14,12 @@ pub enum Error {
     InvalidSpec(String),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// A data source (named by its mix name or embedded name) cannot be produced or read.
+    #[error("data source {name}: {message}")]
+    Data { name: String, message: String },
+    /// A tokenizer file cannot be read, parsed or written.
+    #[error("tokenizer {path}: {message}")]
+    Tokenizer { path: String, message: String },
 }
 
 impl Error {
@@ -23,6 +30,7 @@ impl Error {
             Error::Api(_) | Error::InvalidSpec(_) => Some(FailureReason::InvalidConfig),
             Error::Torch(e) if e.to_string().contains("out of memory") => Some(FailureReason::OutOfMemory),
             Error::Torch(_) => None,
+            Error::Data { .. } | Error::Tokenizer { .. } => Some(FailureReason::DataError),
         }
     }
 
