@@ -76,7 +76,12 @@ impl Tokenizer {
 
     fn from_json(json: &str, origin: &str) -> Result<Self, Error> {
         let err = |message: String| Error::Tokenizer { path: origin.to_string(), message };
-        let inner: tokenizers::Tokenizer = json.parse().map_err(|e| err(format!("not a tokenizer.json: {e}")))?;
+        let mut inner: tokenizers::Tokenizer =
+            json.parse().map_err(|e| err(format!("not a tokenizer.json: {e}")))?;
+        // Documents are concatenated into a stream: a file's truncation or padding settings
+        // would silently cut or pad them.
+        inner.with_truncation(None).map_err(|e| err(e.to_string()))?;
+        inner.with_padding(None);
         let eos = EOS_CANDIDATES
             .iter()
             .find_map(|t| inner.token_to_id(t))
@@ -101,10 +106,15 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// Token ids of `text`, without special tokens added.
+    /// Token ids of `text`, without special tokens added. Panics if the model rejects the
+    /// text (byte-level BPE accepts every string).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        // Loading checked that this tokenizer encodes; byte-level models accept any string.
-        self.inner.encode_fast(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+        // Loading checked that this tokenizer encodes; byte-level models accept any string,
+        // and a model that rejects some text is a bug to surface, not to paper over.
+        match self.inner.encode_fast(text, false) {
+            Ok(e) => e.get_ids().to_vec(),
+            Err(e) => panic!("tokenizer {} cannot encode {text:?}: {e}", self.origin),
+        }
     }
 
     /// [`Tokenizer::encode`] of many texts, in parallel on all cores.
@@ -195,7 +205,7 @@ mod tests {
         let dir = TempDir::new("tok");
         let start = std::time::Instant::now();
         let t = Tokenizer::embedded_in(&dir.0).unwrap();
-        eprintln!("embedded tokenizer trained in {:.2?}", start.elapsed());
+        eprintln!("embedded tokenizer ({} tokens) trained in {:.2?}", t.vocab_size(), start.elapsed());
         assert_eq!(t.eos_id(), 0);
         // The corpus saturates below the model's vocabulary: every word becomes one token.
         let vocab = t.vocab_size();
