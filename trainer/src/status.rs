@@ -134,7 +134,7 @@ pub struct SharedStatus {
 }
 
 impl SharedStatus {
-    /// A status in phase `starting`, at step 0 unless `status` says otherwise.
+    /// A handle serving `status`, with `info` as the labels of `trainer_info`.
     pub fn new(status: TrainerStatus, info: RunInfo) -> SharedStatus {
         let state = StatusState {
             status,
