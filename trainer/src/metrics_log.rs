@@ -319,8 +319,7 @@ impl MetricsLog {
     ) -> Result<MetricsLog, Error> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let path = path_in(dir);
-        let (elapsed_before, dropped) =
-            if path.exists() { truncate_after(&path, start_step)? } else { (0.0, 0) };
+        let (elapsed_before, dropped) = if path.exists() { truncate_after(&path, start_step)? } else { (0.0, 0) };
         let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
         let mut log = MetricsLog { path, file, opened: Instant::now(), elapsed_before };
         let run = run.map(str::to_owned);
@@ -328,7 +327,14 @@ impl MetricsLog {
         log.append(&if start_step == 0 {
             Record::Start(StartRecord { step: 0, run, attempt, time })
         } else {
-            Record::Resume(ResumeRecord { step: start_step, tokens: start_tokens, run, attempt, dropped_records: dropped, time })
+            Record::Resume(ResumeRecord {
+                step: start_step,
+                tokens: start_tokens,
+                run,
+                attempt,
+                dropped_records: dropped,
+                time,
+            })
         })?;
         Ok(log)
     }
@@ -384,7 +390,8 @@ impl MetricsLog {
 
     /// Appends a `sample` record of generated text.
     pub fn sample(&mut self, step: u64, tokens: u64, prompt: Option<&str>, text: &str) -> Result<(), Error> {
-        let record = SampleRecord { step, tokens, prompt: prompt.map(str::to_owned), text: text.to_owned(), time: unix_now() };
+        let record =
+            SampleRecord { step, tokens, prompt: prompt.map(str::to_owned), text: text.to_owned(), time: unix_now() };
         self.append(&Record::Sample(record))
     }
 }
@@ -418,8 +425,13 @@ mod tests {
             log.step(&report(s)).unwrap();
             if s % 5 == 0 {
                 log.eval(s, s * 1024, 2.0, &[("web".into(), 1.5), ("code".into(), 2.5)]).unwrap();
-                log.checkpoint(&CheckpointRef { step: s, tokens: s * 1024, uri: format!("/ckpt/step-{s}"), time: None })
-                    .unwrap();
+                log.checkpoint(&CheckpointRef {
+                    step: s,
+                    tokens: s * 1024,
+                    uri: format!("/ckpt/step-{s}"),
+                    time: None,
+                })
+                .unwrap();
             }
         }
     }
@@ -466,7 +478,11 @@ mod tests {
         let line: serde_json::Value = serde_json::from_str(text.lines().nth(8).unwrap()).unwrap();
         assert_eq!(line["kind"], "step");
         assert_eq!(line["loss"], serde_json::Value::Null);
-        assert!(line.get("gradNorm").is_some() && line.get("tokensPerSecond").is_some() && line.get("elapsedSeconds").is_some());
+        assert!(
+            line.get("gradNorm").is_some()
+                && line.get("tokensPerSecond").is_some()
+                && line.get("elapsedSeconds").is_some()
+        );
         let eval_line: serde_json::Value = serde_json::from_str(text.lines().nth(6).unwrap()).unwrap();
         assert_eq!(eval_line["valLoss"], 2.0);
         assert_eq!(eval_line["perSource"]["web"], 1.5);
@@ -491,7 +507,7 @@ mod tests {
         let Some(Record::Resume(resume)) = records.last() else { panic!("{records:?}") };
         // Steps 11-13 and the torn line.
         assert_eq!((resume.step, resume.tokens, resume.attempt, resume.dropped_records), (10, 10240, 2, 4));
-        let steps: Vec<u64> = records.iter().filter_map(|r| matches!(r, Record::Step(_)).then(|| r.step())).collect();
+        let steps: Vec<u64> = records.iter().filter(|r| matches!(r, Record::Step(_))).map(Record::step).collect();
         assert_eq!(steps, (1..=10).collect::<Vec<_>>());
         assert_eq!(records.iter().filter(|r| matches!(r, Record::Checkpoint(_))).count(), 2);
 
@@ -504,7 +520,7 @@ mod tests {
         train(&mut log, 10, 12);
         drop(log);
         let records = read(&path).unwrap();
-        let steps: Vec<u64> = records.iter().filter_map(|r| matches!(r, Record::Step(_)).then(|| r.step())).collect();
+        let steps: Vec<u64> = records.iter().filter(|r| matches!(r, Record::Step(_))).map(Record::step).collect();
         assert_eq!(steps, (1..=12).collect::<Vec<_>>());
 
         // A fresh restart (no checkpoint) keeps only step-0 records.

@@ -119,7 +119,9 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &Series, titl
     let body = root.titled(title, (FONT, 30)).map_err(err)?;
     let (upper, lower) = body.split_vertically(body.dim_in_pixel().1 * 62 / 100);
 
+    // Token counts are never negative: no padding below 0.
     let (x0, x1) = range(series.train_loss.iter().chain(&series.val_loss).chain(&series.lr).map(|p| p.0));
+    let x0 = x0.max(0.0);
     let x_label = |x: &f64| human_count(*x);
 
     let (y0, y1) = range(series.train_loss.iter().chain(&series.val_loss).map(|p| p.1));

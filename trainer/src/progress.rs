@@ -85,9 +85,10 @@ impl Progress {
         let tty = is_tty.unwrap_or_else(|| std::io::stdout().is_terminal());
         let sink = if tty {
             let bar = ProgressBar::with_draw_target(Some(total_tokens), ProgressDrawTarget::stdout());
-            let style = ProgressStyle::with_template("{bar:30.cyan/blue} {percent:>3}% {human_pos}/{human_len} tok  {msg}")
-                .expect("valid progress template")
-                .progress_chars("=> ");
+            let style =
+                ProgressStyle::with_template("{bar:30.cyan/blue} {percent:>3}% {human_pos}/{human_len} tok  {msg}")
+                    .expect("valid progress template")
+                    .progress_chars("=> ");
             bar.set_style(style);
             if start_step > 0 && total_steps > 0 {
                 bar.set_position(total_tokens / total_steps * start_step);
@@ -150,12 +151,8 @@ impl Progress {
 
     /// Loss, lr, throughput, MFU and ETA of a step.
     fn message(&self, report: &StepReport) -> String {
-        let mut msg = format!(
-            "loss {:.4} lr {:.2e} {}/s",
-            report.loss,
-            report.lr,
-            human_count(report.tokens_per_second)
-        );
+        let mut msg =
+            format!("loss {:.4} lr {:.2e} {}/s", report.loss, report.lr, human_count(report.tokens_per_second));
         if let Some(mfu) = report.mfu {
             msg.push_str(&format!(" mfu {:.1}%", mfu * 100.0));
         }
@@ -284,10 +281,7 @@ mod tests {
         }
         let steps: Vec<&str> = lines(&p).iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
         assert_eq!(steps, ["1/25", "11/25", "21/25", "25/25"]);
-        assert_eq!(
-            lines(&p)[1],
-            "step 11/25 11.0K/25.0K tok (44.0%) loss 2.5000 lr 3.00e-4 1.0K/s mfu 50.0% eta 14s"
-        );
+        assert_eq!(lines(&p)[1], "step 11/25 11.0K/25.0K tok (44.0%) loss 2.5000 lr 3.00e-4 1.0K/s mfu 50.0% eta 14s");
     }
 
     #[test]

@@ -15,7 +15,9 @@ use crds::config::RunConfig;
 use crds::contract::{FailureReason, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
 use prometheus::core::Collector;
-use prometheus::{Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::Error;
@@ -132,7 +134,7 @@ pub struct SharedStatus {
 }
 
 impl SharedStatus {
-    /// A status in phase `starting`, at step 0 unless `status` says otherwise.
+    /// A handle serving `status`, with `info` as the labels of `trainer_info`.
     pub fn new(status: TrainerStatus, info: RunInfo) -> SharedStatus {
         let state = StatusState {
             status,
@@ -200,8 +202,7 @@ impl SharedStatus {
         status.metrics.loss = finite(report.loss);
         status.metrics.grad_norm = finite(report.grad_norm);
         status.metrics.lr = finite(report.lr);
-        status.metrics.tokens_per_second =
-            finite(report.tokens_per_second).map(|t| t.max(0.0).round() as u64);
+        status.metrics.tokens_per_second = finite(report.tokens_per_second).map(|t| t.max(0.0).round() as u64);
         status.metrics.mfu = report.mfu.and_then(finite);
         state.last_step_time = Some(now);
         if report.is_nonfinite() {
@@ -291,7 +292,11 @@ fn metrics_registry(state: &StatusState) -> Registry {
     gauge("trainer_val_loss", "Mean validation loss at the latest evaluation.", m.val_loss);
     gauge("trainer_learning_rate", "Learning rate of the last step.", m.lr);
     gauge("trainer_grad_norm", "Global gradient norm before clipping, last step.", m.grad_norm);
-    gauge("trainer_tokens_per_second", "Training throughput, all ranks together.", m.tokens_per_second.map(|t| t as f64));
+    gauge(
+        "trainer_tokens_per_second",
+        "Training throughput, all ranks together.",
+        m.tokens_per_second.map(|t| t as f64),
+    );
     gauge("trainer_mfu", "Model FLOPs utilization (0-1) against the device's bf16 peak.", m.mfu);
     gauge(
         "trainer_last_checkpoint_step",
@@ -328,14 +333,15 @@ fn metrics_registry(state: &StatusState) -> Registry {
         IntCounterVec::new(Opts::new("trainer_failures_total", "Training failures, by contract reason."), &["reason"])
             .expect("valid metric");
     for reason in FailureReason::ALL {
-        failures
-            .with_label_values(&[reason.as_str()])
-            .inc_by(state.failures.get(&reason).copied().unwrap_or(0));
+        failures.with_label_values(&[reason.as_str()]).inc_by(state.failures.get(&reason).copied().unwrap_or(0));
     }
     add(Box::new(failures));
 
-    let phase = IntGaugeVec::new(Opts::new("trainer_phase", "1 for the trainer's current phase, 0 for the others."), &["phase"])
-        .expect("valid metric");
+    let phase = IntGaugeVec::new(
+        Opts::new("trainer_phase", "1 for the trainer's current phase, 0 for the others."),
+        &["phase"],
+    )
+    .expect("valid metric");
     for p in PHASES {
         phase.with_label_values(&[phase_name(p)]).set(i64::from(p == status.phase));
     }
@@ -372,10 +378,10 @@ impl StatusServer {
     /// Binds `addr` (port 0 picks a free port) and serves `state` on its own thread.
     pub fn start(addr: SocketAddr, state: SharedStatus) -> Result<StatusServer, Error> {
         let server = Server::http(addr).map_err(|e| Error::StatusServer { addr, message: e.to_string() })?;
-        let bound = server.server_addr().to_ip().ok_or_else(|| Error::StatusServer {
-            addr,
-            message: "bound to a non-IP address".into(),
-        })?;
+        let bound = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| Error::StatusServer { addr, message: "bound to a non-IP address".into() })?;
         let server = Arc::new(server);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -446,7 +452,8 @@ fn route(method: &Method, url: &str, state: &SharedStatus) -> (u16, &'static str
 
 fn respond(request: Request, state: &SharedStatus) {
     let (code, content_type, body) = route(request.method(), request.url(), state);
-    let mut response = Response::from_string(body).with_status_code(code).with_header(header("Content-Type", content_type));
+    let mut response =
+        Response::from_string(body).with_status_code(code).with_header(header("Content-Type", content_type));
     if code == 405 {
         response = response.with_header(header("Allow", "GET"));
     }
@@ -473,7 +480,8 @@ mod tests {
             metrics: RunMetrics::default(),
             last_checkpoint: None,
         };
-        let info = RunInfo { preset: "nano".into(), precision: "bf16-mixed".into(), device: "cpu".into(), world_size: 2 };
+        let info =
+            RunInfo { preset: "nano".into(), precision: "bf16-mixed".into(), device: "cpu".into(), world_size: 2 };
         SharedStatus::new(status, info)
     }
 
@@ -644,14 +652,19 @@ mod tests {
 
     #[test]
     fn run_info_comes_from_the_run_config() {
-        let config = crds::resolve(&crds::manifest::from_yaml(include_str!("../../examples/tiny-local.yaml"), "tiny-local.yaml").unwrap())
-            .unwrap();
+        let config = crds::resolve(
+            &crds::manifest::from_yaml(include_str!("../../examples/tiny-local.yaml"), "tiny-local.yaml").unwrap(),
+        )
+        .unwrap();
         let info = RunInfo::from_config(&config);
         assert_eq!(info.preset, config.model.preset);
         assert_eq!(info.device, "cpu");
         assert!(["bf16-mixed", "bf16", "f32"].contains(&info.precision.as_str()), "{info:?}");
         let state = SharedStatus::from_config(&config);
         let s = state.snapshot();
-        assert_eq!((s.phase, s.total_steps, s.total_tokens), (TrainerPhase::Starting, config.schedule.total_steps, config.schedule.total_tokens));
+        assert_eq!(
+            (s.phase, s.total_steps, s.total_tokens),
+            (TrainerPhase::Starting, config.schedule.total_steps, config.schedule.total_tokens)
+        );
     }
 }
