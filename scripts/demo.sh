@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: a local run of examples/tiny-local.yaml on the embedded corpus.
-# Installs PyTorch 2.11.0 (CPU) on first use, builds the trainer, and runs it.
+# The main job: `trainer run examples/tiny-local.yaml`, a local training run of the
+# micro preset on the embedded corpus (a few minutes on 2 CPU cores). Installs
+# PyTorch 2.11.0 (CPU) on first use and builds the trainer. Checkpoints and
+# metrics.jsonl go to runs/tiny-local/; a rerun resumes from the newest checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
@@ -8,5 +10,5 @@ LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 cargo build --release -p trainer --locked
 trainer="$CARGO_TARGET_DIR/release/trainer"
-"$trainer" info
-"$trainer" resolve examples/tiny-local.yaml
+"$trainer" run examples/tiny-local.yaml "$@"
+"$trainer" plot runs/tiny-local/metrics.jsonl

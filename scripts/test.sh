@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs every test on a fresh machine: installs PyTorch 2.11.0 (CPU) and the Python
-# validators into ~/.cache/puretransformer, then runs the Rust tests and validates the
-# CRD and the examples. `make test` runs this.
+# Runs every test on a fresh machine: installs PyTorch 2.11.0 (CPU libtorch for the
+# build, the full wheel plus transformers for the proofs against PyTorch) and the
+# Python validators into ~/.cache/puretransformer, then runs the Rust tests, checks
+# the golden files against PyTorch, and validates the CRD and the examples.
+# `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
+TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
+export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
 cargo test --workspace --locked
+"$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 "$PT_VENV_CPU/bin/python" scripts/validate-manifests.py

@@ -36,6 +36,27 @@ pub fn peak_rss_gib() -> Option<f64> {
     Some(kb / (1024.0 * 1024.0))
 }
 
+#[cfg(feature = "cuda")]
+fn reset_peak_cuda_memory() -> Result<(), Error> {
+    crate::ffi::cuda_reset_peak_memory(0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn reset_peak_cuda_memory() -> Result<(), Error> {
+    Ok(())
+}
+
+/// Peak bytes allocated by libtorch's CUDA caching allocator, GiB.
+#[cfg(feature = "cuda")]
+fn peak_cuda_memory_gib() -> Result<Option<f64>, Error> {
+    Ok(Some(crate::ffi::cuda_memory(0)?.peak_allocated as f64 / (1u64 << 30) as f64))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn peak_cuda_memory_gib() -> Result<Option<f64>, Error> {
+    Ok(None)
+}
+
 pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let mut model_cfg = o.model.clone();
     model_cfg.max_seq_len = model_cfg.max_seq_len.max(o.seq as u32);
@@ -69,7 +90,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
                 Ok(loss)
             }
         })?;
-        opt.clip_grad_norm(1.0)?;
+        let _norm = opt.clip_grad_norm(1.0)?;
         opt.step(3e-4)?;
         opt.zero_grad()?;
         Ok(loss)
@@ -80,11 +101,11 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         }
     };
     for _ in 0..o.warmup {
-        step()?;
+        let _ = step()?;
     }
     sync();
     if o.device.is_cuda() {
-        crate::ffi::cuda_reset_peak_memory()?;
+        reset_peak_cuda_memory()?;
     }
     let t0 = Instant::now();
     let mut loss = Tensor::f_zeros([], (Kind::Float, o.device))?;
@@ -95,12 +116,12 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let dt = t0.elapsed().as_secs_f64();
     let tok_s = o.steps as f64 * (o.micro_batch * o.seq) as f64 / dt;
     let counts = model_cfg.param_counts();
-    let peak_mem = if o.device.is_cuda() { Some(crate::ffi::cuda_max_memory_allocated()? as f64 / (1u64 << 30) as f64) } else { None };
+    let peak_mem = if o.device.is_cuda() { peak_cuda_memory_gib()? } else { None };
     let round = |v: f64, d: i32| (v * 10f64.powi(d)).round() / 10f64.powi(d);
     Ok(json!({
         "impl": "trainer",
         "preset": model_cfg.preset,
-        "device": if o.device.is_cuda() { crate::ffi::cuda_device_name(0).unwrap_or_else(|_| "cuda".into()) } else { "cpu".into() },
+        "device": if o.device.is_cuda() { "cuda" } else { "cpu" },
         "torch": "2.11.0 (libtorch via tch 0.24.0)",
         "precision": serde_json::to_value(o.precision).expect("precision serializes"),
         "micro_batch": o.micro_batch,

@@ -156,10 +156,6 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
         Command::Bench(args) => {
-            let parse = |field: &str, v: &str| {
-                serde_json::from_value(serde_json::Value::String(v.into()))
-                    .map_err(|_| Error::InvalidSpec(format!("--{field} {v}: not a valid value")))
-            };
             let model = crds::presets::preset(&args.preset).map(ModelConfig::from).ok_or_else(|| {
                 Error::InvalidSpec(format!("--preset {}: unknown; one of {}", args.preset, crds::presets::preset_names().join(", ")))
             })?;
@@ -189,6 +185,12 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+/// A flag value parsed as the manifest spells it (`bf16-mixed`, `flash`, …).
+fn parse<T: serde::de::DeserializeOwned>(field: &str, v: &str) -> Result<T, Error> {
+    serde_json::from_value(serde_json::Value::String(v.into()))
+        .map_err(|_| Error::InvalidSpec(format!("--{field} {v}: not a valid value")))
 }
 
 fn presets(json: bool) {

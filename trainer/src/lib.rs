@@ -67,9 +67,10 @@ pub enum Error {
     AtStep { step: u64, source: Box<Error> },
 }
 
-/// libtorch's allocators say "CUDA out of memory" and "DefaultCPUAllocator: not enough memory".
+/// libtorch's allocators say "CUDA out of memory", "DefaultCPUAllocator: not enough
+/// memory" or "DefaultCPUAllocator: can't allocate memory".
 fn is_oom(message: &str) -> bool {
-    message.contains("out of memory") || message.contains("not enough memory")
+    ["out of memory", "not enough memory", "can't allocate memory"].iter().any(|m| message.contains(m))
 }
 
 impl Error {

@@ -18,9 +18,12 @@ fn main() -> ExitCode {
     match execute(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // libtorch appends a C++ backtrace to its messages; it helps nobody here.
+            let text = e.to_string();
+            let detail = text.split(['\n']).take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #")).collect::<Vec<_>>().join("\n");
+            eprintln!("error: {detail}");
             if let (Some(reason), Some(path)) = (e.reason(), termination_log()) {
-                let msg = TerminationMessage { reason, step: e.step(), detail: e.to_string() };
+                let msg = TerminationMessage { reason, step: e.step(), detail };
                 if let Err(io) = std::fs::write(&path, msg.to_json()) {
                     eprintln!("error: writing the termination message to {}: {io}", path.display());
                 }

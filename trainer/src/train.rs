@@ -251,7 +251,7 @@ impl Trainer {
         let lr = self.cfg.schedule.lr_at(self.tokens);
         if self.inject_oom == Some(step) {
             // A real allocation failure through libtorch's allocator.
-            Tensor::f_empty([1 << 62], (Kind::Float, self.device))?;
+            let _ = Tensor::f_empty([1 << 40], (Kind::Float, self.device))?;
         }
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for m in 0..accum {

@@ -1,0 +1,183 @@
+//! The training loop end to end on the embedded corpus, in process and through the
+//! binary: exact resume, corrupt-checkpoint fallback, SIGTERM checkpoints and the
+//! failure contract's exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use crds::config::RunConfig;
+use crds::contract::{FailureReason, TerminationMessage};
+use trainer::status::SharedStatus;
+use trainer::train::{Outcome, RunOptions, Trainer};
+
+/// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
+const MANIFEST: &str = r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {name: resume-test}
+spec:
+  model: {preset: nano, tokenizer: embedded}
+  tokens: "6144"
+  data:
+    mix:
+      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
+      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
+      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+    validation: {everySteps: 4, tokens: "1K"}
+  topology: {nodes: 1, gpusPerNode: 0}
+  batch: {globalTokens: 512, microBatch: 4, seqLength: 64}
+  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
+  precision: f32
+  checkpoint: {everySteps: 4, keepLast: 3}
+"#;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One tokenizer and token cache for the subprocesses of these tests.
+fn cache() -> PathBuf {
+    std::env::temp_dir().join("trainer-train-tests-cache")
+}
+
+fn config(yaml: &str) -> RunConfig {
+    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
+}
+
+fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
+    let opts = RunOptions {
+        output_dir: dir.to_path_buf(),
+        status_addr: None,
+        stop_after_steps: stop_after,
+        tty: Some(false),
+        sample: false,
+        init_dir: dir.parent().unwrap().to_path_buf(),
+        rank: 0,
+    };
+    Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap().run(Arc::new(AtomicBool::new(false))).unwrap()
+}
+
+#[test]
+fn resume_reproduces_the_uninterrupted_loss_sequence_and_skips_a_corrupt_checkpoint() {
+    let cfg = config(MANIFEST);
+    assert_eq!((cfg.schedule.total_steps, cfg.batch.grad_accum), (12, 2));
+
+    let full = train(&cfg, &scratch("full"), None);
+    assert_eq!(full.losses.len(), 12);
+    assert!(full.losses[11].1 < full.losses[0].1 - 1.0, "the loss must drop: {:?}", full.losses);
+
+    // Stopped at step 6, with a checkpoint there, then resumed.
+    let dir = scratch("resumed");
+    let first = train(&cfg, &dir, Some(6));
+    assert_eq!(first.losses, full.losses[..6]);
+    assert_eq!(first.last_checkpoint.as_ref().map(|c| c.step), Some(6));
+    let second = train(&cfg, &dir, None);
+    assert_eq!(second.resumed_from, Some(6));
+    assert_eq!(second.losses, full.losses[6..], "resumed losses must equal the uninterrupted run's");
+
+    // A torn newest checkpoint is skipped: resume falls back to the one before.
+    let dir = scratch("corrupt");
+    train(&cfg, &dir, Some(8));
+    let newest = dir.join("step-00000008").join("model.safetensors");
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&newest).unwrap().set_len(len / 2).unwrap();
+    let after = train(&cfg, &dir, None);
+    assert_eq!(after.resumed_from, Some(4));
+    assert_eq!(after.losses, full.losses[4..]);
+}
+
+#[test]
+fn the_metrics_log_is_continuous_across_a_resume() {
+    let cfg = config(MANIFEST);
+    let dir = scratch("log");
+    train(&cfg, &dir, Some(5));
+    train(&cfg, &dir, None);
+    let records = trainer::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            trainer::metrics_log::Record::Step(s) => Some(s.step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps, (1..=12).collect::<Vec<_>>());
+}
+
+fn trainer_bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs `trainer run` on `yaml` with extra env; returns (exit code, termination message).
+fn run_bin(name: &str, yaml: &str, env: &[(&str, &str)]) -> (i32, Option<TerminationMessage>, String) {
+    let dir = scratch(name);
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, yaml).unwrap();
+    let log = dir.join("termination-log");
+    let out = trainer_bin()
+        .args(["run", "--no-sample", "-o"])
+        .arg(dir.join("out"))
+        .arg(&manifest)
+        .env("TRAINER_TERMINATION_LOG", &log)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let msg = std::fs::read_to_string(&log).ok().and_then(|t| TerminationMessage::parse(&t));
+    (out.status.code().unwrap_or(-1), msg, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn failures_exit_with_the_contract_code_and_termination_message() {
+    let cases: [(&str, String, &[(&str, &str)], FailureReason, Option<u64>); 4] = [
+        ("nan", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
+        ("oom", MANIFEST.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
+        ("config", MANIFEST.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
+        ("data", MANIFEST.replace("\"embedded:mcq\"", "/no/such/shards"), &[], FailureReason::DataError, None),
+    ];
+    for (name, yaml, env, reason, step) in cases {
+        let (code, msg, stderr) = run_bin(name, &yaml, env);
+        assert_eq!(code, reason.exit_code(), "{name}: {stderr}");
+        let msg = msg.unwrap_or_else(|| panic!("{name}: no termination message; {stderr}"));
+        assert_eq!(msg.reason, reason, "{name}");
+        assert_eq!(msg.step, step, "{name}: {msg:?}");
+    }
+}
+
+#[test]
+fn sigterm_saves_a_checkpoint_and_exits_143() {
+    let dir = scratch("sigterm");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"200K\"")).unwrap();
+    let out = dir.join("out");
+    let mut child =
+        trainer_bin().args(["run", "--no-sample", "-o"]).arg(&out).arg(&manifest).stderr(Stdio::null()).spawn().unwrap();
+    let log = out.join("metrics.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let steps = std::fs::read_to_string(&log).unwrap_or_default().matches("\"kind\":\"step\"").count();
+        if steps >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run did not reach step 2");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    let records = trainer::metrics_log::read(&log).unwrap();
+    let last_step = records.iter().map(|r| r.step()).max().unwrap();
+    assert!(last_step >= 2);
+    let latest = std::fs::read_to_string(out.join("latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{last_step:08}"));
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join(latest.trim()).join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"], last_step);
+}
