@@ -385,7 +385,16 @@ impl Trainer {
         let every = self.cfg.checkpoint.every_steps as u64;
         let eval_every = self.cfg.data.as_ref().map_or(0, |d| d.eval_every_steps) as u64;
         while self.step < last_step && !stop.load(Ordering::SeqCst) {
-            let report = self.train_step().map_err(|e| e.at_step(self.step + 1))?;
+            let report = match self.train_step() {
+                Ok(report) => report,
+                Err(e) => {
+                    let e = e.at_step(self.step + 1);
+                    if let Some(reason) = e.reason() {
+                        self.status.record_failure(reason);
+                    }
+                    return Err(e);
+                }
+            };
             losses.push((report.step, report.loss));
             last_loss = Some(report.loss);
             self.status.record_step(&report);
