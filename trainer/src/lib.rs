@@ -1,6 +1,8 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
 pub mod cli;
+pub mod ffi;
+pub mod optim;
 pub mod torch_info;
 
 use crds::contract::FailureReason;
@@ -13,6 +15,12 @@ pub enum Error {
     InvalidSpec(String),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// An ATen call through the C++ shim threw; the message names the call.
+    #[error("libtorch shim: {0}")]
+    Shim(String),
+    /// Saved optimizer state does not fit the model's parameters.
+    #[error("optimizer state: {0}")]
+    OptimizerState(String),
 }
 
 impl Error {
@@ -20,9 +28,12 @@ impl Error {
     /// operator treats as a retriable failure.
     pub fn reason(&self) -> Option<FailureReason> {
         match self {
-            Error::Api(_) | Error::InvalidSpec(_) => Some(FailureReason::InvalidConfig),
+            // A checkpoint whose optimizer state does not fit the spec's model fails
+            // the same way on every retry.
+            Error::Api(_) | Error::InvalidSpec(_) | Error::OptimizerState(_) => Some(FailureReason::InvalidConfig),
             Error::Torch(e) if e.to_string().contains("out of memory") => Some(FailureReason::OutOfMemory),
-            Error::Torch(_) => None,
+            Error::Shim(msg) if msg.contains("out of memory") => Some(FailureReason::OutOfMemory),
+            Error::Torch(_) | Error::Shim(_) => None,
         }
     }
 

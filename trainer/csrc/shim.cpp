@@ -1,0 +1,203 @@
+// ATen entry points that tch 0.24 does not expose: fused AdamW, foreach gradient
+// clipping and the SDPA backend switches. Every function is extern "C", catches
+// every C++ exception and returns it as a malloc'd message (NULL on success) that
+// Rust frees with shim_free_string; nothing may unwind across the FFI boundary.
+//
+// Tensors cross as tch's C_tensor, which is an at::Tensor*.
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/core/grad_mode.h>
+
+#ifdef SHIM_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+char* dup_message(const char* msg) {
+  size_t n = std::strlen(msg);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) std::memcpy(out, msg, n + 1);
+  return out;
+}
+
+template <typename F>
+char* guarded(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    // what_without_backtrace keeps the message readable in logs.
+    return dup_message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return dup_message(e.what());
+  } catch (...) {
+    return dup_message("unknown C++ exception");
+  }
+}
+
+std::vector<at::Tensor> to_list(at::Tensor* const* ts, size_t n, const char* what) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(ts[i] != nullptr && ts[i]->defined(), what, "[", i, "] is undefined");
+    out.push_back(*ts[i]);
+  }
+  return out;
+}
+
+// Fused and foreach kernels want one device and one dtype per call, as torch's
+// _group_tensors_by_device_and_dtype arranges in Python.
+std::map<std::pair<std::string, int>, std::vector<size_t>> group_by_device_dtype(
+    const std::vector<at::Tensor>& ts) {
+  std::map<std::pair<std::string, int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    groups[{ts[i].device().str(), static_cast<int>(ts[i].scalar_type())}].push_back(i);
+  }
+  return groups;
+}
+
+std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vector<size_t>& idx) {
+  std::vector<at::Tensor> out;
+  out.reserve(idx.size());
+  for (size_t i : idx) out.push_back(ts[i]);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+void shim_free_string(char* s) { std::free(s); }
+
+// One AdamW step over n parameters (torch.optim.AdamW with fused=True, amsgrad and
+// maximize off). steps are f32 0-dim tensors on each param's device.
+char* shim_fused_adamw(at::Tensor* const* params, at::Tensor* const* grads, at::Tensor* const* exp_avgs,
+                       at::Tensor* const* exp_avg_sqs, at::Tensor* const* steps, size_t n, double lr,
+                       double beta1, double beta2, double weight_decay, double eps) {
+  return guarded([&] {
+    at::NoGradGuard no_grad;
+    auto p = to_list(params, n, "params");
+    auto g = to_list(grads, n, "grads");
+    auto m = to_list(exp_avgs, n, "exp_avgs");
+    auto v = to_list(exp_avg_sqs, n, "exp_avg_sqs");
+    auto s = to_list(steps, n, "state_steps");
+    // The CPU kernel indexes all four tensors by the param's numel.
+    for (size_t i = 0; i < n; ++i) {
+      for (const auto* t : {&g[i], &m[i], &v[i]}) {
+        TORCH_CHECK(t->sizes() == p[i].sizes() && t->scalar_type() == p[i].scalar_type() &&
+                        t->device() == p[i].device(),
+                    "param ", i, " is ", p[i].sizes(), " ", p[i].scalar_type(), " on ", p[i].device(),
+                    " but its grad or state is ", t->sizes(), " ", t->scalar_type(), " on ", t->device());
+      }
+      TORCH_CHECK(s[i].dim() == 0 && s[i].scalar_type() == at::kFloat, "state_steps[", i,
+                  "] must be a 0-dim float tensor");
+    }
+    for (const auto& [key, idx] : group_by_device_dtype(p)) {
+      auto gs = pick(s, idx);
+      // The step must be counted before the fused kernel reads it: step 0 makes the
+      // bias correction 1 - beta^0 = 0 and the update NaN.
+      at::_foreach_add_(gs, 1);
+      at::_fused_adamw_(pick(p, idx), pick(g, idx), pick(m, idx), pick(v, idx), {}, gs, lr, beta1, beta2,
+                        weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+    }
+  });
+}
+
+// torch.nn.utils.clip_grad_norm_(grads, max_norm, norm_type=2) with the norms
+// accumulated in f32. Writes the pre-clip total norm (0-dim f32 on the first grad's
+// device) to *out_norm; a non-finite norm is returned as is and scales the grads
+// to non-finite values, as torch does with error_if_nonfinite=False.
+char* shim_clip_grad_norm(at::Tensor* const* grads, size_t n, double max_norm, at::Tensor** out_norm) {
+  return guarded([&] {
+    at::NoGradGuard no_grad;
+    *out_norm = nullptr;
+    auto g = to_list(grads, n, "grads");
+    TORCH_CHECK(!g.empty(), "clip_grad_norm needs at least one gradient");
+    auto first_device = g[0].device();
+    auto groups = group_by_device_dtype(g);
+    std::vector<at::Tensor> norms;
+    for (const auto& [key, idx] : groups) {
+      for (auto& t : at::_foreach_norm(pick(g, idx), 2, at::kFloat)) norms.push_back(t.to(first_device));
+    }
+    at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    for (const auto& [key, idx] : groups) {
+      auto gs = pick(g, idx);
+      at::_foreach_mul_(gs, coef.to(gs[0].device()));
+    }
+    *out_norm = new at::Tensor(std::move(total));
+  });
+}
+
+// SDPA backend switches in at::globalContext(); they are process-wide.
+char* shim_sdp_set_enabled(int flash, int mem_efficient, int math, int cudnn) {
+  return guarded([&] {
+    auto& ctx = at::globalContext();
+    ctx.setSDPUseFlash(flash != 0);
+    ctx.setSDPUseMemEfficient(mem_efficient != 0);
+    ctx.setSDPUseMath(math != 0);
+    ctx.setSDPUseCuDNN(cudnn != 0);
+  });
+}
+
+char* shim_sdp_get_enabled(int* flash, int* mem_efficient, int* math, int* cudnn) {
+  return guarded([&] {
+    auto& ctx = at::globalContext();
+    *flash = ctx.userEnabledFlashSDP();
+    *mem_efficient = ctx.userEnabledMemEfficientSDP();
+    *math = ctx.userEnabledMathSDP();
+    *cudnn = ctx.userEnabledCuDNNSDP();
+  });
+}
+
+// The backend scaled_dot_product_attention would pick (no mask, no dropout,
+// default scale), as an at::SDPBackend value.
+char* shim_sdp_choice(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v, int is_causal, int enable_gqa,
+                      int64_t* out) {
+  return guarded([&] {
+    TORCH_CHECK(q != nullptr && k != nullptr && v != nullptr, "sdp_choice: null tensor");
+    *out = at::_fused_sdp_choice(*q, *k, *v, std::nullopt, 0.0, is_causal != 0, std::nullopt, enable_gqa != 0);
+  });
+}
+
+// 1 when the shim was built with the CUDA code paths (feature "cuda").
+int shim_built_with_cuda() {
+#ifdef SHIM_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#ifdef SHIM_CUDA
+// Bytes held by tensors, bytes reserved by the caching allocator, and the peak of
+// the former since the last reset, for one CUDA device.
+char* shim_cuda_memory_stats(int device, int64_t* allocated, int64_t* reserved, int64_t* peak_allocated) {
+  return guarded([&] {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *allocated = stats.allocated_bytes[agg].current;
+    *reserved = stats.reserved_bytes[agg].current;
+    *peak_allocated = stats.allocated_bytes[agg].peak;
+  });
+}
+
+char* shim_cuda_reset_peak_memory(int device) {
+  return guarded([&] {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+}
+#endif
+
+}  // extern "C"

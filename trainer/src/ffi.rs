@@ -1,0 +1,287 @@
+//! The C++ shim (csrc/shim.cpp): ATen calls that tch 0.24 does not expose.
+//!
+//! The raw declarations stay private; every wrapper turns the shim's error string
+//! into [`Error::Shim`]. Tensors cross as tch's `C_tensor`, which is an `at::Tensor*`.
+
+use std::ffi::{CStr, c_char, c_int};
+
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+use crate::Error;
+
+mod raw {
+    use super::*;
+
+    unsafe extern "C" {
+        pub fn shim_free_string(s: *mut c_char);
+        #[allow(clippy::too_many_arguments)]
+        pub fn shim_fused_adamw(
+            params: *const *mut C_tensor,
+            grads: *const *mut C_tensor,
+            exp_avgs: *const *mut C_tensor,
+            exp_avg_sqs: *const *mut C_tensor,
+            steps: *const *mut C_tensor,
+            n: usize,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+        ) -> *mut c_char;
+        pub fn shim_clip_grad_norm(
+            grads: *const *mut C_tensor,
+            n: usize,
+            max_norm: f64,
+            out_norm: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn shim_sdp_set_enabled(flash: c_int, mem_efficient: c_int, math: c_int, cudnn: c_int) -> *mut c_char;
+        pub fn shim_sdp_get_enabled(
+            flash: *mut c_int,
+            mem_efficient: *mut c_int,
+            math: *mut c_int,
+            cudnn: *mut c_int,
+        ) -> *mut c_char;
+        pub fn shim_sdp_choice(
+            q: *const C_tensor,
+            k: *const C_tensor,
+            v: *const C_tensor,
+            is_causal: c_int,
+            enable_gqa: c_int,
+            out: *mut i64,
+        ) -> *mut c_char;
+        pub fn shim_built_with_cuda() -> c_int;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_memory_stats(
+            device: c_int,
+            allocated: *mut i64,
+            reserved: *mut i64,
+            peak_allocated: *mut i64,
+        ) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
+    }
+}
+
+/// Turns the shim's return value (NULL or a malloc'd message) into a Result.
+fn check(what: &str, err: *mut c_char) -> Result<(), Error> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string from strdup-like code in
+    // the shim, owned by us until shim_free_string.
+    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+    unsafe { raw::shim_free_string(err) };
+    Err(Error::Shim(format!("{what}: {msg}")))
+}
+
+fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
+    ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+}
+
+/// AdamW hyperparameters for one fused call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWParams {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Decoupled weight decay; the param is scaled by `1 - lr * weight_decay`.
+    pub weight_decay: f64,
+    /// Added to the denominator's square root.
+    pub eps: f64,
+}
+
+/// One AdamW step (`at::_fused_adamw_`, amsgrad and maximize off) over parallel
+/// lists, in place. `steps` are f32 0-dim tensors on each param's device; the shim
+/// increments them before the update, as torch.optim.AdamW does.
+pub fn fused_adamw(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    steps: &[Tensor],
+    hp: AdamWParams,
+) -> Result<(), Error> {
+    let n = params.len();
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()]
+        .iter()
+        .any(|&l| l != n)
+    {
+        return Err(Error::Shim("fused_adamw: tensor lists differ in length".into()));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (p, g, m, v, s) = (
+        ptrs(params),
+        ptrs(grads),
+        ptrs(exp_avgs),
+        ptrs(exp_avg_sqs),
+        ptrs(steps),
+    );
+    // SAFETY: every pointer is a live at::Tensor owned by a borrowed tch Tensor; the
+    // shim copies the handles and checks definedness.
+    let err = unsafe {
+        raw::shim_fused_adamw(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            s.as_ptr(),
+            n,
+            hp.lr,
+            hp.beta1,
+            hp.beta2,
+            hp.weight_decay,
+            hp.eps,
+        )
+    };
+    check("fused_adamw", err)
+}
+
+/// `torch.nn.utils.clip_grad_norm_(grads, max_norm)` with f32 norm accumulation:
+/// scales the grads in place by `min(1, max_norm / (norm + 1e-6))` and returns the
+/// pre-clip total L2 norm as a 0-dim f32 tensor on the first grad's device, without
+/// syncing. A non-finite norm is returned as is.
+pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Tensor, Error> {
+    let g = ptrs(grads);
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: as in fused_adamw; on success the shim hands us a new at::Tensor*.
+    let err = unsafe { raw::shim_clip_grad_norm(g.as_ptr(), g.len(), max_norm, &mut out) };
+    check("clip_grad_norm", err)?;
+    // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of (freed by at_free).
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Which SDPA backends `scaled_dot_product_attention` may use (process-wide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SdpEnabled {
+    /// FlashAttention (CUDA, and ATen's CPU flash kernel).
+    pub flash: bool,
+    /// Memory-efficient attention (CUDA).
+    pub mem_efficient: bool,
+    /// The unfused reference implementation.
+    pub math: bool,
+    /// cuDNN attention (CUDA).
+    pub cudnn: bool,
+}
+
+/// Sets the process-wide SDPA backend switches in `at::globalContext()`.
+pub fn set_sdp_enabled(e: SdpEnabled) -> Result<(), Error> {
+    // SAFETY: plain flag setters.
+    let err =
+        unsafe { raw::shim_sdp_set_enabled(e.flash.into(), e.mem_efficient.into(), e.math.into(), e.cudnn.into()) };
+    check("sdp_set_enabled", err)
+}
+
+/// Reads the process-wide SDPA backend switches.
+pub fn sdp_enabled() -> Result<SdpEnabled, Error> {
+    let (mut f, mut m, mut ma, mut c) = (0, 0, 0, 0);
+    // SAFETY: the shim writes four ints.
+    let err = unsafe { raw::shim_sdp_get_enabled(&mut f, &mut m, &mut ma, &mut c) };
+    check("sdp_get_enabled", err)?;
+    Ok(SdpEnabled {
+        flash: f != 0,
+        mem_efficient: m != 0,
+        math: ma != 0,
+        cudnn: c != 0,
+    })
+}
+
+/// An SDPA backend, as `at::SDPBackend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SdpBackend {
+    /// No enabled backend can run these inputs.
+    Error,
+    /// The unfused reference implementation.
+    Math,
+    /// FlashAttention.
+    Flash,
+    /// Memory-efficient attention.
+    Efficient,
+    /// cuDNN attention.
+    CuDnn,
+    /// A backend registered by an out-of-tree device.
+    Overrideable,
+}
+
+impl SdpBackend {
+    /// Maps an `at::SDPBackend` integer; unknown values are an error.
+    pub fn from_raw(v: i64) -> Result<Self, Error> {
+        Ok(match v {
+            -1 => SdpBackend::Error,
+            0 => SdpBackend::Math,
+            1 => SdpBackend::Flash,
+            2 => SdpBackend::Efficient,
+            3 => SdpBackend::CuDnn,
+            4 => SdpBackend::Overrideable,
+            _ => return Err(Error::Shim(format!("unknown at::SDPBackend value {v}"))),
+        })
+    }
+}
+
+/// The backend SDPA would pick for `q`, `k`, `v` (`at::_fused_sdp_choice`, no mask,
+/// no dropout, default scale) under the current switches. Inputs no enabled backend
+/// accepts give `Ok(SdpBackend::Error)` where ATen reports that, or `Err` where it
+/// throws instead.
+pub fn sdp_choice(q: &Tensor, k: &Tensor, v: &Tensor, is_causal: bool, enable_gqa: bool) -> Result<SdpBackend, Error> {
+    let mut out = -1i64;
+    // SAFETY: borrowed live tensors; the shim writes one i64.
+    let err = unsafe {
+        raw::shim_sdp_choice(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            is_causal.into(),
+            enable_gqa.into(),
+            &mut out,
+        )
+    };
+    check("sdp_choice", err)?;
+    SdpBackend::from_raw(out)
+}
+
+/// Whether the shim was compiled with its CUDA code paths (feature `cuda`).
+pub fn shim_built_with_cuda() -> bool {
+    // SAFETY: no arguments.
+    unsafe { raw::shim_built_with_cuda() != 0 }
+}
+
+/// CUDA caching-allocator counters for one device, in bytes.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaMemory {
+    /// Held by live tensors now.
+    pub allocated: i64,
+    /// Reserved from the driver by the caching allocator.
+    pub reserved: i64,
+    /// Peak of `allocated` since the last [`cuda_reset_peak_memory`].
+    pub peak_allocated: i64,
+}
+
+/// Reads the caching allocator's counters for CUDA device `device`.
+#[cfg(feature = "cuda")]
+pub fn cuda_memory(device: usize) -> Result<CudaMemory, Error> {
+    let (mut a, mut r, mut p) = (0, 0, 0);
+    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
+    // SAFETY: the shim writes three i64s; a bad index throws and comes back as Err.
+    let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p) };
+    check("cuda_memory", err)?;
+    Ok(CudaMemory {
+        allocated: a,
+        reserved: r,
+        peak_allocated: p,
+    })
+}
+
+/// Restarts the peak counter of [`cuda_memory`] for CUDA device `device`.
+#[cfg(feature = "cuda")]
+pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
+    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
+    // SAFETY: as above.
+    let err = unsafe { raw::shim_cuda_reset_peak_memory(dev) };
+    check("cuda_reset_peak_memory", err)
+}
