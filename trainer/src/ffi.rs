@@ -285,3 +285,27 @@ pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
     let err = unsafe { raw::shim_cuda_reset_peak_memory(dev) };
     check("cuda_reset_peak_memory", err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shim_cuda_paths_follow_the_feature() {
+        assert_eq!(shim_built_with_cuda(), cfg!(feature = "cuda"));
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_memory_is_an_error_without_a_device() {
+        if tch::Cuda::is_available() {
+            let t = Tensor::ones([1024], (tch::Kind::Float, tch::Device::Cuda(0)));
+            let m = cuda_memory(0).unwrap();
+            assert!(m.allocated >= 4096 && m.peak_allocated >= m.allocated && m.reserved >= m.allocated, "{m:?}");
+            drop(t);
+            cuda_reset_peak_memory(0).unwrap();
+        } else {
+            assert!(matches!(cuda_memory(0), Err(Error::Shim(_))));
+        }
+    }
+}
