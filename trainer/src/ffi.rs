@@ -82,10 +82,15 @@ fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
 /// AdamW hyperparameters for one fused call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWParams {
+    /// Learning rate.
     pub lr: f64,
+    /// First-moment decay.
     pub beta1: f64,
+    /// Second-moment decay.
     pub beta2: f64,
+    /// Decoupled weight decay; the param is scaled by `1 - lr * weight_decay`.
     pub weight_decay: f64,
+    /// Added to the denominator's square root.
     pub eps: f64,
 }
 
@@ -101,13 +106,22 @@ pub fn fused_adamw(
     hp: AdamWParams,
 ) -> Result<(), Error> {
     let n = params.len();
-    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()].iter().any(|&l| l != n) {
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()]
+        .iter()
+        .any(|&l| l != n)
+    {
         return Err(Error::Shim("fused_adamw: tensor lists differ in length".into()));
     }
     if n == 0 {
         return Ok(());
     }
-    let (p, g, m, v, s) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs), ptrs(steps));
+    let (p, g, m, v, s) = (
+        ptrs(params),
+        ptrs(grads),
+        ptrs(exp_avgs),
+        ptrs(exp_avg_sqs),
+        ptrs(steps),
+    );
     // SAFETY: every pointer is a live at::Tensor owned by a borrowed tch Tensor; the
     // shim copies the handles and checks definedness.
     let err = unsafe {
@@ -145,18 +159,21 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Tensor, Error> 
 /// Which SDPA backends `scaled_dot_product_attention` may use (process-wide).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SdpEnabled {
+    /// FlashAttention (CUDA, and ATen's CPU flash kernel).
     pub flash: bool,
+    /// Memory-efficient attention (CUDA).
     pub mem_efficient: bool,
+    /// The unfused reference implementation.
     pub math: bool,
+    /// cuDNN attention (CUDA).
     pub cudnn: bool,
 }
 
 /// Sets the process-wide SDPA backend switches in `at::globalContext()`.
 pub fn set_sdp_enabled(e: SdpEnabled) -> Result<(), Error> {
     // SAFETY: plain flag setters.
-    let err = unsafe {
-        raw::shim_sdp_set_enabled(e.flash.into(), e.mem_efficient.into(), e.math.into(), e.cudnn.into())
-    };
+    let err =
+        unsafe { raw::shim_sdp_set_enabled(e.flash.into(), e.mem_efficient.into(), e.math.into(), e.cudnn.into()) };
     check("sdp_set_enabled", err)
 }
 
@@ -166,7 +183,12 @@ pub fn sdp_enabled() -> Result<SdpEnabled, Error> {
     // SAFETY: the shim writes four ints.
     let err = unsafe { raw::shim_sdp_get_enabled(&mut f, &mut m, &mut ma, &mut c) };
     check("sdp_get_enabled", err)?;
-    Ok(SdpEnabled { flash: f != 0, mem_efficient: m != 0, math: ma != 0, cudnn: c != 0 })
+    Ok(SdpEnabled {
+        flash: f != 0,
+        mem_efficient: m != 0,
+        math: ma != 0,
+        cudnn: c != 0,
+    })
 }
 
 /// An SDPA backend, as `at::SDPBackend`.
@@ -174,10 +196,15 @@ pub fn sdp_enabled() -> Result<SdpEnabled, Error> {
 pub enum SdpBackend {
     /// No enabled backend can run these inputs.
     Error,
+    /// The unfused reference implementation.
     Math,
+    /// FlashAttention.
     Flash,
+    /// Memory-efficient attention.
     Efficient,
+    /// cuDNN attention.
     CuDnn,
+    /// A backend registered by an out-of-tree device.
     Overrideable,
 }
 
@@ -204,7 +231,14 @@ pub fn sdp_choice(q: &Tensor, k: &Tensor, v: &Tensor, is_causal: bool, enable_gq
     let mut out = -1i64;
     // SAFETY: borrowed live tensors; the shim writes one i64.
     let err = unsafe {
-        raw::shim_sdp_choice(q.as_ptr(), k.as_ptr(), v.as_ptr(), is_causal.into(), enable_gqa.into(), &mut out)
+        raw::shim_sdp_choice(
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            is_causal.into(),
+            enable_gqa.into(),
+            &mut out,
+        )
     };
     check("sdp_choice", err)?;
     SdpBackend::from_raw(out)
@@ -236,7 +270,11 @@ pub fn cuda_memory(device: usize) -> Result<CudaMemory, Error> {
     // SAFETY: the shim writes three i64s; a bad index throws and comes back as Err.
     let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p) };
     check("cuda_memory", err)?;
-    Ok(CudaMemory { allocated: a, reserved: r, peak_allocated: p })
+    Ok(CudaMemory {
+        allocated: a,
+        reserved: r,
+        peak_allocated: p,
+    })
 }
 
 /// Restarts the peak counter of [`cuda_memory`] for CUDA device `device`.
@@ -246,4 +284,28 @@ pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
     // SAFETY: as above.
     let err = unsafe { raw::shim_cuda_reset_peak_memory(dev) };
     check("cuda_reset_peak_memory", err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shim_cuda_paths_follow_the_feature() {
+        assert_eq!(shim_built_with_cuda(), cfg!(feature = "cuda"));
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_memory_is_an_error_without_a_device() {
+        if tch::Cuda::is_available() {
+            let t = Tensor::ones([1024], (tch::Kind::Float, tch::Device::Cuda(0)));
+            let m = cuda_memory(0).unwrap();
+            assert!(m.allocated >= 4096 && m.peak_allocated >= m.allocated && m.reserved >= m.allocated, "{m:?}");
+            drop(t);
+            cuda_reset_peak_memory(0).unwrap();
+        } else {
+            assert!(matches!(cuda_memory(0), Err(Error::Shim(_))));
+        }
+    }
 }
