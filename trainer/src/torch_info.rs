@@ -28,5 +28,5 @@ pub fn matmul_check(device: Device) -> Result<bool, tch::TchError> {
     let b = Tensor::f_ones([3, 2], (Kind::Float, device))?;
     let got = a.f_to_kind(Kind::BFloat16)?.f_matmul(&b.f_to_kind(Kind::BFloat16)?)?.f_to_kind(Kind::Float)?;
     let want = Tensor::from_slice(&[3.0f32, 3.0, 12.0, 12.0]).f_reshape([2, 2])?.f_to_device(device)?;
-    Ok(got.f_allclose(&want, 0.0, 0.0, false)?)
+    got.f_allclose(&want, 0.0, 0.0, false)
 }

@@ -36,6 +36,9 @@ pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
 /// Embedded sources never need more than this many tokens each; longer runs repeat epochs.
 const MAX_EMBEDDED_TOKENS: usize = 16_000_000;
 
+/// Validation loss: the mix-weighted mean and (source, loss) per source.
+pub type Evaluation = (f64, Vec<(String, f64)>);
+
 /// How one process takes part in the run, and where it writes.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -283,7 +286,7 @@ impl Trainer {
         self.opt.zero_grad()?;
         self.step = step;
         self.tokens += self.cfg.batch.tokens_per_step;
-        self.data_position += self.cfg.batch.global_sequences as u64;
+        self.data_position += self.cfg.batch.global_sequences;
         let seconds = started.elapsed().as_secs_f64();
         let tokens_per_second = self.cfg.batch.tokens_per_step as f64 / seconds;
         let mfu = self.device.is_cuda().then(|| {
@@ -294,7 +297,7 @@ impl Trainer {
     }
 
     /// Validation loss per source over `evalTokens`, and their mix-weighted mean.
-    pub fn evaluate(&self) -> Result<Option<(f64, Vec<(String, f64)>)>, Error> {
+    pub fn evaluate(&self) -> Result<Option<Evaluation>, Error> {
         match &self.val {
             Some(val) => evaluate_mix(&self.model, &self.cfg, val, self.device, self.autocast).map(Some),
             None => Ok(None),
@@ -404,7 +407,7 @@ impl Trainer {
             if let Some(p) = progress.as_mut() {
                 p.on_step(&report);
             }
-            if eval_every > 0 && (self.step % eval_every == 0 || self.step == total_steps) {
+            if eval_every > 0 && (self.step.is_multiple_of(eval_every) || self.step == total_steps) {
                 self.status.set_phase(TrainerPhase::Evaluating);
                 if let Some((v, per_source)) = self.evaluate()? {
                     val_loss = Some(v);
@@ -419,7 +422,7 @@ impl Trainer {
                 self.status.set_phase(TrainerPhase::Training);
             }
             let stopping = self.step == last_step || stop.load(Ordering::SeqCst);
-            if rank0 && every > 0 && self.step % every == 0 && !stopping {
+            if rank0 && every > 0 && self.step.is_multiple_of(every) && !stopping {
                 // Training goes on while the background thread writes.
                 if let Some(done) = checkpointer.save_async(self.payload(last_loss)?)? {
                     self.checkpoint_written(&done, log.as_mut())?;
@@ -478,7 +481,7 @@ impl Trainer {
 
 /// Validation loss per source of `val` over the run's `evalTokens`, and the
 /// mix-weighted mean.
-pub fn evaluate_mix(model: &Model, cfg: &RunConfig, val: &Mix, device: Device, autocast: bool) -> Result<(f64, Vec<(String, f64)>), Error> {
+pub fn evaluate_mix(model: &Model, cfg: &RunConfig, val: &Mix, device: Device, autocast: bool) -> Result<Evaluation, Error> {
     let b = cfg.batch.micro_batch as u64;
     let t = cfg.batch.seq_len as u64;
     let per_source_samples = (cfg.data.as_ref().map_or(0, |d| d.eval_tokens) / val.sources().len() as u64 / t).max(1);
@@ -513,7 +516,7 @@ pub fn evaluate_model(
     tok: &Tokenizer,
     device: Device,
     autocast: bool,
-) -> Result<Option<(f64, Vec<(String, f64)>)>, Error> {
+) -> Result<Option<Evaluation>, Error> {
     match load_data(cfg, tok)?.1 {
         Some(val) => evaluate_mix(model, cfg, &val, device, autocast).map(Some),
         None => Ok(None),

@@ -133,9 +133,12 @@ fn run_bin(name: &str, yaml: &str, env: &[(&str, &str)]) -> (i32, Option<Termina
     (out.status.code().unwrap_or(-1), msg, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// (name, manifest, env, expected reason, expected step)
+type FailureCase<'a> = (&'a str, String, &'a [(&'a str, &'a str)], FailureReason, Option<u64>);
+
 #[test]
 fn failures_exit_with_the_contract_code_and_termination_message() {
-    let cases: [(&str, String, &[(&str, &str)], FailureReason, Option<u64>); 4] = [
+    let cases: [FailureCase; 4] = [
         ("nan", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
         ("oom", MANIFEST.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
         ("config", MANIFEST.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
