@@ -18,8 +18,12 @@
 //! to a write in progress in this process is debris of a crashed writer, and is removed
 //! when pruning.
 //!
-//! Hashing is streaming (1 MiB reads). Measured on the development machine (2 shared
-//! cores, page cache warm), a ~100 MB checkpoint: see the note on [`sha256_file`].
+//! Hashing is streaming (1 MiB reads, so memory stays flat for any size). Measured on the
+//! development machine (2 cores shared with other builds, load ~8, virtio disk, dev profile
+//! with dependencies at opt-level 2) for a 105 MB checkpoint (two 52 MB f32 files):
+//! `save` 0.5-1.0 s including fsync; sha256 streams at 520-720 MB/s (SHA-NI), so hashing is
+//! about 0.15-0.2 s of a save; `save_async` stalls the caller 0.18 s (the CPU copy);
+//! `latest_valid` verifies and loads at ~200 MB/s (each file is read twice: hash, then load).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File};
@@ -406,9 +410,7 @@ fn read_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
     Ok(Tensor::read_safetensors(path).map_err(|e| format!("{name}: {e}"))?.into_iter().collect())
 }
 
-/// Size and sha256 of a file, read in 1 MiB chunks so memory stays flat for any size.
-///
-/// Measured: see the module docs.
+/// Size and sha256 of a file, read in 1 MiB chunks; throughput is in the module docs.
 pub fn sha256_file(path: &Path) -> io::Result<FileDigest> {
     let mut file = File::open(path)?;
     let mut hasher = Sha256::new();
