@@ -214,3 +214,46 @@ fn the_model_overfits_one_batch() {
     assert!(losses[0] > 7.0, "{:?}", &losses[..3]);
     assert!(*losses.last().unwrap() < 0.05, "did not overfit: {:?}", &losses[140..]);
 }
+
+#[test]
+fn eval_generate_export_and_plot_read_a_run_directory() {
+    let dir = scratch("commands");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"2048\"")).unwrap();
+    let out = dir.join("out");
+    let run = trainer_bin().args(["run", "--no-sample", "-o"]).arg(&out).arg(&manifest).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+
+    let eval = trainer_bin().arg("eval").arg(&out).output().unwrap();
+    let text = String::from_utf8_lossy(&eval.stdout);
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    for source in ["textbook", "arithmetic", "mcq", "mix"] {
+        assert!(text.lines().any(|l| l.starts_with(source) && l.contains("perplexity")), "{source} missing:\n{text}");
+    }
+
+    let generate = trainer_bin()
+        .arg("generate")
+        .arg(&out)
+        .args(["--prompt", "The", "-n", "2", "--max-new-tokens", "8", "--temperature", "1.0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&generate.stdout);
+    assert!(generate.status.success(), "{}", String::from_utf8_lossy(&generate.stderr));
+    assert_eq!(text.matches("---").count(), 1, "two samples:\n{text}");
+    assert!(text.starts_with("The"), "{text}");
+
+    let hf = dir.join("hf");
+    let export = trainer_bin().arg("export").arg(&out).arg("--hf").arg(&hf).output().unwrap();
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+    assert!(std::fs::metadata(hf.join("model.safetensors")).unwrap().len() > 3_000_000);
+
+    let plot = trainer_bin().arg("plot").arg(out.join("metrics.jsonl")).output().unwrap();
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    assert!(std::fs::read(out.join("metrics.png")).unwrap().starts_with(b"\x89PNG"));
+
+    let missing = trainer_bin().arg("eval").arg(dir.join("nope")).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nope"));
+}
