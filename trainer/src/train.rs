@@ -33,6 +33,10 @@ pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
 /// Test-only fault injection: this step allocates far more memory than exists.
 pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
 
+/// libtorch's default RNG is process-global: whoever seeds it and then draws (model
+/// init) holds this lock, so two trainers (or tests) in one process cannot interleave.
+pub static GLOBAL_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Embedded sources never need more than this many tokens each; longer runs repeat epochs.
 const MAX_EMBEDDED_TOKENS: usize = 16_000_000;
 
@@ -145,9 +149,12 @@ impl Trainer {
         }
         let (train, val) = load_data(cfg, &tokenizer)?;
 
-        tch::manual_seed(cfg.seed as i64);
         let mut vs = VarStore::new(Device::Cpu);
-        let model = Model::new(&vs.root(), &cfg.model, device)?;
+        let model = {
+            let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            tch::manual_seed(cfg.seed as i64);
+            Model::new(&vs.root(), &cfg.model, device)?
+        };
         if kind == Kind::BFloat16 {
             vs.bfloat16();
         }

@@ -194,6 +194,7 @@ fn the_model_overfits_one_batch() {
     use trainer::optim::AdamW;
 
     let cfg = ModelConfig { n_layer: 2, max_seq_len: 32, ..ModelConfig::from(preset("nano").unwrap()) };
+    let _rng = trainer::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(11);
     let vs = VarStore::new(Device::Cpu);
     let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();
