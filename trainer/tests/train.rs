@@ -153,14 +153,32 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
     }
 }
 
+/// The body of `GET path` from 127.0.0.1:port.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
 #[test]
 fn sigterm_saves_a_checkpoint_and_exits_143() {
     let dir = scratch("sigterm");
     let manifest = dir.join("run.yaml");
     std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"200K\"")).unwrap();
     let out = dir.join("out");
-    let mut child =
-        trainer_bin().args(["run", "--no-sample", "-o"]).arg(&out).arg(&manifest).stderr(Stdio::null()).spawn().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = trainer_bin()
+        .args(["run", "--no-sample", "--status-addr", &format!("127.0.0.1:{port}"), "-o"])
+        .arg(&out)
+        .arg(&manifest)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let log = out.join("metrics.jsonl");
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
@@ -171,6 +189,13 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
         assert!(Instant::now() < deadline, "the run did not reach step 2");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Rank 0's status document, as the operator reads it, while the run trains.
+    let status: serde_json::Value = serde_json::from_str(&http_get(port, "/status")).unwrap();
+    assert_eq!(status["phase"], "training", "{status}");
+    assert!(status["step"].as_u64().unwrap() >= 2, "{status}");
+    assert_eq!(status["totalSteps"], 390, "{status}");
+    assert!(status["loss"].as_f64().unwrap().is_finite(), "{status}");
+    assert!(http_get(port, "/metrics").contains("trainer_step "));
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
     let status = child.wait().unwrap();
