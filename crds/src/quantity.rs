@@ -102,7 +102,7 @@ pub fn format_tokens(n: u64) -> String {
     for (scale, suffix) in [(1_000_000_000_000, "T"), (1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")] {
         if n >= scale {
             let v = n as f64 / scale as f64;
-            return if n % scale == 0 {
+            return if n.is_multiple_of(scale) {
                 format!("{}{suffix}", n / scale)
             } else {
                 format!("{}{suffix}", (v * 100.0).round() / 100.0)

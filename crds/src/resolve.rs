@@ -601,7 +601,7 @@ fn resolve_grpo(
     let prompts_per_rank = g.prompts_per_step / world.max(1);
     let completions_per_rank = prompts_per_rank * g.generations_per_prompt;
     let micro = spec.batch.micro_batch;
-    if micro > 0 && completions_per_rank > 0 && completions_per_rank % micro != 0 {
+    if micro > 0 && completions_per_rank > 0 && !completions_per_rank.is_multiple_of(micro) {
         e.add(
             "spec.batch.microBatch",
             format!("{micro} does not divide the {completions_per_rank} completions each rank trains on per step"),
@@ -609,13 +609,13 @@ fn resolve_grpo(
     }
     if g.max_new_tokens == 0 {
         e.add("spec.grpo.maxNewTokens", "must be at least 1");
-    } else if let Some(b) = batch {
-        if g.max_new_tokens >= b.seq_len {
-            e.add(
-                "spec.grpo.maxNewTokens",
-                format!("{} leaves no room for the prompt in seqLength {}", g.max_new_tokens, b.seq_len),
-            );
-        }
+    } else if let Some(b) = batch
+        && g.max_new_tokens >= b.seq_len
+    {
+        e.add(
+            "spec.grpo.maxNewTokens",
+            format!("{} leaves no room for the prompt in seqLength {}", g.max_new_tokens, b.seq_len),
+        );
     }
     if !(g.temperature.is_finite() && g.temperature > 0.0) {
         e.add("spec.grpo.temperature", format!("{} must be positive", g.temperature));

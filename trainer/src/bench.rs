@@ -72,10 +72,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
     optim::set_sdp_backend(o.attention)?;
     let act = if autocast { Kind::BFloat16 } else { kind };
-    let q = Tensor::f_zeros([o.micro_batch, model_cfg.n_head as i64, o.seq, model_cfg.d_head as i64], (act, o.device))?;
-    let k = Tensor::f_zeros([o.micro_batch, model_cfg.n_kv_head as i64, o.seq, model_cfg.d_head as i64], (act, o.device))?;
-    let backend = optim::check_sdp_backend(o.attention, &q, &k, &k, true, model_cfg.n_kv_head != model_cfg.n_head)?;
-    drop((q, k));
+    let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
     let vocab = model_cfg.vocab_size as i64;
     let mut step = || -> Result<Tensor, Error> {

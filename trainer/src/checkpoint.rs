@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tch::{Device, Tensor};
 
-use crate::Error;
+use crate::{Error, io_err};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -151,7 +151,7 @@ impl Checkpointer {
     /// counts as 1: the checkpoint just written is never deleted.
     pub fn new(dir: impl Into<PathBuf>, keep_last: u32) -> Result<Self> {
         let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         Ok(Checkpointer { dir, keep_last: keep_last.max(1) as usize, pending: None })
     }
 
@@ -189,7 +189,7 @@ impl Checkpointer {
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || write_checkpoint(&dir, keep_last, model, optimizer, state))
-            .map_err(|e| io_err(&self.dir, e))?;
+            .map_err(io_err(&self.dir))?;
         self.pending = Some(handle);
         Ok(previous)
     }
@@ -273,7 +273,7 @@ pub fn latest_valid(dir: impl AsRef<Path>) -> Result<Option<Loaded>> {
 /// safetensors file (loaded as is).
 pub fn load_weights(path: impl AsRef<Path>) -> Result<HashMap<String, Tensor>> {
     let path = path.as_ref();
-    let meta = fs::metadata(path).map_err(|e| io_err(path, e))?;
+    let meta = fs::metadata(path).map_err(io_err(path))?;
     if meta.is_file() {
         return read_tensors(path).map_err(|message| Error::Checkpoint { path: path.into(), message });
     }
@@ -301,9 +301,9 @@ fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
     let steps = match step_dirs(dir) {
         Ok(steps) => steps,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(dir, e)),
+        Err(e) => return Err(io_err(dir)(e)),
     };
-    for tmp in tmp_entries(dir).map_err(|e| io_err(dir, e))?.into_iter().filter(|p| !is_live(p)) {
+    for tmp in tmp_entries(dir).map_err(io_err(dir))?.into_iter().filter(|p| !is_live(p)) {
         tracing::warn!(path = %tmp.display(), "ignoring unfinished checkpoint write");
     }
     if let Ok(latest) = fs::read_to_string(dir.join(LATEST_FILE)) {
@@ -476,7 +476,7 @@ impl LiveTmp {
         drop(live);
         let claimed = LiveTmp(path);
         // Debris of an earlier process that had the same pid (pids repeat across pod restarts).
-        remove_path(&claimed.0).map_err(|e| io_err(&claimed.0, e))?;
+        remove_path(&claimed.0).map_err(io_err(&claimed.0))?;
         Ok(claimed)
     }
 }
@@ -517,7 +517,7 @@ fn write_checkpoint(
     let name = step_dir_name(state.step);
     let final_dir = dir.join(&name);
     let tmp = LiveTmp::claim(dir.join(format!("{TMP_PREFIX}{name}-{pid}")))?;
-    fs::create_dir(&tmp.0).map_err(|e| io_err(&tmp.0, e))?;
+    fs::create_dir(&tmp.0).map_err(io_err(&tmp.0))?;
 
     state.format_version = FORMAT_VERSION;
     state.files.clear();
@@ -526,7 +526,7 @@ fn write_checkpoint(
         Tensor::write_safetensors(tensors, &path)
             .map_err(|e| Error::Checkpoint { path: path.clone(), message: e.to_string() })?;
         fsync(&path)?;
-        state.files.insert(file.into(), sha256_file(&path).map_err(|e| io_err(&path, e))?);
+        state.files.insert(file.into(), sha256_file(&path).map_err(io_err(&path))?);
     }
     drop((model, optimizer));
     state.time = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
@@ -539,15 +539,15 @@ fn write_checkpoint(
         // A re-save of the same step after a resume: move the old one aside first, so
         // the new one lands with a single rename.
         let old = LiveTmp::claim(dir.join(format!("{TMP_PREFIX}replaced-{name}-{pid}")))?;
-        fs::rename(&final_dir, &old.0).map_err(|e| io_err(&final_dir, e))?;
+        fs::rename(&final_dir, &old.0).map_err(io_err(&final_dir))?;
         if let Err(e) = fs::rename(&tmp.0, &final_dir) {
             let _ = fs::rename(&old.0, &final_dir);
-            return Err(io_err(&final_dir, e));
+            return Err(io_err(&final_dir)(e));
         }
         fsync_dir(dir)?;
         drop(old);
     } else {
-        fs::rename(&tmp.0, &final_dir).map_err(|e| io_err(&final_dir, e))?;
+        fs::rename(&tmp.0, &final_dir).map_err(io_err(&final_dir))?;
         fsync_dir(dir)?;
     }
     drop(tmp);
@@ -555,7 +555,7 @@ fn write_checkpoint(
     let latest_tmp = LiveTmp::claim(dir.join(format!("{TMP_PREFIX}{LATEST_FILE}-{pid}")))?;
     write_file(&latest_tmp.0, format!("{name}\n").as_bytes())?;
     let latest = dir.join(LATEST_FILE);
-    fs::rename(&latest_tmp.0, &latest).map_err(|e| io_err(&latest, e))?;
+    fs::rename(&latest_tmp.0, &latest).map_err(io_err(&latest))?;
     fsync_dir(dir)?;
     drop(latest_tmp);
 
@@ -581,7 +581,7 @@ fn write_checkpoint(
 fn prune(dir: &Path, keep_last: usize, written: u64) -> Result<()> {
     let mut kept = 1;
     let mut doomed = Vec::new();
-    for (step, path) in step_dirs(dir).map_err(|e| io_err(dir, e))?.into_iter().rev() {
+    for (step, path) in step_dirs(dir).map_err(io_err(dir))?.into_iter().rev() {
         if step == written {
             continue;
         }
@@ -591,10 +591,10 @@ fn prune(dir: &Path, keep_last: usize, written: u64) -> Result<()> {
             doomed.push(path);
         }
     }
-    doomed.extend(tmp_entries(dir).map_err(|e| io_err(dir, e))?.into_iter().filter(|p| !is_live(p)));
+    doomed.extend(tmp_entries(dir).map_err(io_err(dir))?.into_iter().filter(|p| !is_live(p)));
     for path in doomed {
         tracing::info!(path = %path.display(), "removing old checkpoint");
-        remove_path(&path).map_err(|e| io_err(&path, e))?;
+        remove_path(&path).map_err(io_err(&path))?;
     }
     Ok(())
 }
@@ -606,25 +606,21 @@ fn looks_complete(dir: &Path) -> bool {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| io_err(path, e))?;
-    f.write_all(bytes).map_err(|e| io_err(path, e))?;
-    f.sync_all().map_err(|e| io_err(path, e))
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(bytes).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
 }
 
 fn fsync(path: &Path) -> Result<()> {
-    File::open(path).and_then(|f| f.sync_all()).map_err(|e| io_err(path, e))
+    File::open(path).and_then(|f| f.sync_all()).map_err(io_err(path))
 }
 
 fn fsync_dir(path: &Path) -> Result<()> {
     match File::open(path).and_then(|f| f.sync_all()) {
         // Some network filesystems cannot fsync a directory; their renames are synchronous.
         Err(e) if matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => Ok(()),
-        other => other.map_err(|e| io_err(path, e)),
+        other => other.map_err(io_err(path)),
     }
-}
-
-fn io_err(path: &Path, source: io::Error) -> Error {
-    Error::Io { path: path.to_path_buf(), source }
 }
 
 #[cfg(test)]

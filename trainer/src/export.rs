@@ -8,7 +8,7 @@ use crds::presets::{Arch, ModelConfig};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use crate::Error;
+use crate::{Error, io_err};
 
 /// GPT-2's Conv1D layers store weights `(d_in, d_out)`; ours are `(d_out, d_in)`.
 fn is_gpt2_conv1d(name: &str) -> bool {
@@ -87,8 +87,7 @@ pub fn hf_config(cfg: &ModelConfig, dtype: Kind) -> Result<Value, Error> {
 
 /// Writes `dir/config.json` and `dir/model.safetensors` from the model's weights.
 pub fn export_hf(cfg: &ModelConfig, weights: &HashMap<String, Tensor>, dir: &Path) -> Result<(), Error> {
-    let io = |e: std::io::Error| Error::Io { path: dir.to_path_buf(), source: e };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let mut names: Vec<&String> = weights.keys().collect();
     names.sort();
     let dtype = weights.values().next().map_or(Kind::Float, |t| t.kind());
@@ -101,7 +100,8 @@ pub fn export_hf(cfg: &ModelConfig, weights: &HashMap<String, Tensor>, dir: &Pat
         })
         .collect::<Result<Vec<_>, tch::TchError>>()?;
     let config = serde_json::to_string_pretty(&hf_config(cfg, dtype)?).expect("config serializes");
-    std::fs::write(dir.join("config.json"), config + "\n").map_err(io)?;
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config + "\n").map_err(io_err(&config_path))?;
     Tensor::write_safetensors(&tensors, dir.join("model.safetensors"))?;
     Ok(())
 }

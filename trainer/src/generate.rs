@@ -2,6 +2,8 @@
 
 use tch::{Kind, TchError, Tensor};
 
+use crate::Error;
+use crate::data::tokenizer::Tokenizer;
 use crate::model::Model;
 
 /// How to pick each next token. `temperature == 0` is greedy.
@@ -68,6 +70,33 @@ pub fn generate(model: &Model, prompt: &Tensor, max_new: usize, s: &Sampling, st
         }
         Ok(seq)
     })
+}
+
+/// `n` completions of `prompt`, each decoded up to its first end-of-text token.
+pub fn complete(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: &str,
+    n: usize,
+    max_new: usize,
+    s: &Sampling,
+    device: tch::Device,
+) -> Result<Vec<String>, Error> {
+    let ids: Vec<i64> = tok.encode(prompt).into_iter().map(i64::from).collect();
+    if ids.is_empty() {
+        return Err(Error::InvalidSpec("--prompt: encodes to no tokens".into()));
+    }
+    let t = ids.len() as i64;
+    let x = Tensor::from_slice(&ids).f_to_device(device)?.f_unsqueeze(0)?.f_expand([n as i64, t], false)?.f_contiguous()?;
+    let out = generate(model, &x, max_new, s, Some(tok.eos_id() as i64))?;
+    let new = out.f_narrow(1, t, out.size()[1] - t)?.f_to_device(tch::Device::Cpu)?;
+    (0..n as i64)
+        .map(|row| {
+            let row = Vec::<i64>::try_from(new.f_get(row)?)?;
+            let row: Vec<u32> = row.into_iter().map(|id| id as u32).take_while(|&id| id != tok.eos_id()).collect();
+            Ok(tok.decode(&row))
+        })
+        .collect()
 }
 
 #[cfg(test)]

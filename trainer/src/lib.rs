@@ -67,6 +67,11 @@ pub enum Error {
     AtStep { step: u64, source: Box<Error> },
 }
 
+/// `map_err` adapter: an I/O error on `path`.
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_path_buf(), source }
+}
+
 /// libtorch's allocators say "CUDA out of memory", "DefaultCPUAllocator: not enough
 /// memory" or "DefaultCPUAllocator: can't allocate memory".
 fn is_oom(message: &str) -> bool {

@@ -7,12 +7,11 @@ use std::time::Instant;
 
 use crds::config::RunConfig;
 use tch::nn::VarStore;
-use tch::{Device, Tensor};
+use tch::Device;
 
-use crate::Error;
+use crate::{Error, io_err};
 use crate::cli::{GenerateArgs, RunArgs};
 use crate::data::corpus::{self, Split};
-use crate::data::tokenizer::Tokenizer;
 use crate::generate::Sampling;
 use crate::model::Model;
 use crate::status::SharedStatus;
@@ -74,15 +73,9 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
 }
 
 fn write_run_file(dir: &Path, cfg: &RunConfig) -> Result<(), Error> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Io { path, source }
-    };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let path = dir.join(RUN_FILE);
-    let tmp = dir.join(format!(".{RUN_FILE}.tmp"));
-    std::fs::write(&tmp, serde_json::to_string_pretty(cfg).expect("RunConfig serializes")).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io(&path))
+    let json = serde_json::to_string_pretty(cfg).expect("RunConfig serializes");
+    crate::data::write_atomic(&path, json.as_bytes()).map_err(io_err(&path))
 }
 
 /// The resolved run of a run directory or of one of its checkpoints.
@@ -92,7 +85,7 @@ fn run_config(checkpoint: &Path) -> Result<RunConfig, Error> {
         path: checkpoint.to_path_buf(),
         message: format!("no {RUN_FILE} here or in the parent directory; is this a `trainer run` output?"),
     })?;
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
     serde_json::from_str(&text)
         .map_err(|e| Error::Checkpoint { path: path.clone(), message: format!("not a resolved run: {e}") })
 }
@@ -109,10 +102,8 @@ fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> 
 
 pub fn eval(checkpoint: &Path) -> Result<(), Error> {
     let (cfg, _vs, model) = load_model(checkpoint)?;
-    let tokenizer = Tokenizer::embedded()?;
-    let Some((mean, per_source)) = train::evaluate_model(&model, &cfg, &tokenizer, Device::Cpu, false)? else {
-        return Err(Error::InvalidSpec(format!("{}: the run has no validation data", checkpoint.display())));
-    };
+    let val = train::validation_mixes(&cfg, &train::load_tokenizer(&cfg)?)?;
+    let (mean, per_source) = train::evaluate(&model, &cfg, &val, Device::Cpu, false)?;
     for (name, loss) in &per_source {
         println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
     }
@@ -122,28 +113,15 @@ pub fn eval(checkpoint: &Path) -> Result<(), Error> {
 
 pub fn generate(args: &GenerateArgs) -> Result<(), Error> {
     let (cfg, _vs, model) = load_model(&args.checkpoint)?;
-    let tokenizer = Tokenizer::embedded()?;
+    let tokenizer = train::load_tokenizer(&cfg)?;
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
         None => corpus::mcq_records(cfg.seed, 1, Split::Validation).remove(0).prompt(),
     };
-    let ids: Vec<i64> = tokenizer.encode(&prompt).into_iter().map(i64::from).collect();
-    if ids.is_empty() {
-        return Err(Error::InvalidSpec("--prompt: encodes to no tokens".into()));
-    }
-    let x = Tensor::from_slice(&ids).f_unsqueeze(0)?.f_expand([args.n as i64, ids.len() as i64], false)?.f_contiguous()?;
     let sampling = Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     tch::manual_seed(args.seed as i64);
-    let out = crate::generate::generate(&model, &x, args.max_new_tokens, &sampling, Some(tokenizer.eos_id() as i64))?;
-    for row in 0..args.n as i64 {
-        let new: Vec<i64> = Vec::<i64>::try_from(out.f_get(row)?.f_narrow(0, ids.len() as i64, out.size()[1] - ids.len() as i64)?)
-            .map_err(Error::Torch)?;
-        let new: Vec<u32> = new.into_iter().map(|t| t as u32).take_while(|&t| t != tokenizer.eos_id()).collect();
-        println!("{prompt}{}", tokenizer.decode(&new));
-        if row + 1 < args.n as i64 {
-            println!("---");
-        }
-    }
+    let samples = crate::generate::complete(&model, &tokenizer, &prompt, args.n, args.max_new_tokens, &sampling, Device::Cpu)?;
+    println!("{}", samples.iter().map(|s| format!("{prompt}{s}")).collect::<Vec<_>>().join("\n---\n"));
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::{Error, io_err};
 use crate::status::{StepReport, unix_now};
 
 /// File name of the log inside the checkpoint directory.
@@ -200,10 +200,6 @@ mod nonfinite {
 /// The log's path in a checkpoint directory.
 pub fn path_in(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
 }
 
 /// Reads every record of a log. A bad line is an error naming the file and line,

@@ -101,7 +101,8 @@ pub struct Trainer {
     model: Model,
     opt: AdamW,
     train: Mix,
-    val: Option<Mix>,
+    /// One validation mix per source.
+    val: Vec<Mix>,
     tokenizer: Tokenizer,
     step: u64,
     tokens: u64,
@@ -130,24 +131,10 @@ impl Trainer {
             tracing::info!("precision: {what}");
         }
 
-        let tokenizer = match &cfg.tokenizer {
-            Location::Embedded { .. } => Tokenizer::embedded()?,
-            Location::Path { path } => Tokenizer::from_file(path)?,
-            other => {
-                return Err(Error::Data {
-                    name: "spec.model.tokenizer".into(),
-                    message: format!("{other:?}: only embedded and local tokenizer.json files can be read by this build"),
-                });
-            }
-        };
-        if tokenizer.vocab_size() > cfg.model.vocab_size as usize {
-            return Err(Error::InvalidSpec(format!(
-                "spec.model.vocabSize {} is smaller than the tokenizer's vocabulary of {}",
-                cfg.model.vocab_size,
-                tokenizer.vocab_size()
-            )));
-        }
-        let (train, val) = load_data(cfg, &tokenizer)?;
+        let tokenizer = load_tokenizer(cfg)?;
+        let train = Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?;
+        let eval_every = cfg.data.as_ref().map_or(0, |d| d.eval_every_steps);
+        let val = if eval_every > 0 { validation_mixes(cfg, &tokenizer)? } else { Vec::new() };
 
         let mut vs = VarStore::new(Device::Cpu);
         let model = {
@@ -186,20 +173,14 @@ impl Trainer {
         Ok(trainer)
     }
 
-    /// Logs the SDPA backend libtorch picks for the model's shapes, and fails when a
+    /// Logs the SDPA backend libtorch picks for the run's shapes, and fails when a
     /// forced `spec.attention` backend cannot run them.
     fn check_attention(&self, kind: Kind) -> Result<(), Error> {
-        let m = &self.cfg.model;
-        let t = self.cfg.batch.seq_len as i64;
-        let b = self.cfg.batch.micro_batch as i64;
         let kind = if self.autocast { Kind::BFloat16 } else { kind };
-        let opts = (kind, self.device);
-        let q = Tensor::f_zeros([b, m.n_head as i64, t, m.d_head as i64], opts)?;
-        let k = Tensor::f_zeros([b, m.n_kv_head as i64, t, m.d_head as i64], opts)?;
-        let gqa = m.n_kv_head != m.n_head;
-        let backend = optim::check_sdp_backend(self.cfg.attention, &q, &k, &k, true, gqa)?;
+        let b = &self.cfg.batch;
+        let backend = attention_backend(&self.cfg.model, self.cfg.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
         if self.opts.rank == 0 && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
-            tracing::info!("attention: SDPA runs the {backend:?} backend for {kind:?} q {:?}", q.size());
+            tracing::info!("attention: SDPA runs the {backend:?} backend in {kind:?}");
         }
         Ok(())
     }
@@ -264,18 +245,15 @@ impl Trainer {
             let _ = Tensor::f_empty([1 << 40], (Kind::Float, self.device))?;
         }
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
+        // An injected NaN enters through the loss scale, so every gradient is NaN.
+        let scale = if self.inject_nan == Some(step) { f64::NAN } else { 1.0 / accum as f64 };
         for m in 0..accum {
             let (x, y) = self.micro_batch(m)?;
-            let scale = 1.0 / accum as f64;
-            let inject = self.inject_nan == Some(step);
             let loss = tch::autocast(self.autocast, || -> Result<Tensor, Error> {
-                if self.cfg.gradient_checkpointing && !inject {
+                if self.cfg.gradient_checkpointing {
                     return Ok(self.model.backward_checkpointed(&x, &y, scale)?);
                 }
-                let mut loss = self.model.loss(&x, &y)?;
-                if inject {
-                    loss = loss.f_mul_scalar(f64::NAN)?;
-                }
+                let loss = self.model.loss(&x, &y)?;
                 loss.f_mul_scalar(scale)?.f_backward()?;
                 Ok(loss.f_detach()?)
             })?;
@@ -305,14 +283,14 @@ impl Trainer {
 
     /// Validation loss per source over `evalTokens`, and their mix-weighted mean.
     pub fn evaluate(&self) -> Result<Option<Evaluation>, Error> {
-        match &self.val {
-            Some(val) => evaluate_mix(&self.model, &self.cfg, val, self.device, self.autocast).map(Some),
-            None => Ok(None),
+        if self.val.is_empty() {
+            return Ok(None);
         }
+        evaluate(&self.model, &self.cfg, &self.val, self.device, self.autocast).map(Some)
     }
 
-    fn payload(&self, loss: Option<f64>) -> Result<Payload, Error> {
-        Ok(Payload {
+    fn payload(&self, loss: Option<f64>) -> Payload {
+        Payload {
             model: sorted_variables(&self.vs),
             optimizer: self.opt.state_tensors(),
             state: TrainState {
@@ -330,24 +308,19 @@ impl Trainer {
                 time: String::new(),
                 files: Default::default(),
             },
-        })
+        }
     }
 
     /// Greedy answer to a validation multiple-choice question: (prompt, completion).
     pub fn sample(&self) -> Result<(String, String), Error> {
         let record = corpus::mcq_records(self.cfg.seed, 1, Split::Validation).remove(0);
         let prompt = record.prompt();
-        let ids: Vec<i64> = self.tokenizer.encode(&prompt).into_iter().map(i64::from).collect();
-        let x = Tensor::from_slice(&ids).f_unsqueeze(0)?.f_to_device(self.device)?;
         let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
-        let out = tch::autocast(self.autocast, || {
-            generate::generate(&self.model, &x, 24, &greedy, Some(self.tokenizer.eos_id() as i64))
+        let mut out = tch::autocast(self.autocast, || {
+            generate::complete(&self.model, &self.tokenizer, &prompt, 1, 24, &greedy, self.device)
         })?;
-        let new: Vec<i64> = Vec::<i64>::try_from(out.f_narrow(1, ids.len() as i64, out.size()[1] - ids.len() as i64)?.f_squeeze_dim(0)?)
-            .map_err(Error::Torch)?;
-        let new: Vec<u32> = new.into_iter().map(|t| t as u32).take_while(|&t| t != self.tokenizer.eos_id()).collect();
-        let gold = crate::data::corpus::McqRecord::letter(record.answer);
-        Ok((prompt, format!("{} (gold: {gold})", self.tokenizer.decode(&new))))
+        let gold = corpus::McqRecord::letter(record.answer);
+        Ok((prompt, format!("{} (gold: {gold})", out.remove(0))))
     }
 
     /// Trains to the budget (or `stop_after_steps`), checkpointing on schedule, at the
@@ -431,7 +404,7 @@ impl Trainer {
             let stopping = self.step == last_step || stop.load(Ordering::SeqCst);
             if rank0 && every > 0 && self.step.is_multiple_of(every) && !stopping {
                 // Training goes on while the background thread writes.
-                if let Some(done) = checkpointer.save_async(self.payload(last_loss)?)? {
+                if let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
                     self.checkpoint_written(&done, log.as_mut())?;
                     last_checkpoint = Some(done);
                 }
@@ -444,7 +417,7 @@ impl Trainer {
             }
             if last_checkpoint.as_ref().map(|c| c.step) != Some(self.step) && self.step > 0 {
                 self.status.set_phase(TrainerPhase::Checkpointing);
-                let done = checkpointer.save(self.payload(last_loss)?)?;
+                let done = checkpointer.save(self.payload(last_loss))?;
                 self.checkpoint_written(&done, log.as_mut())?;
                 last_checkpoint = Some(done);
             }
@@ -486,23 +459,23 @@ impl Trainer {
     }
 }
 
-/// Validation loss per source of `val` over the run's `evalTokens`, and the
-/// mix-weighted mean.
-pub fn evaluate_mix(model: &Model, cfg: &RunConfig, val: &Mix, device: Device, autocast: bool) -> Result<Evaluation, Error> {
+/// Validation loss of each one-source mix in `val` over the run's `evalTokens`
+/// (split evenly), and their mean weighted by the mix weights.
+pub fn evaluate(model: &Model, cfg: &RunConfig, val: &[Mix], device: Device, autocast: bool) -> Result<Evaluation, Error> {
     let b = cfg.batch.micro_batch as u64;
     let t = cfg.batch.seq_len as u64;
-    let per_source_samples = (cfg.data.as_ref().map_or(0, |d| d.eval_tokens) / val.sources().len() as u64 / t).max(1);
-    let weights: f64 = val.sources().iter().map(|s| s.weight).sum();
+    let per_source_samples = (cfg.data.as_ref().map_or(0, |d| d.eval_tokens) / val.len().max(1) as u64 / t).max(1);
+    let weights: f64 = val.iter().map(|m| m.sources()[0].weight).sum();
     let mut mean = 0.0;
     let mut per_source = Vec::new();
     tch::no_grad(|| -> Result<(), Error> {
-        for src in val.sources() {
-            let one = Mix::validation(vec![SourceTokens { weight: 1.0, ..src.clone() }], t as usize)?;
-            let n = per_source_samples.min(one.windows()[0]).max(1);
+        for mix in val {
+            let src = &mix.sources()[0];
+            let n = per_source_samples.min(mix.windows()[0]).max(1);
             let (mut total, mut done) = (0.0, 0u64);
             while done < n {
                 let take = (n - done).min(b) as usize;
-                let (x, y, _) = one.batch_tensors(done, take);
+                let (x, y, _) = mix.batch_tensors(done, take);
                 let loss = tch::autocast(autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
                 total += loss.f_double_value(&[])? * take as f64;
                 done += take as u64;
@@ -516,47 +489,81 @@ pub fn evaluate_mix(model: &Model, cfg: &RunConfig, val: &Mix, device: Device, a
     Ok((mean, per_source))
 }
 
-/// Evaluates `model` on the validation split of the run's data.
-pub fn evaluate_model(
-    model: &Model,
-    cfg: &RunConfig,
-    tok: &Tokenizer,
-    device: Device,
-    autocast: bool,
-) -> Result<Option<Evaluation>, Error> {
-    match load_data(cfg, tok)?.1 {
-        Some(val) => evaluate_mix(model, cfg, &val, device, autocast).map(Some),
-        None => Ok(None),
+/// The run's tokenizer (`spec.model.tokenizer`).
+pub fn load_tokenizer(cfg: &RunConfig) -> Result<Tokenizer, Error> {
+    let tokenizer = match &cfg.tokenizer {
+        Location::Embedded { .. } => Tokenizer::embedded()?,
+        Location::Path { path } => Tokenizer::from_file(path)?,
+        other => {
+            return Err(Error::Data {
+                name: "spec.model.tokenizer".into(),
+                message: format!("{other:?}: only embedded and local tokenizer.json files can be read by this build"),
+            });
+        }
+    };
+    if tokenizer.vocab_size() > cfg.model.vocab_size as usize {
+        return Err(Error::InvalidSpec(format!(
+            "spec.model.vocabSize {} is smaller than the tokenizer's vocabulary of {}",
+            cfg.model.vocab_size,
+            tokenizer.vocab_size()
+        )));
     }
+    Ok(tokenizer)
 }
 
-/// The run's training and validation mixes from its data sources.
-fn load_data(cfg: &RunConfig, tok: &Tokenizer) -> Result<(Mix, Option<Mix>), Error> {
+/// One single-source validation mix per data source, in mix order.
+pub fn validation_mixes(cfg: &RunConfig, tok: &Tokenizer) -> Result<Vec<Mix>, Error> {
+    source_tokens(cfg, tok, Split::Validation)?
+        .into_iter()
+        .map(|s| Mix::validation(vec![s], cfg.batch.seq_len as usize))
+        .collect()
+}
+
+/// Token streams of the run's data sources: for training, each source's share of the
+/// budget (epochs repeat past [`MAX_EMBEDDED_TOKENS`]); for validation, its share of
+/// `evalTokens`.
+fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<SourceTokens>, Error> {
     let data = cfg.data.as_ref().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
     let total_weight: f64 = data.mix.iter().map(|s| s.weight).sum();
     let sample = cfg.batch.seq_len as usize + 1;
-    let eval_each = (data.eval_tokens as usize / data.mix.len().max(1)).max(2 * sample);
-    let mut train = Vec::new();
-    let mut val = Vec::new();
-    for src in &data.mix {
-        let Location::Embedded { name } = &src.location else {
-            return Err(Error::Data {
-                name: src.name.clone(),
-                message: format!("{}: this build trains on the embedded corpus only; prepared shards are not readable yet", src.uri),
-            });
-        };
-        let share = src.weight / total_weight;
-        let need = ((cfg.schedule.total_tokens as f64 * share * 1.02) as usize + 16 * sample).min(MAX_EMBEDDED_TOKENS);
-        let tokens = mix::embedded_source_tokens(tok, name, cfg.seed, Split::Train, need)?;
-        train.push(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() });
-        if data.eval_every_steps > 0 {
-            let tokens = mix::embedded_source_tokens(tok, name, cfg.seed, Split::Validation, eval_each + sample)?;
-            val.push(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() });
-        }
-    }
-    let t = cfg.batch.seq_len as usize;
-    let val = if val.is_empty() { None } else { Some(Mix::validation(val, t)?) };
-    Ok((Mix::new(train, t, cfg.seed)?, val))
+    data.mix
+        .iter()
+        .map(|src| {
+            let Location::Embedded { name } = &src.location else {
+                return Err(Error::Data {
+                    name: src.name.clone(),
+                    message: format!(
+                        "{}: this build trains on the embedded corpus only; prepared shards are not readable yet",
+                        src.uri
+                    ),
+                });
+            };
+            let need = match split {
+                Split::Train => {
+                    let share = src.weight / total_weight;
+                    ((cfg.schedule.total_tokens as f64 * share * 1.02) as usize + 16 * sample).min(MAX_EMBEDDED_TOKENS)
+                }
+                Split::Validation => (data.eval_tokens as usize / data.mix.len()).max(2 * sample) + sample,
+            };
+            let tokens = mix::embedded_source_tokens(tok, name, cfg.seed, split, need)?;
+            Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() })
+        })
+        .collect()
+}
+
+/// The SDPA backend libtorch picks for the model's attention at this batch shape,
+/// under `attention`; an error names `spec.attention` when it cannot run.
+pub fn attention_backend(
+    m: &crds::presets::ModelConfig,
+    attention: Attention,
+    micro_batch: i64,
+    seq: i64,
+    kind: Kind,
+    device: Device,
+) -> Result<optim::SdpBackend, Error> {
+    let q = Tensor::f_zeros([micro_batch, m.n_head as i64, seq, m.d_head as i64], (kind, device))?;
+    let k = Tensor::f_zeros([micro_batch, m.n_kv_head as i64, seq, m.d_head as i64], (kind, device))?;
+    optim::check_sdp_backend(attention, &q, &k, &k, true, m.n_kv_head != m.n_head)
 }
 
 /// Variables by name, sorted, so every rank and every checkpoint sees one order.
