@@ -20,6 +20,15 @@ pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
 pub const INIT_MOUNT: &str = "/init";
 /// Kubernetes' default termination message path.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Claims named by `pvc://claim/path` URIs (data, tokenizer, GRPO questions) are
+/// mounted read-only at `PVC_MOUNT_ROOT/<claim>`.
+pub const PVC_MOUNT_ROOT: &str = "/mnt/pvc";
+
+/// Where `pvc://claim/path` is inside a trainer pod.
+pub fn pvc_path(claim: &str, path: &str) -> String {
+    let path = path.trim_matches('/');
+    if path.is_empty() { format!("{PVC_MOUNT_ROOT}/{claim}") } else { format!("{PVC_MOUNT_ROOT}/{claim}/{path}") }
+}
 
 pub mod env {
     pub const MASTER_ADDR: &str = "MASTER_ADDR";
@@ -37,6 +46,25 @@ pub mod env {
     pub const TERMINATION_LOG: &str = "TRAINER_TERMINATION_LOG";
     pub const STATUS_PORT: &str = "TRAINER_STATUS_PORT";
     pub const ATTEMPT: &str = "TRAINER_ATTEMPT";
+    /// Tokenizer and corpus cache directory.
+    pub const CACHE: &str = "TRAINER_CACHE";
+
+    /// Set by the operator from the topology and the Job; `spec.env` may not override them.
+    pub const RESERVED: &[&str] = &[
+        MASTER_ADDR,
+        MASTER_PORT,
+        NNODES,
+        NODE_RANK,
+        NPROC_PER_NODE,
+        RANK,
+        LOCAL_RANK,
+        WORLD_SIZE,
+        JOB_COMPLETION_INDEX,
+        TRAINER_CONFIG,
+        TERMINATION_LOG,
+        STATUS_PORT,
+        ATTEMPT,
+    ];
 }
 
 /// NCCL defaults from seed 000, set on every trainer pod; `spec.env` overrides them.
@@ -135,6 +163,24 @@ impl TerminationMessage {
     }
 }
 
+/// What a trainer pod's termination message says: a [`TerminationMessage`] after a
+/// failure, or the final [`TrainerStatus`] after success (so the operator learns
+/// the last loss and checkpoint even if it never polled rank 0).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExitReport {
+    Failure(TerminationMessage),
+    Success(Box<TrainerStatus>),
+}
+
+impl ExitReport {
+    pub fn parse(text: &str) -> Option<ExitReport> {
+        if let Some(m) = TerminationMessage::parse(text) {
+            return Some(ExitReport::Failure(m));
+        }
+        serde_json::from_str(text.trim()).ok().map(|s| ExitReport::Success(Box::new(s)))
+    }
+}
+
 /// Phase reported by the trainer on `/status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -220,6 +266,31 @@ mod tests {
         assert_eq!(v["tokensPerSecond"], 4096);
         assert_eq!(v["totalSteps"], 100);
         assert_eq!(serde_json::from_value::<TrainerStatus>(v).unwrap(), s);
+    }
+
+    #[test]
+    fn exit_report_tells_failure_from_success() {
+        let fail = TerminationMessage { reason: FailureReason::OutOfMemory, step: Some(3), detail: "CUDA out of memory".into() };
+        assert_eq!(ExitReport::parse(&fail.to_json()), Some(ExitReport::Failure(fail)));
+        let done = TrainerStatus {
+            phase: TrainerPhase::Done,
+            attempt: 1,
+            step: 100,
+            total_steps: 100,
+            tokens: 800,
+            total_tokens: 800,
+            metrics: RunMetrics { loss: Some(1.5), ..Default::default() },
+            last_checkpoint: None,
+        };
+        let json = serde_json::to_string(&done).unwrap();
+        assert_eq!(ExitReport::parse(&json), Some(ExitReport::Success(Box::new(done))));
+        assert_eq!(ExitReport::parse("panicked at src/main.rs"), None);
+    }
+
+    #[test]
+    fn pvc_paths() {
+        assert_eq!(pvc_path("data", "/fineweb/"), "/mnt/pvc/data/fineweb");
+        assert_eq!(pvc_path("data", ""), "/mnt/pvc/data");
     }
 
     #[test]

@@ -95,6 +95,11 @@ pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
     if let Some(q) = &spec.queue_name {
         check_label_value(&mut e, "spec.queueName", q);
     }
+    for (i, var) in spec.env.iter().enumerate() {
+        if crate::contract::env::RESERVED.contains(&var.name.as_str()) {
+            e.add(format!("spec.env[{i}].name"), format!("{} is set by the operator and cannot be overridden", var.name));
+        }
+    }
     if spec.ttl_seconds_after_finished.is_some_and(|t| t < 0) {
         e.add("spec.ttlSecondsAfterFinished", "must not be negative");
     }

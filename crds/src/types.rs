@@ -797,6 +797,10 @@ pub struct Progress {
     /// Progress for display, e.g. "42.1%".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display: Option<String>,
+    /// When `step` last advanced, or when the current attempt started running. A
+    /// Running run whose step has not advanced for failurePolicy.stallTimeout is Stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<Time>,
 }
 
 /// Training metrics.

@@ -395,3 +395,15 @@ fn all_problems_are_reported_at_once() {
         assert!(err.names(f), "{f} missing from {err}");
     }
 }
+
+#[test]
+fn env_cannot_override_the_contract() {
+    let mut r = run();
+    r.spec.env = vec![
+        k8s_openapi::api::core::v1::EnvVar { name: "NCCL_DEBUG".into(), value: Some("INFO".into()), ..Default::default() },
+        k8s_openapi::api::core::v1::EnvVar { name: "NODE_RANK".into(), value: Some("3".into()), ..Default::default() },
+    ];
+    fails(&r, "spec.env[1].name", "set by the operator");
+    r.spec.env.truncate(1);
+    ok(&r);
+}

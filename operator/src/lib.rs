@@ -1,8 +1,79 @@
-//! The TrainingRun operator. The reconcile pipeline (validate → build → apply →
-//! observe → status) lands here; see ARCHITECTURE in the README.
+//! The TrainingRun operator: reconcile is a pipeline of
+//! validate (pure) → build (pure) → apply (SSA) → observe → decide (pure) → status (SSA).
+
+pub mod apply;
+pub mod clock;
+pub mod controller;
+pub mod decide;
+pub mod failure;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod observe;
+pub mod resources;
+pub mod settings;
+pub mod stall;
+pub mod status;
+pub mod validate;
+
+/// Field manager of every server-side apply, and the event reporter.
+pub const MANAGER: &str = "trainingrun-operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
-    InvalidSpec(#[from] crds::InvalidSpec),
+    #[error("{verb} {kind} {namespace}/{name}: {source}")]
+    Kube {
+        verb: &'static str,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("TrainingRun {0} has no namespace")]
+    NoNamespace(String),
+    #[error("finalizer of TrainingRun {name}: {message}")]
+    Finalizer { name: String, message: String },
+    #[error("the TrainingRun CRD {crd} is not installed ({source}); install it with `kubectl apply -f crds/trainingruns.yaml` or `helm install trainingrun-operator charts/trainingrun-operator`")]
+    CrdMissing {
+        crd: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("connecting to the Kubernetes API: {0}")]
+    Connect(#[source] kube::Error),
+    #[error("leader election on Lease {lease}: {message}")]
+    Leader { lease: String, message: String },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("HTTP server on {addr}: {source}")]
+    Http {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{flag}: {message}")]
+    Flag { flag: &'static str, message: String },
+}
+
+impl Error {
+    /// The Event reason this error is reported under.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube { verb: "apply" | "create", .. } => "ApplyFailed",
+            Error::Kube { verb: "delete", .. } => "DeleteFailed",
+            Error::Kube { verb: "apply status", .. } => "StatusUpdateFailed",
+            Error::Kube { .. } => "ApiError",
+            Error::NoNamespace(_) => "InvalidSpec",
+            Error::Finalizer { .. } => "FinalizerFailed",
+            Error::CrdMissing { .. } | Error::Connect(_) => "ApiError",
+            Error::Leader { .. } => "LeaderElectionFailed",
+            Error::Metrics(_) | Error::Http { .. } | Error::Flag { .. } => "OperatorError",
+        }
+    }
+
+    pub(crate) fn kube(verb: &'static str, kind: &'static str, namespace: &str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        move |source| Error::Kube { verb, kind, namespace, name, source }
+    }
 }

@@ -1,0 +1,303 @@
+//! The reconcile pipeline and the kube-runtime Controller that drives it:
+//! validate → build → apply → observe → decide → status.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crds::types::RunPhase;
+use crds::TrainingRun;
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::clock::{Clock, seconds_between};
+use crate::decide::{self, Decision, Observed};
+use crate::metrics::Metrics;
+use crate::observe::{self, StatusClient};
+use crate::resources::{self, Inputs, RUN_LABEL, SUSPENDED_BY_OPERATOR};
+use crate::settings::Settings;
+use crate::status::{self, is_terminal};
+use crate::{Error, MANAGER, apply, validate};
+
+/// Finalizer on every TrainingRun: deletion drops the run's metrics series.
+pub const FINALIZER: &str = "training.puretransformer.dev/cleanup";
+
+/// Per-run memory between reconciles (lost on restart, which only means an early poll).
+#[derive(Clone, Debug, Default)]
+struct Memory {
+    last_poll: Option<Timestamp>,
+    last_write: Option<Timestamp>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub status_client: StatusClient,
+    memory: Mutex<HashMap<String, Memory>>,
+}
+
+impl Context {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, clock: Arc<dyn Clock>) -> Arc<Context> {
+        let reporter = Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            status_client: StatusClient::new(settings.status_timeout),
+            client,
+            settings,
+            metrics,
+            clock,
+            memory: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn memory(&self, uid: &str) -> Memory {
+        self.memory.lock().expect("memory lock").get(uid).cloned().unwrap_or_default()
+    }
+
+    fn remember(&self, uid: &str, f: impl FnOnce(&mut Memory)) {
+        f(self.memory.lock().expect("memory lock").entry(uid.to_string()).or_default());
+    }
+
+    fn forget(&self, uid: &str) {
+        self.memory.lock().expect("memory lock").remove(uid);
+    }
+
+    async fn publish(&self, run: &TrainingRun, warning: bool, reason: &str, note: &str) {
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &run.object_ref(&())).await {
+            tracing::warn!(run = %run.name_any(), "publishing event {reason}: {e}");
+        }
+    }
+}
+
+/// Reconciles one TrainingRun. The finalizer routes deletion to [`cleanup`].
+pub async fn reconcile(run: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = run.namespace().ok_or_else(|| Error::NoNamespace(run.name_any()))?;
+    let api: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, run.clone(), |event| async {
+        match event {
+            finalizer::Event::Apply(run) => pipeline(run, ctx.clone()).await,
+            finalizer::Event::Cleanup(run) => cleanup(run, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer { name: run.name_any(), message: other.to_string() },
+    });
+    ctx.metrics.reconciled(result.is_ok(), started.elapsed().as_secs_f64());
+    result
+}
+
+async fn cleanup(run: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = run.namespace().unwrap_or_default();
+    ctx.metrics.forget_run(&ns, &run.name_any());
+    if let Some(uid) = run.uid() {
+        ctx.forget(&uid);
+    }
+    let retained = run.spec.checkpoint.retain_on_delete;
+    let note = if retained {
+        format!("deleted; PVC {} is kept (checkpoint.retainOnDelete)", resources::pvc_name(&run.name_any()))
+    } else {
+        "deleted with its Job, Service, ConfigMap and checkpoint PVC".into()
+    };
+    ctx.publish(&run, false, "Deleted", &note).await;
+    Ok(Action::await_change())
+}
+
+/// The pipeline for a live run.
+async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = cached.namespace().unwrap_or_default();
+    let name = cached.name_any();
+    let runs: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
+    // The reflector may lag our own status writes; decide on the live object.
+    let Some(run) = runs.get_opt(&name).await.map_err(Error::kube("get", "TrainingRun", &ns, &name))? else {
+        return Ok(Action::await_change());
+    };
+    let uid = run.uid().unwrap_or_default();
+    let now = ctx.clock.now();
+    let old = run.status.clone().unwrap_or_default();
+
+    // 1. validate
+    let cfg = match validate::validate(&run, old.attempt) {
+        Ok(cfg) => cfg,
+        Err(invalid) => {
+            let d = decide::invalid(&run, &invalid, now);
+            return finish(&ctx, &runs, &run, d, now).await;
+        }
+    };
+    let s = &ctx.settings;
+    if !is_terminal(&old) {
+        // 2. build, 3. apply
+        let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
+        apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
+        apply::ensure(&Api::<Service>::namespaced(ctx.client.clone(), &ns), resources::service(&inputs)).await?;
+        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), resources::pvc(&inputs)).await?;
+    }
+
+    // 4. observe
+    let mut obs: Observed = if is_terminal(&old) { Observed::default() } else { observe::observe(&ctx.client, &run, &cfg).await? };
+    let job_name = resources::job_name(&name, cfg.attempt);
+    let rank0_running = obs.pods.iter().any(|p| {
+        p.labels().get(resources::ATTEMPT_LABEL) == Some(&cfg.attempt.to_string())
+            && crate::failure::completion_index(p) == Some(0)
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    });
+    let memory = ctx.memory(&uid);
+    let poll_due = memory.last_poll.is_none_or(|t| seconds_between(t, now) >= s.status_poll_interval.as_secs());
+    if rank0_running && poll_due {
+        let url = s.status_url_for(&name, &ns, &job_name, &resources::service_name(&name));
+        match ctx.status_client.get(&url).await {
+            Ok(t) => obs.trainer = Some(t),
+            Err(e) => tracing::info!(run = %name, "rank 0 status: {e}"),
+        }
+        ctx.remember(&uid, |m| m.last_poll = Some(now));
+    }
+
+    // 5. decide, then act
+    let d = decide::decide(&run, &cfg, &obs, now, s);
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    // Status first: a restart is recorded before its Job goes, so a crash in between
+    // cannot lose or double-count it.
+    let action = finish(&ctx, &runs, &run, d.clone(), now).await?;
+    for stale in &d.delete_jobs {
+        apply::delete(&jobs, &ns, stale).await?;
+    }
+    if let Some(suspend) = d.suspend_job {
+        let current = resources::job_name(&name, d.status.attempt);
+        let queued = run.spec.queue_name.is_some();
+        // A queued Job is handed back to Kueue suspended; Kueue admits it again.
+        let patch = match (suspend, queued) {
+            (true, _) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: "true"}}, "spec": {"suspend": true}}),
+            (false, true) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}}),
+            (false, false) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}, "spec": {"suspend": false}}),
+        };
+        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+        jobs.patch(&current, &pp, &Patch::Merge(&patch)).await.map_err(Error::kube("patch", "Job", &ns, &current))?;
+    }
+    if d.create_job {
+        let mut cfg = cfg.clone();
+        cfg.attempt = d.status.attempt;
+        let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
+        // The ConfigMap carries the attempt the new Job's pods read.
+        apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
+        let suspend = run.spec.suspend || run.spec.queue_name.is_some();
+        apply::ensure(&jobs, resources::job(&inputs, suspend)).await?;
+    }
+    Ok(action)
+}
+
+/// Writes the decided status (rate-limited when only progress moved), emits the
+/// decision's events, updates metrics and picks the requeue.
+async fn finish(ctx: &Context, runs: &Api<TrainingRun>, run: &TrainingRun, d: Decision, now: Timestamp) -> Result<Action, Error> {
+    let ns = run.namespace().unwrap_or_default();
+    let name = run.name_any();
+    let uid = run.uid().unwrap_or_default();
+    let old = run.status.clone().unwrap_or_default();
+    let s = &ctx.settings;
+    let significant = status::significant_change(&old, &d.status);
+    let progressed = old != d.status;
+    let last_write = ctx.memory(&uid).last_write;
+    let write_due = last_write.is_none_or(|t| seconds_between(t, now) >= s.status_write_interval.as_secs());
+    if significant || (progressed && write_due) {
+        let patch = json!({
+            "apiVersion": TrainingRun::api_version(&()),
+            "kind": TrainingRun::kind(&()),
+            "metadata": {"name": name, "resourceVersion": run.resource_version()},
+            "status": d.status,
+        });
+        runs.patch_status(&name, &apply::params(), &Patch::Apply(&patch))
+            .await
+            .map_err(Error::kube("apply status", "TrainingRun", &ns, &name))?;
+        ctx.remember(&uid, |m| m.last_write = Some(now));
+    }
+    for note in &d.notes {
+        ctx.publish(run, note.warning, &note.reason, &note.message).await;
+    }
+    ctx.metrics.observe_run(&ns, &name, &d.status);
+    let requeue = match d.status.phase {
+        Some(RunPhase::Running) => s.status_poll_interval,
+        Some(RunPhase::Succeeded | RunPhase::Failed) if is_terminal(&d.status) => s.requeue_interval,
+        _ if progressed && !significant => s.status_write_interval,
+        Some(RunPhase::Pending) => s.pending_timeout.min(Duration::from_secs(60)),
+        _ => Duration::from_secs(30).min(s.requeue_interval),
+    };
+    Ok(Action::requeue(requeue))
+}
+
+/// Retries with backoff and reports the error on the run.
+pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(run = %run.name_any(), reason = err.reason(), "reconcile failed: {err}");
+    let (run, ctx, reason, message) = (run.clone(), ctx.clone(), err.reason(), err.to_string());
+    // Events are best effort; the error already went to the log.
+    tokio::spawn(async move { ctx.publish(&run, true, reason, &message).await });
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the controller until `shutdown` resolves. `namespace` limits it to one namespace.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let client = ctx.client.clone();
+    fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope>>(c: &Client, ns: &Option<String>) -> Api<K>
+    where
+        K::DynamicType: Default,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(c.clone(), ns),
+            None => Api::all(c.clone()),
+        }
+    }
+    let runs: Api<TrainingRun> = api(&client, &namespace);
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
+    let controller = Controller::new(runs.clone(), watcher::Config::default().any_semantic());
+    let store = controller.store();
+    controller
+        .owns(api::<Job>(&client, &namespace), owned.clone())
+        .owns(api::<ConfigMap>(&client, &namespace), owned.clone())
+        .owns(api::<Service>(&client, &namespace), owned.clone())
+        .owns(api::<PersistentVolumeClaim>(&client, &namespace), owned)
+        .watches(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL), |pod: Pod| {
+            let run = pod.labels().get(RUN_LABEL).cloned();
+            run.map(|r| ObjectRef::<TrainingRun>::new(&r).within(&pod.namespace().unwrap_or_default()))
+        })
+        // A run waiting on `initFrom.trainingRun` wakes when that run changes.
+        .watches(runs, watcher::Config::default(), move |changed: TrainingRun| {
+            let ns = changed.namespace();
+            let name = changed.name_any();
+            store
+                .state()
+                .into_iter()
+                .filter(|r| r.namespace() == ns)
+                .filter(|r| r.spec.init_from.as_ref().and_then(|i| i.training_run.as_deref()) == Some(name.as_str()))
+                .map(|r| ObjectRef::from_obj(&*r))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(run = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!("reconcile: {e}"),
+            }
+        })
+        .await;
+}

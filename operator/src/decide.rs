@@ -1,0 +1,324 @@
+//! The decision, pure: from the run, its resolved config and what was observed, the
+//! new status and the actions that get there (create or delete a Job, suspend or
+//! resume it) plus the events to emit. Idempotent: deciding again on the result
+//! asks for nothing new.
+
+use crds::config::ResolvedInit;
+use crds::contract::TrainerStatus;
+use crds::types::{OnStall, RunPhase, TrainingRunStatus};
+use crds::{InvalidSpec, RunConfig, TrainingRun};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use crate::failure::{self, Verdict};
+use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR, job_name};
+use crate::settings::Settings;
+use crate::stall;
+use crate::status::{self, Cond};
+
+/// State of the run named by `initFrom.trainingRun`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitRun {
+    Missing,
+    Phase(Option<RunPhase>),
+}
+
+/// What the observe step saw.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Every Job of the run, all attempts.
+    pub jobs: Vec<Job>,
+    /// Every pod of the run, all attempts.
+    pub pods: Vec<Pod>,
+    pub init_run: Option<InitRun>,
+    /// Rank 0's `/status`, when it was polled in this reconcile.
+    pub trainer: Option<TrainerStatus>,
+}
+
+/// An event to emit on the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    pub status: TrainingRunStatus,
+    /// Create the Job of `status.attempt`.
+    pub create_job: bool,
+    /// Jobs of earlier attempts (or the failed current one) to delete with their pods.
+    pub delete_jobs: Vec<String>,
+    /// Set `spec.suspend` of the current Job.
+    pub suspend_job: Option<bool>,
+    pub notes: Vec<Note>,
+}
+
+fn attempt_of<K: kube::Resource>(obj: &K) -> Option<u32> {
+    obj.labels().get(ATTEMPT_LABEL)?.parse().ok()
+}
+
+/// Phase, reason and message of the run, before they become status and conditions.
+struct Outcome {
+    phase: RunPhase,
+    reason: String,
+    message: String,
+}
+
+impl Outcome {
+    fn new(phase: RunPhase, reason: &str, message: impl Into<String>) -> Outcome {
+        Outcome { phase, reason: reason.into(), message: message.into() }
+    }
+}
+
+/// A spec the resolver rejected: Failed/InvalidSpec, Accepted=False naming every field.
+pub fn invalid(run: &TrainingRun, err: &InvalidSpec, now: Timestamp) -> Decision {
+    let old = run.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    new.observed_generation = run.metadata.generation;
+    let message = format!("spec is invalid: {err}");
+    let outcome = Outcome::new(RunPhase::Failed, "InvalidSpec", message.clone());
+    let accepted = Cond { type_: "Accepted", status: false, reason: "InvalidSpec".into(), message };
+    finish(run, &old, new, outcome, accepted, None, now, Decision::default())
+}
+
+pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp, settings: &Settings) -> Decision {
+    let old = run.status.clone().unwrap_or_default();
+    let name = run.name_any();
+    let mut new = old.clone();
+    let attempt = old.attempt.max(1);
+    new.attempt = attempt;
+    new.observed_generation = run.metadata.generation;
+    new.topology = Some(cfg.topology.display.clone());
+    new.job_name = Some(job_name(&name, attempt));
+    let p = new.progress.get_or_insert_with(|| status::initial_progress(cfg));
+    p.total_tokens = cfg.schedule.total_tokens;
+    p.total_steps = cfg.schedule.total_steps;
+    let accepted = Cond {
+        type_: "Accepted",
+        status: true,
+        reason: "Accepted".into(),
+        message: format!("{} on {}: {} steps of {} tokens", cfg.model.preset, cfg.topology.display, cfg.schedule.total_steps, cfg.batch.tokens_per_step),
+    };
+    let mut d = Decision::default();
+    if status::is_terminal(&old) {
+        let outcome = Outcome::new(old.phase.unwrap_or(RunPhase::Failed), old.reason.as_deref().unwrap_or(""), main_message(&old));
+        return finish(run, &old, new, outcome, accepted, None, now, d);
+    }
+
+    let current_name = job_name(&name, attempt);
+    let current = obs.jobs.iter().find(|j| j.name_any() == current_name);
+    d.delete_jobs = obs
+        .jobs
+        .iter()
+        .filter(|j| j.name_any() != current_name && j.metadata.deletion_timestamp.is_none())
+        .map(|j| j.name_any())
+        .collect();
+    let stale_pods = obs.pods.iter().filter(|p| attempt_of(*p) != Some(attempt)).count();
+    let pods: Vec<Pod> = obs.pods.iter().filter(|p| attempt_of(*p) == Some(attempt)).cloned().collect();
+    let spec = &run.spec;
+    let mut stall = None;
+
+    let outcome = match current {
+        None if current_name_blocked(obs, &current_name, stale_pods) => Outcome::new(
+            RunPhase::Restarting,
+            old.reason.as_deref().unwrap_or("Restarting"),
+            format!("waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts"),
+        ),
+        None => match (&cfg.init_from, &obs.init_run) {
+            (Some(ResolvedInit::TrainingRun { name: init }), Some(state)) if *state != InitRun::Phase(Some(RunPhase::Succeeded)) => {
+                let now_is = match state {
+                    InitRun::Missing => "does not exist".to_string(),
+                    InitRun::Phase(Some(p)) => format!("is {p:?}"),
+                    InitRun::Phase(None) => "has not started".to_string(),
+                };
+                Outcome::new(RunPhase::Waiting, "WaitingForInitRun", format!("waiting for TrainingRun {init} to succeed; it {now_is}"))
+            }
+            _ => {
+                d.create_job = true;
+                if new.start_time.is_none() {
+                    new.start_time = Some(Time(now));
+                }
+                if spec.suspend {
+                    Outcome::new(RunPhase::Suspended, "Suspended", "suspended by spec.suspend")
+                } else if let Some(q) = &spec.queue_name {
+                    Outcome::new(RunPhase::Pending, "WaitingForQueue", format!("Job {current_name} waits for Kueue to admit it from LocalQueue {q}"))
+                } else if attempt > 1 {
+                    Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), format!("created Job {current_name} for attempt {attempt}"))
+                } else {
+                    Outcome::new(RunPhase::Pending, "JobCreated", format!("created Job {current_name}"))
+                }
+            }
+        },
+        Some(job) => {
+            let suspended = job.spec.as_ref().and_then(|s| s.suspend) == Some(true);
+            let ours = job.annotations().contains_key(SUSPENDED_BY_OPERATOR);
+            if spec.suspend {
+                if !suspended {
+                    d.suspend_job = Some(true);
+                }
+                Outcome::new(RunPhase::Suspended, "Suspended", "suspended by spec.suspend; resuming continues from the last checkpoint")
+            } else if suspended && ours {
+                d.suspend_job = Some(false);
+                Outcome::new(RunPhase::Pending, "Resuming", format!("resuming Job {current_name} from the last checkpoint"))
+            } else if suspended {
+                match &spec.queue_name {
+                    Some(q) => Outcome::new(RunPhase::Pending, "WaitingForQueue", format!("Job {current_name} is suspended until Kueue admits it from LocalQueue {q}")),
+                    None => Outcome::new(RunPhase::Suspended, "JobSuspended", format!("Job {current_name} was suspended outside the operator")),
+                }
+            } else {
+                match failure::classify(job, &pods, cfg, now, settings) {
+                    Verdict::Succeeded { report } => {
+                        if let Some(r) = report {
+                            status::apply_report(&mut new, cfg, &r);
+                        }
+                        status::complete_progress(&mut new, cfg);
+                        new.completion_time = Some(Time(now));
+                        let loss = new.metrics.as_ref().and_then(|m| m.loss).map_or(String::new(), |l| format!("; final loss {l:.4}"));
+                        Outcome::new(RunPhase::Succeeded, "Completed", format!("trained {} tokens in {} steps{loss}", cfg.schedule.total_tokens, cfg.schedule.total_steps))
+                    }
+                    Verdict::Failed { reason, message } => {
+                        new.completion_time = Some(Time(now));
+                        Outcome::new(RunPhase::Failed, &reason, message)
+                    }
+                    Verdict::Restart { reason, message, counts } => restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now),
+                    Verdict::Running => {
+                        let was_running = old.phase == Some(RunPhase::Running) && old.attempt == attempt;
+                        let old_step = old.progress.as_ref().map_or(0, |p| p.step);
+                        if let Some(t) = &obs.trainer {
+                            status::apply_report(&mut new, cfg, t);
+                        }
+                        let p = new.progress.as_mut().expect("set above");
+                        let last = old.progress.as_ref().and_then(|p| p.last_progress_time.as_ref()).map(|t| t.0);
+                        let s = stall::check(was_running, last, old_step, p.step, now, cfg.failure.stall_timeout_seconds);
+                        p.last_progress_time = Some(Time(s.last_progress));
+                        stall = Some(s.clone());
+                        match s.stalled_for {
+                            Some(secs) if cfg.failure.on_stall == OnStall::Restart => {
+                                let message = format!("step {} has not advanced for {}", p.step, status::short_duration(secs));
+                                stall = None;
+                                restart(&mut new, &mut d, cfg, &current_name, "Stalled", &message, true, now)
+                            }
+                            _ => Outcome::new(RunPhase::Running, "Training", format!("{} pod(s) of Job {current_name} running", cfg.topology.nodes)),
+                        }
+                    }
+                    Verdict::Pending { stuck: Some((reason, message)) } => Outcome::new(RunPhase::Pending, &reason, message),
+                    Verdict::Pending { stuck: None } if attempt > 1 && old.phase == Some(RunPhase::Restarting) => {
+                        Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), format!("attempt {attempt} is starting"))
+                    }
+                    Verdict::Pending { stuck: None } => Outcome::new(RunPhase::Pending, "PodsPending", format!("waiting for the pods of Job {current_name} to run")),
+                }
+            }
+        }
+    };
+    finish(run, &old, new, outcome, accepted, stall, now, d)
+}
+
+/// Whether the current attempt's Job must wait: pods of earlier attempts still hold
+/// the hostnames and GPUs.
+fn current_name_blocked(obs: &Observed, current: &str, stale_pods: usize) -> bool {
+    stale_pods > 0 || obs.jobs.iter().any(|j| j.name_any() != current)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn restart(
+    new: &mut TrainingRunStatus,
+    d: &mut Decision,
+    cfg: &RunConfig,
+    job: &str,
+    reason: &str,
+    message: &str,
+    counts: bool,
+    now: Timestamp,
+) -> Outcome {
+    let max = cfg.failure.max_restarts;
+    if counts && new.restarts >= max {
+        new.completion_time = Some(Time(now));
+        return Outcome::new(RunPhase::Failed, "MaxRestartsExceeded", format!("{reason}: {message}; no restarts left after {} (failurePolicy.maxRestarts {max})", new.restarts));
+    }
+    let failed_attempt = new.attempt;
+    new.attempt += 1;
+    if counts {
+        new.restarts += 1;
+    }
+    d.delete_jobs.push(job.to_string());
+    let budget = if counts { format!("restart {} of {max}", new.restarts) } else { "not counted toward maxRestarts".into() };
+    Outcome::new(RunPhase::Restarting, reason, format!("attempt {failed_attempt} failed: {message}; restarting the gang from the last checkpoint as attempt {} ({budget})", new.attempt))
+}
+
+fn main_message(s: &TrainingRunStatus) -> String {
+    let main = match s.phase {
+        Some(RunPhase::Succeeded) => "Succeeded",
+        Some(RunPhase::Failed) => "Failed",
+        Some(RunPhase::Restarting) => "Restarting",
+        Some(RunPhase::Suspended) => "Suspended",
+        _ => "Running",
+    };
+    status::condition(s, main).map(|c| c.message.clone()).unwrap_or_default()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    run: &TrainingRun,
+    old: &TrainingRunStatus,
+    mut new: TrainingRunStatus,
+    o: Outcome,
+    accepted: Cond,
+    stall: Option<stall::Stall>,
+    now: Timestamp,
+    mut d: Decision,
+) -> Decision {
+    let phase = o.phase;
+    new.phase = Some(phase);
+    if new.attempt > 0 {
+        new.job_name = Some(job_name(&run.name_any(), new.attempt));
+    }
+    new.reason = Some(o.reason.clone());
+    let is = |p: RunPhase| phase == p;
+    let cond = |type_: &'static str, status: bool, reason: &str, message: &str| Cond { type_, status, reason: reason.into(), message: message.into() };
+    let attempt_note = format!("attempt {}", new.attempt);
+    let (stalled, stall_reason, stall_message) = match &stall {
+        Some(s) if s.stalled_for.is_some() => {
+            let step = new.progress.as_ref().map_or(0, |p| p.step);
+            (true, "NoProgress", format!("step {step} has not advanced for {}", status::short_duration(s.stalled_for.unwrap_or(0))))
+        }
+        Some(_) => (false, "Progressing", "the step is advancing".to_string()),
+        None => (false, "NotRunning", String::new()),
+    };
+    let running_reason = if is(RunPhase::Running) { "Training" } else { o.reason.as_str() };
+    let conds = [
+        accepted,
+        cond("Running", is(RunPhase::Running), running_reason, &o.message),
+        if is(RunPhase::Restarting) {
+            cond("Restarting", true, &o.reason, &o.message)
+        } else {
+            cond("Restarting", false, if new.attempt > 1 { "Resumed" } else { "FirstAttempt" }, &attempt_note)
+        },
+        if is(RunPhase::Succeeded) { cond("Succeeded", true, &o.reason, &o.message) } else { cond("Succeeded", false, "NotCompleted", "") },
+        if is(RunPhase::Failed) { cond("Failed", true, &o.reason, &o.message) } else { cond("Failed", false, "NoFailure", "") },
+        cond("Stalled", stalled, stall_reason, &stall_message),
+        if is(RunPhase::Suspended) { cond("Suspended", true, &o.reason, &o.message) } else { cond("Suspended", false, "NotSuspended", "") },
+    ];
+    new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
+
+    if old.phase != new.phase || old.reason != new.reason || (old.attempt != new.attempt && old.attempt > 0) {
+        let warning = matches!(phase, RunPhase::Failed | RunPhase::Restarting)
+            || matches!(o.reason.as_str(), "ImagePullBackOff" | "Unschedulable" | "CreateContainerConfigError");
+        d.notes.push(Note { warning, reason: o.reason.clone(), message: o.message.clone() });
+    }
+    let was_stalled = status::condition(old, "Stalled").is_some_and(|c| c.status == "True");
+    if stalled && !was_stalled {
+        d.notes.push(Note { warning: true, reason: "Stalled".into(), message: stall_message });
+    } else if was_stalled && !stalled && is(RunPhase::Running) {
+        d.notes.push(Note { warning: false, reason: "Progressing".into(), message: "the step advances again".into() });
+    }
+    if d.create_job {
+        d.notes.push(Note { warning: false, reason: "JobCreated".into(), message: format!("created Job {} (attempt {})", new.job_name.clone().unwrap_or_default(), new.attempt) });
+    }
+    d.status = new;
+    d
+}

@@ -1,0 +1,54 @@
+//! Operator settings: what the command line and the environment configure.
+
+use std::time::Duration;
+
+/// Everything the reconcile pipeline needs besides the API.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Trainer image for runs that set no `spec.image`.
+    pub trainer_image: String,
+    /// Where rank 0's `/status` is, with `{job}`, `{service}`, `{namespace}`, `{run}`
+    /// and `{port}` filled in.
+    pub status_url: String,
+    /// Poll rank 0 at most this often per run.
+    pub status_poll_interval: Duration,
+    /// Write progress-only status changes at most this often per run.
+    pub status_write_interval: Duration,
+    /// Requeue a run with nothing in flight after this long (a safety net; watches
+    /// drive reconciles).
+    pub requeue_interval: Duration,
+    /// A pod that cannot be scheduled or pull its image for this long is reported.
+    pub pending_timeout: Duration,
+    /// A pod still terminating this long after its deletion deadline is on a lost node.
+    pub lost_node_timeout: Duration,
+    /// Timeout of one rank-0 status request.
+    pub status_timeout: Duration,
+}
+
+pub const DEFAULT_STATUS_URL: &str = "http://{job}-0.{service}.{namespace}.svc:{port}/status";
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            trainer_image: "ghcr.io/puretransformer/trainer:latest".into(),
+            status_url: DEFAULT_STATUS_URL.into(),
+            status_poll_interval: Duration::from_secs(20),
+            status_write_interval: Duration::from_secs(30),
+            requeue_interval: Duration::from_secs(300),
+            pending_timeout: Duration::from_secs(600),
+            lost_node_timeout: Duration::from_secs(60),
+            status_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Settings {
+    pub fn status_url_for(&self, run: &str, namespace: &str, job: &str, service: &str) -> String {
+        self.status_url
+            .replace("{job}", job)
+            .replace("{service}", service)
+            .replace("{namespace}", namespace)
+            .replace("{run}", run)
+            .replace("{port}", &crds::contract::STATUS_PORT.to_string())
+    }
+}
