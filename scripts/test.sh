@@ -14,4 +14,5 @@ export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
-"$PT_VENV_CPU/bin/python" scripts/validate-manifests.py
+cargo build -q --locked -p operator
+"$PT_VENV_CPU/bin/python" scripts/validate-manifests.py --operator "$CARGO_TARGET_DIR/debug/operator"

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Validates the CRD against the official Kubernetes schemas (kubernetes-validate) and
+"""Validates the CRD against the official Kubernetes schemas (kubernetes-validate),
 every example TrainingRun against the CRD's openAPIV3Schema (jsonschema), failing on
-unknown fields as `kubectl apply --validate=strict` does."""
+unknown fields as `kubectl apply --validate=strict` does, and, with --operator BIN,
+every object the operator builds for each example (`operator render`) against the
+official schemas in strict mode."""
 import glob
+import subprocess
 import sys
 
 import jsonschema
@@ -27,6 +30,26 @@ def unknown_fields(obj, schema, path):
         for i, item in enumerate(obj):
             out += unknown_fields(item, schema["items"], f"{path}[{i}]")
     return out
+
+
+def validate_rendered(operator, examples):
+    """ConfigMap, Service, PVC and Job of every example, as the operator builds them."""
+    failed = False
+    for path in examples:
+        out = subprocess.run([operator, "render", path], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"FAIL operator render {path}: {out.stderr.strip()}")
+            failed = True
+            continue
+        for obj in yaml.safe_load_all(out.stdout):
+            what = f"{path} → {obj['kind']} {obj['metadata']['name']}"
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+                print(f"ok   {what}")
+            except kubernetes_validate.ValidationError as e:
+                print(f"FAIL {what}: {e.message} at {'.'.join(map(str, e.path))}")
+                failed = True
+    return failed
 
 
 def main():
@@ -58,6 +81,8 @@ def main():
                 print(f"FAIL {path}: {e}")
         else:
             print(f"ok   {path}")
+    if "--operator" in sys.argv:
+        failed |= validate_rendered(sys.argv[sys.argv.index("--operator") + 1], examples)
     sys.exit(1 if failed else 0)
 
 

@@ -27,6 +27,8 @@ enum LogFormat {
 #[derive(Parser, Debug)]
 #[command(name = "operator", version)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Trainer image for runs that set no spec.image.
     #[arg(long, env = "TRAINER_IMAGE", default_value = "ghcr.io/puretransformer/trainer:latest")]
     trainer_image: String,
@@ -66,6 +68,37 @@ struct Args {
     /// Identity in the election; the pod name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Print the ConfigMap, Service, PVC and Job the operator creates for a
+    /// TrainingRun manifest (attempt 1), as a multi-document YAML stream.
+    Render {
+        /// TrainingRun manifest.
+        manifest: std::path::PathBuf,
+        /// Namespace for a manifest that names none.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+fn render(manifest: &std::path::Path, namespace: &str, trainer_image: &str) -> Result<String, String> {
+    let mut run = crds::manifest::from_file(manifest).map_err(|e| e.to_string())?;
+    run.metadata.namespace.get_or_insert_with(|| namespace.to_string());
+    // Owner references need a uid; the API server assigns the real one.
+    run.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+    let cfg = operator::validate::validate(&run, 1).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let i = operator::resources::Inputs { run: &run, cfg: &cfg, trainer_image };
+    let suspend = run.spec.suspend || run.spec.queue_name.is_some();
+    let docs = [
+        serde_yaml_ng::to_string(&operator::resources::configmap(&i)),
+        serde_yaml_ng::to_string(&operator::resources::service(&i)),
+        serde_yaml_ng::to_string(&operator::resources::pvc(&i)),
+        serde_yaml_ng::to_string(&operator::resources::job(&i, suspend)),
+    ];
+    let docs: Result<Vec<String>, _> = docs.into_iter().collect();
+    Ok(docs.map_err(|e| e.to_string())?.join("---\n"))
 }
 
 fn init_logging(format: LogFormat) {
@@ -149,6 +182,18 @@ async fn main_inner(args: Args) -> Result<(), Error> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Render { manifest, namespace }) = &args.command {
+        return match render(manifest, namespace, &args.trainer_image) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_logging(args.log_format);
     match main_inner(args).await {
         Ok(()) => ExitCode::SUCCESS,
