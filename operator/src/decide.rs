@@ -127,7 +127,7 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
         None if current_name_blocked(obs, &current_name, stale_pods) => Outcome::new(
             RunPhase::Restarting,
             old.reason.as_deref().unwrap_or("Restarting"),
-            format!("waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts"),
+            restart_cause(&old).unwrap_or_else(|| format!("waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts")),
         ),
         None => match (&cfg.init_from, &obs.init_run) {
             (Some(ResolvedInit::TrainingRun { name: init }), Some(state)) if *state != InitRun::Phase(Some(RunPhase::Succeeded)) => {
@@ -148,7 +148,8 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                 } else if let Some(q) = &spec.queue_name {
                     Outcome::new(RunPhase::Pending, "WaitingForQueue", format!("Job {current_name} waits for Kueue to admit it from LocalQueue {q}"))
                 } else if attempt > 1 {
-                    Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), format!("created Job {current_name} for attempt {attempt}"))
+                    let message = restart_cause(&old).unwrap_or_else(|| format!("created Job {current_name} for attempt {attempt}"));
+                    Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
                 } else {
                     Outcome::new(RunPhase::Pending, "JobCreated", format!("created Job {current_name}"))
                 }
@@ -208,7 +209,8 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                     }
                     Verdict::Pending { stuck: Some((reason, message)) } => Outcome::new(RunPhase::Pending, &reason, message),
                     Verdict::Pending { stuck: None } if attempt > 1 && old.phase == Some(RunPhase::Restarting) => {
-                        Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), format!("attempt {attempt} is starting"))
+                        let message = restart_cause(&old).unwrap_or_else(|| format!("attempt {attempt} is starting"));
+                        Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
                     }
                     Verdict::Pending { stuck: None } => Outcome::new(RunPhase::Pending, "PodsPending", format!("waiting for the pods of Job {current_name} to run")),
                 }
@@ -216,6 +218,11 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
         }
     };
     finish(run, &old, new, outcome, accepted, stall, now, d)
+}
+
+/// Why the gang is restarting, kept until the new attempt runs.
+fn restart_cause(old: &TrainingRunStatus) -> Option<String> {
+    status::condition(old, "Restarting").filter(|c| c.status == "True").map(|c| c.message.clone())
 }
 
 /// Whether the current attempt's Job must wait: pods of earlier attempts still hold

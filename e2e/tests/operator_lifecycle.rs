@@ -1,0 +1,628 @@
+//! Full lifecycles through the operator's real reconcile against the stateful fake
+//! API. The test plays the job controller and the kubelet (it creates pods and sets
+//! their states) and rank 0's status endpoint (a small HTTP server).
+
+use std::io::{Read, Write as _};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::contract::{FailureReason, TerminationMessage, TrainerPhase, TrainerStatus};
+use crds::types::{RunMetrics, RunPhase, TrainingRunStatus};
+use crds::TrainingRun;
+use e2e::fake_api::FakeApi;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::CustomResourceExt;
+use operator::clock::ManualClock;
+use operator::controller::{self, Context};
+use operator::metrics::Metrics;
+use operator::settings::Settings;
+use serde_json::{Value, json};
+
+const NS: &str = "ml";
+const TR: &str = "training.puretransformer.dev/v1alpha1";
+
+/// Rank 0's `/status`: answers every request with the current document.
+#[derive(Clone)]
+struct Rank0 {
+    port: u16,
+    doc: Arc<Mutex<Option<TrainerStatus>>>,
+}
+
+impl Rank0 {
+    fn start() -> Rank0 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let doc: Arc<Mutex<Option<TrainerStatus>>> = Arc::new(Mutex::new(None));
+        let served = doc.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                let reply = match &*served.lock().unwrap() {
+                    Some(d) => {
+                        let body = serde_json::to_string(d).unwrap();
+                        format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                    }
+                    None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                };
+                let _ = conn.write_all(reply.as_bytes());
+            }
+        });
+        Rank0 { port, doc }
+    }
+
+    fn report(&self, step: u64, loss: f64) {
+        *self.doc.lock().unwrap() = Some(TrainerStatus {
+            phase: TrainerPhase::Training,
+            attempt: 1,
+            step,
+            total_steps: 100,
+            tokens: step * 8192,
+            total_tokens: 100 * 8192,
+            metrics: RunMetrics { loss: Some(loss), tokens_per_second: Some(4096), ..Default::default() },
+            last_checkpoint: (step >= 10).then(|| crds::types::CheckpointRef {
+                step: step / 10 * 10,
+                tokens: step / 10 * 10 * 8192,
+                uri: format!("/checkpoints/step-{:08}", step / 10 * 10),
+                time: Some("2026-01-01T00:30:00Z".into()),
+            }),
+        });
+    }
+}
+
+struct Harness {
+    fake: FakeApi,
+    clock: ManualClock,
+    metrics: Arc<Metrics>,
+    ctx: Arc<Context>,
+    rank0: Rank0,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let fake = FakeApi::new();
+        fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+        let clock = ManualClock::new("2026-01-01T00:00:00Z".parse().unwrap());
+        let rank0 = Rank0::start();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let ctx = Self::context(&fake, &clock, &metrics, &rank0);
+        Harness { fake, clock, metrics, ctx, rank0 }
+    }
+
+    fn context(fake: &FakeApi, clock: &ManualClock, metrics: &Arc<Metrics>, rank0: &Rank0) -> Arc<Context> {
+        let settings = Settings { status_url: format!("http://127.0.0.1:{}/status", rank0.port), ..Settings::default() };
+        Context::new(fake.client(), settings, metrics.clone(), Arc::new(clock.clone()))
+    }
+
+    /// A new operator process: same cluster, fresh memory.
+    fn restart_operator(&mut self) {
+        self.ctx = Self::context(&self.fake, &self.clock, &self.metrics, &self.rank0);
+    }
+
+    /// `kubectl apply` of a TrainingRun.
+    fn apply(&self, name: &str, spec: &str) {
+        let spec: Value = serde_yaml_ng_value(spec);
+        self.fake.insert(json!({"apiVersion": TR, "kind": "TrainingRun", "metadata": {"name": name, "namespace": NS}, "spec": spec}));
+    }
+
+    fn edit_spec(&self, name: &str, f: impl FnOnce(&mut Value)) {
+        self.fake
+            .update_with(TR, "TrainingRun", Some(NS), name, |o| {
+                f(&mut o["spec"]);
+                let g = o["metadata"]["generation"].as_i64().unwrap_or(1);
+                o["metadata"]["generation"] = json!(g + 1);
+            })
+            .unwrap();
+    }
+
+    async fn reconcile(&self, name: &str) {
+        let api: Api<TrainingRun> = Api::namespaced(self.fake.client(), NS);
+        let run = api.get(name).await.unwrap();
+        controller::reconcile(Arc::new(run), self.ctx.clone()).await.unwrap_or_else(|e| panic!("reconcile {name}: {e}"));
+    }
+
+    /// Reconciles until nothing more is written (at most 6 times).
+    async fn settle(&self, name: &str) {
+        for _ in 0..6 {
+            self.fake.reset_writes();
+            self.reconcile(name).await;
+            if self.fake.writes().is_empty() {
+                return;
+            }
+        }
+        panic!("{name} does not settle: {:?}", self.fake.writes());
+    }
+
+    fn status(&self, name: &str) -> TrainingRunStatus {
+        let run = self.fake.get(TR, "TrainingRun", Some(NS), name).expect("run exists");
+        serde_json::from_value(run["status"].clone()).unwrap_or_default()
+    }
+
+    fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
+        let s = self.status(name);
+        let c = s.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no condition {type_}"));
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    fn job(&self, name: &str) -> Option<Job> {
+        self.fake.get("batch/v1", "Job", Some(NS), name).map(|j| serde_json::from_value(j).unwrap())
+    }
+
+    fn jobs(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.fake.list("batch/v1", "Job", Some(NS)).iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// The job controller: one pod per index, labelled from the template, owned by the Job.
+    fn start_pods(&self, job: &str, phase: &str) {
+        let j = self.fake.get("batch/v1", "Job", Some(NS), job).expect("job exists");
+        let n = j["spec"]["completions"].as_i64().unwrap();
+        for i in 0..n {
+            let pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": format!("{job}-{i}-abcde"), "namespace": NS,
+                    "labels": j["spec"]["template"]["metadata"]["labels"],
+                    "annotations": {"batch.kubernetes.io/job-completion-index": i.to_string()},
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": j["metadata"]["uid"], "controller": true}],
+                    "creationTimestamp": "2026-01-01T00:00:00Z",
+                },
+                "spec": j["spec"]["template"]["spec"],
+                "status": {"phase": phase},
+            });
+            self.fake.insert(pod);
+        }
+    }
+
+    fn pod_status(&self, pod: &str, status: Value) {
+        self.fake.set_status("v1", "Pod", Some(NS), pod, status).unwrap();
+    }
+
+    fn pod_exits(&self, pod: &str, code: i32, reason: &str, message: &str) {
+        self.pod_status(
+            pod,
+            json!({"phase": if code == 0 { "Succeeded" } else { "Failed" }, "containerStatuses": [{
+                "name": "trainer", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"terminated": {"exitCode": code, "reason": reason, "message": message, "finishedAt": "2026-01-01T01:00:00Z"}}
+            }]}),
+        );
+    }
+
+    fn job_condition(&self, job: &str, type_: &str) {
+        self.fake.set_status("batch/v1", "Job", Some(NS), job, json!({"conditions": [{"type": type_, "status": "True"}]})).unwrap();
+    }
+
+    fn pods(&self) -> Vec<String> {
+        self.fake.list("v1", "Pod", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect()
+    }
+
+    /// Events on the run: (type, reason).
+    fn events(&self) -> Vec<(String, String)> {
+        self.fake
+            .list("events.k8s.io/v1", "Event", Some(NS))
+            .iter()
+            .map(|e| (e["type"].as_str().unwrap_or_default().to_string(), e["reason"].as_str().unwrap_or_default().to_string()))
+            .collect()
+    }
+
+    fn has_event(&self, type_: &str, reason: &str) -> bool {
+        self.events().contains(&(type_.to_string(), reason.to_string()))
+    }
+}
+
+fn serde_yaml_ng_value(text: &str) -> Value {
+    // The CRD crate parses YAML; reuse it through a full manifest.
+    let manifest = format!("apiVersion: {TR}\nkind: TrainingRun\nmetadata: {{name: x}}\nspec:\n{text}");
+    let run = crds::manifest::from_yaml(&manifest, "test").unwrap_or_else(|e| panic!("{e}"));
+    serde_json::to_value(run.spec).unwrap()
+}
+
+const SPEC: &str = "  model: {preset: nano}
+  tokens: 819200
+  data:
+    mix: [{name: textbook, weight: 1.0, uri: embedded:textbook}]
+  topology: {nodes: 2, gpusPerNode: 0}
+  batch: {globalTokens: 8192, microBatch: 2, seqLength: 256}
+  checkpoint: {everySteps: 10}
+  failurePolicy: {maxRestarts: 2, stallTimeout: 10m}
+";
+
+/// create → children; pods run; progress; second reconcile writes nothing.
+async fn running(h: &Harness, name: &str) {
+    h.apply(name, SPEC);
+    h.settle(name).await;
+    h.start_pods(&format!("{name}-a1"), "Running");
+    h.rank0.report(5, 3.2);
+    h.settle(name).await;
+    assert_eq!(h.status(name).phase, Some(RunPhase::Running));
+}
+
+#[tokio::test]
+async fn create_builds_every_child_and_a_second_reconcile_writes_nothing() {
+    let h = Harness::new();
+    h.apply("llm", SPEC);
+    h.reconcile("llm").await; // adds the finalizer
+    h.reconcile("llm").await;
+    // Conditions from the first pipeline run on.
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.attempt, s.job_name.as_deref()), (Some(RunPhase::Pending), 1, Some("llm-a1")));
+    assert_eq!(s.conditions.len(), 7);
+    assert_eq!(h.condition("llm", "Accepted").0, "True");
+    let cm: ConfigMap = serde_json::from_value(h.fake.get("v1", "ConfigMap", Some(NS), "llm-config").unwrap()).unwrap();
+    let cfg: crds::RunConfig = serde_json::from_str(&cm.data.unwrap()["run.json"]).unwrap();
+    assert_eq!((cfg.attempt, cfg.topology.world_size, cfg.schedule.total_steps), (1, 2, 100));
+    let svc = h.fake.get("v1", "Service", Some(NS), "llm").unwrap();
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    let pvc = h.fake.get("v1", "PersistentVolumeClaim", Some(NS), "llm-checkpoints").unwrap();
+    assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    let job = h.job("llm-a1").unwrap();
+    let spec = job.spec.clone().unwrap();
+    assert_eq!((spec.completions, spec.parallelism, spec.completion_mode.as_deref()), (Some(2), Some(2), Some("Indexed")));
+    let uid = h.fake.get(TR, "TrainingRun", Some(NS), "llm").unwrap()["metadata"]["uid"].clone();
+    for (kind, api, child) in [("Job", "batch/v1", "llm-a1"), ("ConfigMap", "v1", "llm-config"), ("Service", "v1", "llm"), ("PersistentVolumeClaim", "v1", "llm-checkpoints")] {
+        let o = h.fake.get(api, kind, Some(NS), child).unwrap();
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], uid, "{kind} {child}");
+        let managers: Vec<&str> = o["metadata"]["managedFields"].as_array().map_or(vec![], |m| m.iter().filter_map(|f| f["manager"].as_str()).collect());
+        assert!(managers.iter().all(|m| *m == "trainingrun-operator"), "{kind}: {managers:?}");
+    }
+    assert!(h.has_event("Normal", "JobCreated"));
+    h.settle("llm").await;
+    // Settled: one more reconcile makes no API write at all.
+    h.fake.reset_writes();
+    h.reconcile("llm").await;
+    assert_eq!(h.fake.writes(), vec![]);
+    // The operator never wrote the spec.
+    assert!(h.fake.writes().iter().all(|w| w.subresource.is_some() || w.kind != "TrainingRun"));
+}
+
+#[tokio::test]
+async fn runs_reports_progress_and_succeeds() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    let s = h.status("llm");
+    let p = s.progress.clone().unwrap();
+    assert_eq!((p.step, p.total_steps, p.display.as_deref()), (5, 100, Some("5.0%")));
+    assert_eq!(s.metrics.unwrap().loss, Some(3.2));
+    assert_eq!(h.condition("llm", "Running").0, "True");
+    // Polling is rate-limited: no new poll, no write, until the interval passes.
+    h.rank0.report(20, 2.1);
+    h.fake.reset_writes();
+    h.reconcile("llm").await;
+    assert_eq!(h.fake.writes(), vec![]);
+    h.clock.advance(Duration::from_secs(31));
+    h.reconcile("llm").await;
+    let s = h.status("llm");
+    assert_eq!(s.progress.unwrap().step, 20);
+    assert_eq!(s.last_checkpoint.unwrap().uri, "/checkpoints/step-00000020");
+    let text = h.metrics.render();
+    assert!(text.contains(r#"trainingrun_loss{name="llm",namespace="ml"} 2.1"#), "{text}");
+    assert!(text.contains(r#"trainingrun_last_checkpoint_timestamp_seconds{name="llm",namespace="ml"}"#));
+    // Every index completes.
+    let done = TrainerStatus { phase: TrainerPhase::Done, step: 100, tokens: 819200, ..h.rank0.doc.lock().unwrap().clone().unwrap() };
+    h.pod_exits("llm-a1-0-abcde", 0, "Completed", &serde_json::to_string(&done).unwrap());
+    h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
+    h.job_condition("llm-a1", "Complete");
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.reason.as_deref()), (Some(RunPhase::Succeeded), Some("Completed")));
+    assert_eq!(s.progress.unwrap().percent, 100.0);
+    assert!(s.completion_time.is_some());
+    assert_eq!(h.condition("llm", "Succeeded").0, "True");
+    assert!(h.has_event("Normal", "Completed"));
+    assert!(h.metrics.render().contains(r#"trainingrun_phase{name="llm",namespace="ml",phase="Succeeded"} 1"#));
+}
+
+#[tokio::test]
+async fn nan_fails_the_run_without_a_second_job() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    let msg = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(42), detail: "loss=NaN".into() }.to_json();
+    h.pod_exits("llm-a1-1-abcde", FailureReason::NaNLoss.exit_code(), "Error", &msg);
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.reason.as_deref(), s.attempt, s.restarts), (Some(RunPhase::Failed), Some("NaNLoss"), 1, 0));
+    let (status, reason, message) = h.condition("llm", "Failed");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "NaNLoss"));
+    assert!(message.contains("at step 42"), "{message}");
+    assert_eq!(h.jobs(), vec!["llm-a1"]);
+    assert!(h.has_event("Warning", "NaNLoss"));
+    assert!(h.metrics.render().contains(r#"trainingrun_condition{name="llm",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#));
+    // Failed is final.
+    h.clock.advance(Duration::from_secs(3600));
+    h.settle("llm").await;
+    assert_eq!(h.jobs(), vec!["llm-a1"]);
+}
+
+#[tokio::test]
+async fn cuda_oom_and_host_oom_are_out_of_memory() {
+    let h = Harness::new();
+    running(&h, "cuda").await;
+    let msg = TerminationMessage { reason: FailureReason::OutOfMemory, step: Some(1), detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into() }.to_json();
+    h.pod_exits("cuda-a1-0-abcde", FailureReason::OutOfMemory.exit_code(), "Error", &msg);
+    h.settle("cuda").await;
+    let (_, reason, message) = h.condition("cuda", "Failed");
+    assert_eq!(reason, "OutOfMemory");
+    assert!(message.contains("microBatch") && message.contains("gradientCheckpointing"), "{message}");
+
+    running(&h, "host").await;
+    h.pod_exits("host-a1-1-abcde", 137, "OOMKilled", "");
+    h.settle("host").await;
+    let (status, reason, message) = h.condition("host", "Failed");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "OutOfMemory"));
+    assert!(message.contains("host memory"), "{message}");
+    assert_eq!(h.status("host").attempt, 1);
+}
+
+#[tokio::test]
+async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    h.pod_exits("llm-a1-0-abcde", 1, "Error", "Segmentation fault");
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.attempt, s.restarts, s.job_name.as_deref()), (2, 1, Some("llm-a2")));
+    // The old Job and its pods are gone (cascade), attempt 2 runs with attempt 2's config.
+    assert_eq!(h.jobs(), vec!["llm-a2"]);
+    assert!(h.pods().is_empty(), "{:?}", h.pods());
+    let cm: ConfigMap = serde_json::from_value(h.fake.get("v1", "ConfigMap", Some(NS), "llm-config").unwrap()).unwrap();
+    assert!(cm.data.unwrap()["run.json"].contains("\"attempt\": 2"));
+    let env = h.job("llm-a2").unwrap().spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
+    assert_eq!(env.iter().find(|e| e.name == "TRAINER_ATTEMPT").unwrap().value.as_deref(), Some("2"));
+    assert_eq!(env.iter().find(|e| e.name == "MASTER_ADDR").unwrap().value.as_deref(), Some("llm-a2-0.llm"));
+    assert!(h.has_event("Warning", "PodFailed"));
+    assert_eq!(h.condition("llm", "Restarting").0, "True");
+    h.start_pods("llm-a2", "Running");
+    h.settle("llm").await;
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
+    assert_eq!(h.condition("llm", "Restarting").1, "Resumed");
+    // Two more failures: the second one is over maxRestarts (2).
+    let timeout = TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(30), detail: "allreduce timed out".into() }.to_json();
+    h.pod_exits("llm-a2-1-abcde", FailureReason::CollectiveTimeout.exit_code(), "Error", &timeout);
+    h.settle("llm").await;
+    assert_eq!((h.status("llm").attempt, h.status("llm").restarts), (3, 2));
+    h.start_pods("llm-a3", "Running");
+    h.settle("llm").await;
+    h.pod_exits("llm-a3-0-abcde", 1, "Error", "boom");
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.reason.as_deref(), s.attempt, s.restarts), (Some(RunPhase::Failed), Some("MaxRestartsExceeded"), 3, 2));
+    assert_eq!(h.jobs(), vec!["llm-a3"]);
+    assert!(h.metrics.render().contains(r#"trainingrun_restarts{name="llm",namespace="ml"} 2"#));
+}
+
+#[tokio::test]
+async fn a_disruption_restarts_without_counting() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    h.pod_status(
+        "llm-a1-1-abcde",
+        json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted", "lastTransitionTime": "2026-01-01T00:10:00Z"}]}),
+    );
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.attempt, s.restarts), (Some(RunPhase::Restarting), 2, 0));
+    let (_, reason, message) = h.condition("llm", "Restarting");
+    assert_eq!(reason, "Disruption");
+    assert!(message.contains("PreemptionByScheduler") && message.contains("not counted"), "{message}");
+    assert_eq!(h.jobs(), vec!["llm-a2"]);
+}
+
+#[tokio::test]
+async fn suspend_and_resume() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    h.edit_spec("llm", |s| s["suspend"] = json!(true));
+    h.settle("llm").await;
+    let job = h.job("llm-a1").unwrap();
+    assert_eq!(job.spec.unwrap().suspend, Some(true));
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Suspended));
+    assert_eq!(h.condition("llm", "Suspended").0, "True");
+    // The job controller removes the pods of a suspended Job.
+    for p in h.pods() {
+        h.fake.delete("v1", "Pod", Some(NS), &p).unwrap();
+    }
+    h.settle("llm").await;
+    h.edit_spec("llm", |s| s["suspend"] = json!(false));
+    h.settle("llm").await;
+    let job = h.job("llm-a1").unwrap();
+    assert_eq!(job.spec.unwrap().suspend, Some(false));
+    assert!(!job.metadata.annotations.unwrap_or_default().contains_key("training.puretransformer.dev/suspended-by-operator"));
+    assert_eq!(h.condition("llm", "Suspended").0, "False");
+    h.start_pods("llm-a1", "Running");
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.attempt, s.restarts), (Some(RunPhase::Running), 1, 0));
+}
+
+#[tokio::test]
+async fn kueue_suspension_is_left_to_kueue() {
+    let h = Harness::new();
+    h.apply("q", &format!("{SPEC}  queueName: team-a\n"));
+    h.settle("q").await;
+    let job = h.job("q-a1").unwrap();
+    assert_eq!(job.metadata.labels.unwrap()["kueue.x-k8s.io/queue-name"], "team-a");
+    assert_eq!(job.spec.unwrap().suspend, Some(true));
+    assert_eq!(h.status("q").reason.as_deref(), Some("WaitingForQueue"));
+    h.settle("q").await;
+    assert_eq!(h.job("q-a1").unwrap().spec.unwrap().suspend, Some(true), "the operator never un-suspends Kueue's Job");
+    // Kueue admits it.
+    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(false)).unwrap();
+    h.start_pods("q-a1", "Running");
+    h.settle("q").await;
+    assert_eq!(h.status("q").phase, Some(RunPhase::Running));
+}
+
+#[tokio::test]
+async fn a_run_without_progress_is_stalled() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    for _ in 0..10 {
+        h.clock.advance(Duration::from_secs(61));
+        h.settle("llm").await;
+    }
+    let (status, reason, message) = h.condition("llm", "Stalled");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "NoProgress"));
+    assert!(message.contains("step 5"), "{message}");
+    assert!(h.has_event("Warning", "Stalled"));
+    assert!(h.metrics.render().contains(r#"reason="NoProgress",status="True",type="Stalled"} 1"#));
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
+    h.rank0.report(6, 3.0);
+    h.clock.advance(Duration::from_secs(31));
+    h.settle("llm").await;
+    assert_eq!(h.condition("llm", "Stalled").0, "False");
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_not_accepted_and_gets_no_children() {
+    let h = Harness::new();
+    h.apply("bad", &SPEC.replace("microBatch: 2", "microBatch: 3"));
+    h.settle("bad").await;
+    let (status, reason, message) = h.condition("bad", "Accepted");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
+    assert!(message.contains("spec.batch.globalTokens"), "{message}");
+    assert_eq!(h.status("bad").phase, Some(RunPhase::Failed));
+    assert!(h.jobs().is_empty());
+    assert!(h.fake.list("v1", "ConfigMap", Some(NS)).is_empty());
+    assert!(h.fake.list("v1", "PersistentVolumeClaim", Some(NS)).is_empty());
+    assert!(h.has_event("Warning", "InvalidSpec"));
+    // Fixed: accepted and started.
+    h.edit_spec("bad", |s| s["batch"]["microBatch"] = json!(2));
+    h.settle("bad").await;
+    assert_eq!(h.condition("bad", "Accepted").0, "True");
+    assert_eq!(h.jobs(), vec!["bad-a1"]);
+}
+
+#[tokio::test]
+async fn init_from_waits_for_the_base_run() {
+    let h = Harness::new();
+    h.apply(
+        "tune",
+        "  phase: grpo
+  model: {preset: nano}
+  tokens: 65536
+  topology: {nodes: 1, gpusPerNode: 0}
+  batch: {microBatch: 16, seqLength: 256}
+  initFrom: {trainingRun: base}
+  grpo: {dataset: embedded:mcq, promptsPerStep: 2, generationsPerPrompt: 8, maxNewTokens: 32}
+",
+    );
+    h.settle("tune").await;
+    let s = h.status("tune");
+    assert_eq!((s.phase, s.reason.as_deref()), (Some(RunPhase::Waiting), Some("WaitingForInitRun")));
+    let waiting = h.condition("tune", "Running").2;
+    assert!(waiting.contains("base to succeed; it does not exist"), "{waiting}");
+    assert!(h.jobs().is_empty());
+    running(&h, "base").await;
+    h.settle("tune").await;
+    assert!(h.condition("tune", "Running").2.contains("is Running"));
+    h.job_condition("base-a1", "Complete");
+    h.settle("base").await;
+    h.settle("tune").await;
+    assert_eq!(h.status("tune").phase, Some(RunPhase::Pending));
+    let pod = h.job("tune-a1").unwrap().spec.unwrap().template.spec.unwrap();
+    let init = pod.volumes.unwrap().into_iter().find(|v| v.name == "init").unwrap().persistent_volume_claim.unwrap();
+    assert_eq!((init.claim_name.as_str(), init.read_only), ("base-checkpoints", Some(true)));
+}
+
+#[tokio::test]
+async fn delete_removes_children_unless_checkpoints_are_retained() {
+    let h = Harness::new();
+    running(&h, "gone").await;
+    h.apply("kept", &SPEC.replace("checkpoint: {everySteps: 10}", "checkpoint: {everySteps: 10, retainOnDelete: true}"));
+    h.settle("kept").await;
+    for name in ["gone", "kept"] {
+        h.fake.delete(TR, "TrainingRun", Some(NS), name).unwrap();
+        // The finalizer holds the run until the operator has cleaned up.
+        assert!(h.fake.get(TR, "TrainingRun", Some(NS), name).unwrap()["metadata"]["deletionTimestamp"].is_string());
+        h.reconcile(name).await;
+        assert!(h.fake.get(TR, "TrainingRun", Some(NS), name).is_none(), "{name} is still there");
+    }
+    assert!(h.jobs().is_empty());
+    assert!(h.pods().is_empty());
+    assert!(h.fake.list("v1", "ConfigMap", Some(NS)).is_empty());
+    let pvcs: Vec<String> = h.fake.list("v1", "PersistentVolumeClaim", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(pvcs, vec!["kept-checkpoints"]);
+    assert!(!h.metrics.render().contains(r#"name="gone""#), "the run's series are dropped");
+}
+
+#[tokio::test]
+async fn an_operator_restart_mid_restart_leaves_no_duplicates_or_orphans() {
+    let mut h = Harness::new();
+    running(&h, "llm").await;
+    h.pod_exits("llm-a1-0-abcde", 1, "Error", "boom");
+    // The status write lands, then the operator dies before deleting the Job.
+    h.fake.fail_next("DELETE", "/jobs/llm-a1", 503, 1);
+    let api: Api<TrainingRun> = Api::namespaced(h.fake.client(), NS);
+    let run = api.get("llm").await.unwrap();
+    assert!(controller::reconcile(Arc::new(run), h.ctx.clone()).await.is_err());
+    assert_eq!((h.status("llm").attempt, h.status("llm").restarts), (2, 1));
+    assert_eq!(h.jobs(), vec!["llm-a1"]);
+    h.restart_operator();
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.attempt, s.restarts), (2, 1), "the restart is counted once");
+    assert_eq!(h.jobs(), vec!["llm-a2"]);
+    assert!(h.pods().is_empty());
+    // A second operator restart changes nothing.
+    h.restart_operator();
+    h.fake.reset_writes();
+    h.settle("llm").await;
+    assert_eq!(h.jobs(), vec!["llm-a2"]);
+}
+
+#[tokio::test]
+async fn the_controller_drives_a_run_through_watches() {
+    let h = Harness::new();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let ctx = h.ctx.clone();
+    let task = tokio::spawn(controller::run(ctx, Some(NS.into()), async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    h.apply("llm", SPEC);
+    let wait = |what: &'static str, f: Box<dyn Fn(&Harness) -> bool>| {
+        let h = &h;
+        async move {
+            for _ in 0..200 {
+                if f(h) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!("timed out waiting for {what}; status {:?}", h.status("llm"));
+        }
+    };
+    wait("the Job", Box::new(|h| h.job("llm-a1").is_some())).await;
+    h.start_pods("llm-a1", "Running");
+    wait("Running", Box::new(|h| h.status("llm").phase == Some(RunPhase::Running))).await;
+    h.pod_exits("llm-a1-0-abcde", 0, "Completed", "");
+    h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
+    h.job_condition("llm-a1", "Complete");
+    wait("Succeeded", Box::new(|h| h.status("llm").phase == Some(RunPhase::Succeeded))).await;
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.expect("graceful shutdown").unwrap();
+}
+
+#[tokio::test]
+async fn only_one_replica_leads() {
+    let fake = FakeApi::new();
+    let election = |id: &str| operator::leader::Election { lease: "trainingrun-operator".into(), namespace: "ops".into(), identity: id.into(), duration: 5 };
+    let (mut a, _ta) = operator::leader::start(fake.client(), &election("a")).await.unwrap();
+    let (mut b, _tb) = operator::leader::start(fake.client(), &election("b")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !*a.borrow_and_update() && !*b.borrow_and_update() {
+            tokio::select! { _ = a.changed() => {}, _ = b.changed() => {} }
+        }
+    })
+    .await
+    .expect("someone leads");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_ne!(*a.borrow(), *b.borrow(), "exactly one leader");
+    let lease = fake.get("coordination.k8s.io/v1", "Lease", Some("ops"), "trainingrun-operator").unwrap();
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap();
+    assert_eq!(holder, if *a.borrow() { "a" } else { "b" });
+}
