@@ -1,5 +1,5 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build ci
+.PHONY: demo test crds cuda-build ci bench-operator
 
 demo: ## the main job: a local training run on the embedded corpus
 	scripts/demo.sh
@@ -15,3 +15,6 @@ cuda-build: ## compile and link the trainer with --features cuda (full torch whe
 
 ci:
 	bash .ci/run
+
+bench-operator: ## reconcile 1,000 TrainingRuns against the fake API: p50/p99 and the operator's RSS
+	. scripts/env.sh && cargo build -q --release --locked -p operator && cargo bench -q --locked -p e2e --bench operator

@@ -36,7 +36,7 @@ fn populate(fake: &FakeApi) {
                     {"name": "finepdfs", "weight": 0.2, "uri": "s3://data/finepdfs"},
                     {"name": "usmle", "weight": 0.1, "uri": "s3://data/usmle"}]},
                 "topology": {"nodes": 2, "gpusPerNode": 8},
-                "batch": {"globalTokens": "1M", "microBatch": 8, "seqLength": 2048}
+                "batch": {"globalTokens": 1048576, "microBatch": 8, "seqLength": 2048}
             }
         }));
     }

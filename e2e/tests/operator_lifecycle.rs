@@ -626,3 +626,12 @@ async fn only_one_replica_leads() {
     let holder = lease["spec"]["holderIdentity"].as_str().unwrap();
     assert_eq!(holder, if *a.borrow() { "a" } else { "b" });
 }
+
+#[tokio::test]
+async fn startup_requires_the_crd() {
+    let fake = FakeApi::new();
+    let err = controller::check_crd(&fake.client()).await.unwrap_err().to_string();
+    assert!(err.contains("trainingruns.training.puretransformer.dev is not installed") && err.contains("kubectl apply -f crds/trainingruns.yaml"), "{err}");
+    fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+    controller::check_crd(&fake.client()).await.unwrap();
+}

@@ -245,6 +245,15 @@ async fn finish(ctx: &Context, runs: &Api<TrainingRun>, run: &TrainingRun, d: De
     Ok(Action::requeue(requeue))
 }
 
+/// Fails with the install command when the TrainingRun CRD is missing.
+pub async fn check_crd(client: &Client) -> Result<(), Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let crd = TrainingRun::crd_name();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.get(crd).await.map(|_| ()).map_err(|source| Error::CrdMissing { crd: crd.to_string(), source })
+}
+
 /// Retries with backoff and reports the error on the run.
 pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(run = %run.name_any(), reason = err.reason(), "reconcile failed: {err}");
@@ -268,7 +277,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl Fu
     }
     let runs: Api<TrainingRun> = api(&client, &namespace);
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
-    let controller = Controller::new(runs.clone(), watcher::Config::default().any_semantic());
+    let controller = Controller::new(runs.clone(), watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
     let store = controller.store();
     controller
         .owns(api::<Job>(&client, &namespace), owned.clone())

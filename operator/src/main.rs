@@ -5,9 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use operator::clock::SystemClock;
 use operator::controller::{self, Context};
 use operator::http::{self, Health};
@@ -56,6 +54,9 @@ struct Args {
     /// Report a pod that cannot be scheduled or pull its image after this long.
     #[arg(long, env = "PENDING_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pending_timeout: Duration,
+    /// Reconciles in flight at once.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    concurrency: u16,
     /// Elect a leader through a Lease, so only one replica reconciles.
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -110,15 +111,9 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn check_crd(client: &Client) -> Result<(), Error> {
-    let crd = crds::TrainingRun::crd_name();
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.get(crd).await.map(|_| ()).map_err(|source| Error::CrdMissing { crd: crd.to_string(), source })
-}
-
 async fn main_inner(args: Args) -> Result<(), Error> {
     let client = Client::try_default().await.map_err(Error::Connect)?;
-    check_crd(&client).await?;
+    controller::check_crd(&client).await?;
     let settings = Settings {
         trainer_image: args.trainer_image,
         status_url: args.status_url,
@@ -126,6 +121,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
         status_write_interval: args.status_write_interval,
         requeue_interval: args.requeue_interval,
         pending_timeout: args.pending_timeout,
+        concurrency: args.concurrency,
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new()?);

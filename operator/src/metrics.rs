@@ -17,6 +17,9 @@ const PHASES: [RunPhase; 7] = [
     RunPhase::Suspended,
 ];
 
+/// (namespace, name)
+type RunKey = (String, String);
+
 pub struct Metrics {
     registry: Registry,
     reconciles: IntCounterVec,
@@ -30,7 +33,7 @@ pub struct Metrics {
     condition: IntGaugeVec,
     last_checkpoint: GaugeVec,
     /// Condition label sets exported per run, so stale ones can be removed.
-    conditions: Mutex<HashMap<(String, String), BTreeSet<[String; 3]>>>,
+    conditions: Mutex<HashMap<RunKey, BTreeSet<[String; 3]>>>,
 }
 
 fn phase_name(p: RunPhase) -> &'static str {

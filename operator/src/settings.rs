@@ -23,6 +23,8 @@ pub struct Settings {
     pub lost_node_timeout: Duration,
     /// Timeout of one rank-0 status request.
     pub status_timeout: Duration,
+    /// Reconciles in flight at once; bounds memory with thousands of runs.
+    pub concurrency: u16,
 }
 
 pub const DEFAULT_STATUS_URL: &str = "http://{job}-0.{service}.{namespace}.svc:{port}/status";
@@ -38,6 +40,7 @@ impl Default for Settings {
             pending_timeout: Duration::from_secs(600),
             lost_node_timeout: Duration::from_secs(60),
             status_timeout: Duration::from_secs(5),
+            concurrency: 16,
         }
     }
 }

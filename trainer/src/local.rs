@@ -52,7 +52,10 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
     };
     let started = Instant::now();
     let status = SharedStatus::from_config(&cfg);
-    let outcome = Trainer::new(&cfg, opts, status)?.run(stop)?;
+    let outcome = Trainer::new(&cfg, opts, status.clone())?.run(stop)?;
+    if status.snapshot().phase == crds::contract::TrainerPhase::Done {
+        crate::status::write_final_report(&status.snapshot());
+    }
     let first = outcome.losses.first().map(|l| l.1);
     let last = outcome.losses.last().map(|l| l.1);
     println!(

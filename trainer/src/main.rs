@@ -1,17 +1,9 @@
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use crds::contract::{TERMINATION_LOG, TerminationMessage, env};
+use crds::contract::TerminationMessage;
 use trainer::cli::{Cli, execute};
-
-/// `TRAINER_TERMINATION_LOG`, else Kubernetes' `/dev/termination-log` when it exists.
-fn termination_log() -> Option<PathBuf> {
-    match std::env::var_os(env::TERMINATION_LOG) {
-        Some(p) if !p.is_empty() => Some(p.into()),
-        _ => Some(PathBuf::from(TERMINATION_LOG)).filter(|p| p.exists()),
-    }
-}
+use trainer::status::termination_log;
 
 fn main() -> ExitCode {
     trainer::progress::init_logging();

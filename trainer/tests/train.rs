@@ -153,6 +153,17 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
     }
 }
 
+#[test]
+fn success_leaves_the_final_status_as_termination_message() {
+    let (code, msg, stderr) = run_bin("success", MANIFEST, &[]);
+    assert_eq!((code, msg), (0, None), "{stderr}");
+    let text = std::fs::read_to_string(std::env::temp_dir().join(format!("trainer-train-success-{}", std::process::id())).join("termination-log")).expect("a final report");
+    let Some(crds::contract::ExitReport::Success(report)) = crds::contract::ExitReport::parse(&text) else { panic!("{text}") };
+    assert_eq!(report.phase, crds::contract::TrainerPhase::Done);
+    assert_eq!(report.step, report.total_steps);
+    assert!(report.metrics.loss.is_some() && report.last_checkpoint.is_some(), "{report:?}");
+}
+
 /// The body of `GET path` from 127.0.0.1:port.
 fn http_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
