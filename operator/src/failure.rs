@@ -401,7 +401,7 @@ pub(crate) mod tests {
     #[test]
     fn pods_stuck_pending_are_reported_after_the_timeout() {
         let pull = pod(0, json!({"phase": "Pending", "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "i", "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope\""}}}]}));
-        let Verdict::Pending { stuck: Some((reason, message)) } = verdict(&job(json!([])), &[pull.clone()]) else { panic!() };
+        let Verdict::Pending { stuck: Some((reason, message)) } = verdict(&job(json!([])), std::slice::from_ref(&pull)) else { panic!() };
         assert_eq!(reason, "ImagePullBackOff");
         assert!(message.contains("nope"));
         let unsched = pod(1, json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes have nvidia.com/gpu"}]}));
