@@ -334,7 +334,7 @@ fn finish(
 mod tests {
     use super::*;
     use crate::failure::tests::{exited, job as job_with, running};
-    use crate::resources::testing::{GPU_SPEC, run};
+    use crate::resources::testing::{GPU_SPEC, GRPO_SPEC, run};
     use crds::contract::{FailureReason, TerminationMessage};
     use serde_json::json;
 
@@ -538,16 +538,7 @@ mod tests {
 
     #[test]
     fn waits_for_the_init_run() {
-        let mut r = run(
-            "  phase: grpo
-  model: {preset: tiny}
-  tokens: 1M
-  topology: {nodes: 1, gpusPerNode: 1}
-  batch: {microBatch: 16, seqLength: 512}
-  initFrom: {trainingRun: base}
-  grpo: {dataset: embedded:mcq, maxNewTokens: 64}
-",
-        );
+        let mut r = run(GRPO_SPEC);
         let waiting = |state| Observed { init_run: Some(state), ..Default::default() };
         let d = step(&mut r, &waiting(InitRun::Phase(Some(RunPhase::Running))), t("00:00:00"));
         assert!(!d.create_job);

@@ -293,7 +293,7 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::testing::{GPU_SPEC, run};
+    use crate::resources::testing::{GPU_SPEC, GRPO_SPEC, run};
     use crds::TrainingRun;
 
     fn build_with(r: &TrainingRun, attempt: u32, suspend: bool) -> Job {
@@ -464,16 +464,7 @@ mod tests {
 
     #[test]
     fn init_from_a_run_mounts_its_checkpoints_read_only() {
-        let r = run(
-            "  phase: grpo
-  model: {preset: tiny}
-  tokens: 1M
-  topology: {nodes: 1, gpusPerNode: 1}
-  batch: {microBatch: 16, seqLength: 512}
-  initFrom: {trainingRun: base}
-  grpo: {dataset: embedded:mcq, maxNewTokens: 64}
-",
-        );
+        let r = run(GRPO_SPEC);
         let p = pod(&build_with(&r, 1, false));
         let vols: BTreeMap<String, Volume> = p.volumes.unwrap().into_iter().map(|v| (v.name.clone(), v)).collect();
         let init = vols["init"].persistent_volume_claim.clone().unwrap();

@@ -114,6 +114,16 @@ pub(crate) mod testing {
         crds::manifest::from_yaml(&text, "test").unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// GRPO from the final checkpoint of the run `base`.
+    pub const GRPO_SPEC: &str = "  phase: grpo
+  model: {preset: tiny}
+  tokens: 1M
+  topology: {nodes: 1, gpusPerNode: 1}
+  batch: {microBatch: 16, seqLength: 512}
+  initFrom: {trainingRun: base}
+  grpo: {dataset: embedded:mcq, maxNewTokens: 64}
+";
+
     pub const GPU_SPEC: &str = "  model: {preset: tiny}
   tokens: 64M
   data:
