@@ -33,7 +33,7 @@ where
     let name = obj.name_any();
     let ns = obj.namespace().unwrap_or_default();
     let digest = hash(&obj);
-    let live = api.get_opt(&name).await.map_err(Error::kube("get", kind, &ns, &name))?;
+    let live = api.get_opt(&name).await.map_err(Error::kube("get", kind.clone(), &ns, &name))?;
     if live.as_ref().is_some_and(|l| l.annotations().get(APPLIED_HASH) == Some(&digest)) {
         return Ok(false);
     }
@@ -56,18 +56,9 @@ where
     }
 }
 
-pub fn kind_of<K: Resource>() -> &'static str
+fn kind_of<K: Resource>() -> String
 where
     K::DynamicType: Default,
 {
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    match kind.as_str() {
-        "Job" => "Job",
-        "Pod" => "Pod",
-        "Service" => "Service",
-        "ConfigMap" => "ConfigMap",
-        "PersistentVolumeClaim" => "PersistentVolumeClaim",
-        "TrainingRun" => "TrainingRun",
-        _ => "object",
-    }
+    K::kind(&K::DynamicType::default()).into_owned()
 }

@@ -24,7 +24,7 @@ pub enum Error {
     #[error("{verb} {kind} {namespace}/{name}: {source}")]
     Kube {
         verb: &'static str,
-        kind: &'static str,
+        kind: String,
         namespace: String,
         name: String,
         #[source]
@@ -72,8 +72,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn kube(verb: &'static str, kind: &'static str, namespace: &str, name: &str) -> impl FnOnce(kube::Error) -> Error {
-        let (namespace, name) = (namespace.to_string(), name.to_string());
+    pub(crate) fn kube(verb: &'static str, kind: impl Into<String>, namespace: &str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+        let (kind, namespace, name) = (kind.into(), namespace.to_string(), name.to_string());
         move |source| Error::Kube { verb, kind, namespace, name, source }
     }
 }
