@@ -16,7 +16,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 }
 
-/// Compiles csrc/shim.cpp (the ATen calls tch does not expose) against the same
+/// Compiles csrc/ (the ATen and c10d calls tch does not expose) against the same
 /// libtorch that torch-sys links.
 fn build_shim(lib: &Path, cuda: bool) {
     let torch = lib.parent().expect("libtorch lib dir has a parent");
@@ -26,22 +26,41 @@ fn build_shim(lib: &Path, cuda: bool) {
         .cpp(true)
         .std("c++17")
         .file("csrc/shim.cpp")
+        .file("csrc/dist.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
+        .include(gloo_include())
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        // c10d's headers expose the Gloo (and, with cuda, NCCL) process groups only
+        // under these; the symbols themselves are in libtorch_cpu / libtorch_cuda.
+        .define("USE_DISTRIBUTED", None)
+        .define("USE_C10D_GLOO", None)
         // libtorch's headers are noisy under -Wall; the shim's own code is small.
         .warnings(false)
         .flag_if_supported("-Wno-unused-parameter");
     if cuda {
         // The pip wheel keeps the CUDA runtime headers beside torch, not under it.
         let cu13 = cuda_include(torch);
-        build.include(&cu13).define("USE_CUDA", None).define("SHIM_CUDA", None);
+        let nccl = torch.join("../nvidia/nccl/include");
+        if !nccl.join("nccl.h").exists() {
+            panic!("feature `cuda` needs nccl.h at {} (scripts/setup-libtorch.sh cuda installs it)", nccl.display());
+        }
+        build
+            .include(&cu13)
+            .include(&nccl)
+            .define("USE_CUDA", None)
+            .define("USE_C10D_NCCL", None)
+            .define("SHIM_CUDA", None)
+            .define("SHIM_NCCL", None);
     }
     build.compile("trainer_shim");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/guarded.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    println!("cargo:rerun-if-env-changed=GLOO_INCLUDE_DIR");
 }
 
 fn cuda_include(torch: &Path) -> PathBuf {
@@ -49,6 +68,21 @@ fn cuda_include(torch: &Path) -> PathBuf {
     if !dir.join("cuda_runtime_api.h").exists() {
         panic!(
             "feature `cuda` needs the CUDA runtime headers at {} (scripts/setup-libtorch.sh cuda installs them)",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// The Gloo headers c10d's ProcessGroupGloo.hpp includes. The torch wheel ships
+/// none; Debian's libgloo-dev does (only headers are used: every Gloo symbol
+/// resolves from libtorch_cpu). `GLOO_INCLUDE_DIR` points elsewhere.
+fn gloo_include() -> PathBuf {
+    let dir = std::env::var_os("GLOO_INCLUDE_DIR").map_or_else(|| PathBuf::from("/usr/include"), PathBuf::from);
+    if !dir.join("gloo/config.h").exists() {
+        panic!(
+            "the trainer needs the Gloo headers: {}/gloo/config.h is missing. Install them with \
+             `apt-get install libgloo-dev` (scripts/setup-debian.sh does), or set GLOO_INCLUDE_DIR",
             dir.display()
         );
     }

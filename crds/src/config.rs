@@ -70,6 +70,20 @@ pub struct ResolvedTopology {
     pub device: Device,
     /// "4x2"
     pub display: String,
+    /// Gradient bucket size for the data-parallel all-reduce.
+    #[serde(default = "default_bucket_cap_mb")]
+    pub bucket_cap_mb: u32,
+    /// Rendezvous and collective timeout.
+    #[serde(default = "default_collective_timeout_seconds")]
+    pub collective_timeout_seconds: u64,
+}
+
+fn default_bucket_cap_mb() -> u32 {
+    25
+}
+
+fn default_collective_timeout_seconds() -> u64 {
+    600
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,6 +230,9 @@ impl RunConfig {
         let mut c = self.clone();
         c.attempt = 0;
         c.failure = ResolvedFailure { max_restarts: 0, stall_timeout_seconds: 0, on_stall: OnStall::Report };
+        // How ranks talk does not change what they train.
+        c.topology.bucket_cap_mb = 0;
+        c.topology.collective_timeout_seconds = 0;
         let json = serde_json::to_vec(&c).expect("RunConfig serializes");
         let digest = Sha256::digest(&json);
         digest.iter().take(8).map(|b| format!("{b:02x}")).collect()

@@ -248,6 +248,20 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
     if t.gpus_per_node > 0 && t.gpu_resource_name.trim().is_empty() {
         e.add("spec.topology.gpuResourceName", "must not be empty");
     }
+    if !(1..=1024).contains(&t.bucket_cap_mb) {
+        e.add("spec.topology.bucketCapMB", format!("{} is outside 1..=1024", t.bucket_cap_mb));
+    }
+    let timeout = match humantime::parse_duration(t.collective_timeout.trim()) {
+        Ok(d) if d.as_secs() >= 1 => d.as_secs(),
+        Ok(_) => {
+            e.add("spec.topology.collectiveTimeout", format!("{:?} is shorter than 1s", t.collective_timeout));
+            0
+        }
+        Err(err) => {
+            e.add("spec.topology.collectiveTimeout", format!("{:?} is not a duration like \"10m\": {err}", t.collective_timeout));
+            0
+        }
+    };
     if e.0.len() != before {
         return None;
     }
@@ -259,6 +273,8 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
         world_size: t.nodes * procs,
         device: if t.gpus_per_node > 0 { Device::Cuda } else { Device::Cpu },
         display: format!("{}x{}", t.nodes, t.gpus_per_node),
+        bucket_cap_mb: t.bucket_cap_mb,
+        collective_timeout_seconds: timeout,
     })
 }
 

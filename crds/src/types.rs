@@ -300,6 +300,24 @@ pub struct Topology {
     /// Affinity of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// Size of the flat gradient buckets that data parallelism all-reduces while
+    /// backward runs, in MiB (torch DDP's bucket_cap_mb).
+    #[serde(default = "default_bucket_cap_mb", rename = "bucketCapMB")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("bucketCapMB must be between 1 and 1024"))]
+    pub bucket_cap_mb: u32,
+    /// How long rendezvous and each collective may take before the ranks give up
+    /// with reason CollectiveTimeout (a retriable failure), e.g. "10m". A rank that
+    /// dies makes the others fail within this time.
+    #[serde(default = "default_collective_timeout")]
+    pub collective_timeout: String,
+}
+
+fn default_bucket_cap_mb() -> u32 {
+    25
+}
+
+fn default_collective_timeout() -> String {
+    "10m".into()
 }
 
 fn one() -> u32 {
@@ -320,6 +338,8 @@ impl Default for Topology {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             affinity: None,
+            bucket_cap_mb: default_bucket_cap_mb(),
+            collective_timeout: default_collective_timeout(),
         }
     }
 }

@@ -117,6 +117,8 @@ fn fingerprint_ignores_attempt_but_not_training_facts() {
     let a = ok(&run());
     let mut b = a.clone();
     b.attempt = 7;
+    b.topology.collective_timeout_seconds = 60;
+    b.topology.bucket_cap_mb = 100;
     assert_eq!(a.fingerprint(), b.fingerprint());
     b.batch.micro_batch = 4;
     assert_ne!(a.fingerprint(), b.fingerprint());
@@ -363,6 +365,26 @@ fn init_from_rules() {
     let mut r = run();
     r.spec.init_from = Some(InitFrom { training_run: None, uri: Some("pvc://ckpts/run-a/step-000100".into()) });
     assert_eq!(ok(&r).pvc_claims(), vec!["ckpts".to_string()]);
+}
+
+#[test]
+fn data_parallel_settings() {
+    let cfg = ok(&run());
+    assert_eq!((cfg.topology.bucket_cap_mb, cfg.topology.collective_timeout_seconds), (25, 600));
+    let mut r = run();
+    r.spec.topology.collective_timeout = "90s".into();
+    r.spec.topology.bucket_cap_mb = 100;
+    let cfg = ok(&r);
+    assert_eq!((cfg.topology.bucket_cap_mb, cfg.topology.collective_timeout_seconds), (100, 90));
+    let mut r = run();
+    r.spec.topology.collective_timeout = "forever".into();
+    fails(&r, "spec.topology.collectiveTimeout", "not a duration");
+    let mut r = run();
+    r.spec.topology.collective_timeout = "0s".into();
+    fails(&r, "spec.topology.collectiveTimeout", "shorter than 1s");
+    let mut r = run();
+    r.spec.topology.bucket_cap_mb = 0;
+    fails(&r, "spec.topology.bucketCapMB", "outside 1..=1024");
 }
 
 #[test]

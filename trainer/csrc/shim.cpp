@@ -14,6 +14,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "guarded.h"
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -22,29 +24,9 @@
 #include <utility>
 #include <vector>
 
+using shim::guarded;
+
 namespace {
-
-char* dup_message(const char* msg) {
-  size_t n = std::strlen(msg);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) std::memcpy(out, msg, n + 1);
-  return out;
-}
-
-template <typename F>
-char* guarded(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    // what_without_backtrace keeps the message readable in logs.
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception");
-  }
-}
 
 std::vector<at::Tensor> to_list(at::Tensor* const* ts, size_t n, const char* what) {
   std::vector<at::Tensor> out;

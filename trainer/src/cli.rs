@@ -34,6 +34,14 @@ pub enum Command {
     /// Train a TrainingRun manifest locally: resolve it as the operator does, then
     /// train, checkpoint into the output directory and resume from it when rerun.
     Run(RunArgs),
+    /// The pod's entrypoint, like torchrun: start this node's workers (one per GPU, or
+    /// the run's processes per node on CPU) with RANK, LOCAL_RANK and WORLD_SIZE,
+    /// forward SIGTERM, and exit with the first failed worker's code and message.
+    Launch(LaunchArgs),
+    /// One rank of a run, as `trainer launch` starts it (placement from RANK,
+    /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
     /// Validation loss and perplexity of a checkpoint, per data source.
     Eval {
         /// A run's output directory or one checkpoint directory.
@@ -79,6 +87,54 @@ pub struct RunArgs {
     #[arg(long)]
     pub stop_after_steps: Option<u64>,
     /// Skip the sample generation at the end.
+    #[arg(long)]
+    pub no_sample: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LaunchArgs {
+    /// The resolved run (RunConfig JSON) from the run's ConfigMap.
+    #[arg(long, env = "TRAINER_CONFIG", default_value = crds::contract::CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Checkpoints and metrics.jsonl (the run's PVC).
+    #[arg(long, default_value = crds::contract::CHECKPOINT_MOUNT)]
+    pub output: PathBuf,
+    /// Where `initFrom.trainingRun` runs are mounted.
+    #[arg(long, default_value = crds::contract::INIT_MOUNT)]
+    pub init_dir: PathBuf,
+    /// Nodes in the gang [default: spec.topology.nodes].
+    #[arg(long, env = "NNODES")]
+    pub nnodes: Option<u32>,
+    /// This node's index [default: JOB_COMPLETION_INDEX, else 0].
+    #[arg(long, env = "NODE_RANK")]
+    pub node_rank: Option<u32>,
+    /// Workers on this node [default: the run's processes per node].
+    #[arg(long, env = "NPROC_PER_NODE")]
+    pub nproc_per_node: Option<u32>,
+    /// Rank 0's host, where the rendezvous store listens.
+    #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    #[arg(long, env = "MASTER_PORT", default_value_t = crds::contract::RENDEZVOUS_PORT)]
+    pub master_port: u16,
+    /// Rank 0 serves /status, /metrics and /healthz here; other nodes serve /healthz.
+    #[arg(long, env = "TRAINER_STATUS_PORT", default_value_t = crds::contract::STATUS_PORT)]
+    pub status_port: u16,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// The resolved run (RunConfig JSON).
+    #[arg(long)]
+    pub config: PathBuf,
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long)]
+    pub init_dir: PathBuf,
+    /// Rank 0 serves status here.
+    #[arg(long)]
+    pub status_addr: Option<std::net::SocketAddr>,
+    #[arg(long)]
+    pub stop_after_steps: Option<u64>,
     #[arg(long)]
     pub no_sample: bool,
 }
@@ -152,6 +208,13 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Run(args) => crate::local::run(&args),
+        Command::Launch(mut args) => {
+            if args.node_rank.is_none() {
+                args.node_rank = std::env::var(crds::contract::env::JOB_COMPLETION_INDEX).ok().and_then(|v| v.parse().ok());
+            }
+            crate::local::launch(&args)
+        }
+        Command::Worker(args) => crate::local::worker(&args),
         Command::Eval { checkpoint } => crate::local::eval(&checkpoint),
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),

@@ -64,18 +64,26 @@ mod raw {
 }
 
 /// Turns the shim's return value (NULL or a malloc'd message) into a Result.
-fn check(what: &str, err: *mut c_char) -> Result<(), Error> {
+pub(crate) fn check(what: &str, err: *mut c_char) -> Result<(), Error> {
+    match take_message(err) {
+        None => Ok(()),
+        Some(msg) => Err(Error::Shim(format!("{what}: {msg}"))),
+    }
+}
+
+/// The shim's error message, if it returned one (freeing it).
+pub(crate) fn take_message(err: *mut c_char) -> Option<String> {
     if err.is_null() {
-        return Ok(());
+        return None;
     }
     // SAFETY: a non-null return is a NUL-terminated string from strdup-like code in
     // the shim, owned by us until shim_free_string.
     let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
     unsafe { raw::shim_free_string(err) };
-    Err(Error::Shim(format!("{what}: {msg}")))
+    Some(msg)
 }
 
-fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
+pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
     ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
 }
 

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod data;
+pub mod dist;
 pub mod export;
 pub mod ffi;
 pub mod generate;
@@ -59,6 +60,16 @@ pub enum Error {
     /// A plot could not be drawn or written.
     #[error("plot {}: {message}", path.display())]
     Plot { path: PathBuf, message: String },
+    /// A collective failed: a peer died, the network broke, or it timed out.
+    #[error("rank {rank}: {op} failed (timeout {}): {message}", humantime::format_duration(*timeout))]
+    Collective { op: String, rank: u32, timeout: std::time::Duration, message: String },
+    /// The ranks could not meet at the TCPStore.
+    #[error("rank {rank} of {world_size}: rendezvous at {addr} failed: {message}")]
+    Rendezvous { addr: String, rank: u32, world_size: u32, message: String },
+    /// A worker of `trainer launch` failed; its own message is already logged and
+    /// left as the termination message.
+    #[error("worker rank {rank} exited with code {code}")]
+    WorkerFailed { rank: u32, code: i32 },
     #[error("step {step}: non-finite training signal (loss {loss}, gradient norm {grad_norm})")]
     NonFinite { step: u64, loss: f64, grad_norm: f64 },
     #[error("stopped by a signal after step {step}; the checkpoint of that step is saved")]
@@ -91,6 +102,7 @@ impl Error {
             Error::Shim(msg) if is_oom(msg) => Some(FailureReason::OutOfMemory),
             Error::Data { .. } | Error::Tokenizer { .. } => Some(FailureReason::DataError),
             Error::NonFinite { .. } => Some(FailureReason::NaNLoss),
+            Error::Collective { .. } | Error::Rendezvous { .. } => Some(FailureReason::CollectiveTimeout),
             Error::AtStep { source, .. } => source.reason(),
             Error::Torch(_)
             | Error::Shim(_)
@@ -99,7 +111,8 @@ impl Error {
             | Error::MetricsLog { .. }
             | Error::StatusServer { .. }
             | Error::Plot { .. }
-            | Error::Terminated { .. } => None,
+            | Error::Terminated { .. }
+            | Error::WorkerFailed { .. } => None,
         }
     }
 
@@ -125,6 +138,7 @@ impl Error {
         match (self, self.reason()) {
             (_, Some(r)) => r.exit_code() as u8,
             (Error::Terminated { .. }, None) => 143,
+            (Error::WorkerFailed { code, .. }, None) => (*code).clamp(1, 255) as u8,
             _ => 1,
         }
     }

@@ -3,14 +3,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-use crds::config::RunConfig;
+use crds::config::{Device as RunDevice, RunConfig};
 use tch::nn::VarStore;
 use tch::Device;
 
 use crate::{Error, io_err};
-use crate::cli::{GenerateArgs, RunArgs};
+use crate::cli::{GenerateArgs, LaunchArgs, RunArgs, WorkerArgs};
+use crate::dist::Placement;
+use crate::dist::launch::{self, LaunchSpec};
+use crate::status::StatusServer;
 use crate::data::corpus::{self, Split};
 use crate::generate::Sampling;
 use crate::model::Model;
@@ -21,40 +25,181 @@ use crate::train::{self, RunOptions, Trainer};
 /// `export` know the model.
 pub const RUN_FILE: &str = "run.json";
 
+/// `trainer run`: one process in place, or `world_size` local worker processes on
+/// 127.0.0.1 through the same launcher a pod uses.
 pub fn run(args: &RunArgs) -> Result<(), Error> {
     let manifest = crds::manifest::from_file(&args.manifest)?;
     let mut cfg = crds::resolve(&manifest).map_err(|e| Error::InvalidSpec(format!("{}: {e}", args.manifest.display())))?;
-    if cfg.topology.world_size != 1 {
-        return Err(Error::InvalidSpec(format!(
-            "{}: spec.topology asks for {} processes; `trainer run` trains with one process",
-            args.manifest.display(),
-            cfg.topology.world_size
-        )));
-    }
     if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
         cfg.attempt = attempt;
     }
+    if cfg.topology.device == RunDevice::Cuda && !tch::Cuda::is_available() {
+        tracing::warn!(
+            "spec.topology.gpusPerNode is {} but no CUDA device is visible: training {} process(es) on CPU with Gloo",
+            cfg.topology.gpus_per_node,
+            cfg.topology.world_size
+        );
+        cfg.topology.device = RunDevice::Cpu;
+    }
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
     write_run_file(&output, &cfg)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())
-        .map_err(|e| Error::Io { path: "SIGTERM handler".into(), source: e })?;
-    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())
-        .map_err(|e| Error::Io { path: "SIGINT handler".into(), source: e })?;
+    let stop = stop_on_signals()?;
+    let init_dir = output.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    if cfg.topology.world_size > 1 {
+        let mut worker = vec![
+            "worker".into(),
+            "--config".into(),
+            output.join(RUN_FILE).into_os_string(),
+            "--output".into(),
+            output.clone().into_os_string(),
+            "--init-dir".into(),
+            init_dir.into_os_string(),
+            "--status-addr".into(),
+            args.status_addr.to_string().into(),
+        ];
+        if let Some(n) = args.stop_after_steps {
+            worker.extend(["--stop-after-steps".into(), n.to_string().into()]);
+        }
+        if args.no_sample {
+            worker.push("--no-sample".into());
+        }
+        let spec = LaunchSpec {
+            nnodes: 1,
+            node_rank: 0,
+            nproc_per_node: cfg.topology.world_size,
+            master_addr: "127.0.0.1".into(),
+            master_port: free_port()?,
+            worker_args: worker,
+            termination_log: crate::status::termination_log(),
+            grace: LAUNCH_GRACE,
+        };
+        return launch_outcome(launch::launch(&spec, stop)?);
+    }
     let opts = RunOptions {
-        output_dir: output.clone(),
+        output_dir: output,
         status_addr: Some(args.status_addr),
         stop_after_steps: args.stop_after_steps,
         tty: None,
         sample: !args.no_sample,
-        init_dir: output.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
-        rank: 0,
+        init_dir,
+        placement: Placement::single(),
     };
+    train_and_report(&cfg, opts, stop)
+}
+
+/// How long workers get to checkpoint and exit after SIGTERM or a peer's failure.
+const LAUNCH_GRACE: Duration = Duration::from_secs(60);
+
+/// `trainer worker`: one rank, placed by the launcher's environment.
+pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
+    let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
+    let mut cfg: RunConfig = serde_json::from_str(&text)
+        .map_err(|e| Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display())))?;
+    if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
+        cfg.attempt = attempt;
+    }
+    let stop = stop_on_signals()?;
+    let opts = RunOptions {
+        output_dir: args.output.clone(),
+        status_addr: args.status_addr,
+        stop_after_steps: args.stop_after_steps,
+        tty: None,
+        sample: !args.no_sample,
+        init_dir: args.init_dir.clone(),
+        placement: Placement::from_env()?,
+    };
+    train_and_report(&cfg, opts, stop)
+}
+
+/// `trainer launch`: the pod's entrypoint. Starts this node's workers and exits as
+/// the first one that fails.
+pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
+    let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
+    let cfg: RunConfig = serde_json::from_str(&text)
+        .map_err(|e| Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display())))?;
+    let t = &cfg.topology;
+    let nnodes = args.nnodes.unwrap_or(t.nodes);
+    let nproc = args.nproc_per_node.unwrap_or(t.procs_per_node);
+    if nnodes * nproc != t.world_size {
+        return Err(Error::InvalidSpec(format!(
+            "NNODES={nnodes} × NPROC_PER_NODE={nproc} does not match the run's {} processes ({})",
+            t.world_size,
+            args.config.display()
+        )));
+    }
+    let node_rank = args.node_rank.unwrap_or(0);
+    let stop = stop_on_signals()?;
+    let status_addr = SocketAddr::from(([0, 0, 0, 0], args.status_port));
+    // Rank 0's worker serves the status port; elsewhere the launcher answers /healthz.
+    let _health = if node_rank == 0 {
+        None
+    } else {
+        Some(StatusServer::start(status_addr, SharedStatus::from_config(&cfg))?)
+    };
+    let mut worker = vec![
+        "worker".into(),
+        "--config".into(),
+        args.config.clone().into_os_string(),
+        "--output".into(),
+        args.output.clone().into_os_string(),
+        "--init-dir".into(),
+        args.init_dir.clone().into_os_string(),
+    ];
+    if node_rank == 0 {
+        worker.extend(["--status-addr".into(), status_addr.to_string().into()]);
+    }
+    let spec = LaunchSpec {
+        nnodes,
+        node_rank,
+        nproc_per_node: nproc,
+        master_addr: args.master_addr.clone(),
+        master_port: args.master_port,
+        worker_args: worker,
+        termination_log: crate::status::termination_log(),
+        grace: LAUNCH_GRACE,
+    };
+    tracing::info!(node_rank, nnodes, nproc_per_node = nproc, master = %format!("{}:{}", spec.master_addr, spec.master_port), "launching");
+    launch_outcome(launch::launch(&spec, stop)?)
+}
+
+fn launch_outcome(outcome: launch::LaunchOutcome) -> Result<(), Error> {
+    match outcome.failed_rank {
+        None => Ok(()),
+        Some(rank) => Err(Error::WorkerFailed { rank, code: outcome.exit_code }),
+    }
+}
+
+/// A TCP port that was free a moment ago, for a local rendezvous.
+fn free_port() -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err(Path::new("127.0.0.1:0")))?;
+    Ok(listener.local_addr().map_err(io_err(Path::new("127.0.0.1:0")))?.port())
+}
+
+fn stop_on_signals() -> Result<Arc<AtomicBool>, Error> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for (name, signal) in [("SIGTERM", signal_hook::consts::SIGTERM), ("SIGINT", signal_hook::consts::SIGINT)] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|e| Error::Io { path: format!("{name} handler").into(), source: e })?;
+    }
+    Ok(stop)
+}
+
+/// Trains one rank; rank 0 serves status from the start and prints the summary.
+fn train_and_report(cfg: &RunConfig, mut opts: RunOptions, stop: Arc<AtomicBool>) -> Result<(), Error> {
+    let rank0 = opts.placement.rank == 0;
     let started = Instant::now();
-    let status = SharedStatus::from_config(&cfg);
-    let outcome = Trainer::new(&cfg, opts, status.clone())?.run(stop)?;
+    let status = SharedStatus::from_config(cfg);
+    // Up before the slow setup, so readiness and the operator see a live trainer.
+    let _server = match opts.status_addr.take() {
+        Some(addr) if rank0 => Some(StatusServer::start(addr, status.clone())?),
+        _ => None,
+    };
+    let outcome = Trainer::new(cfg, opts, status.clone())?.run(stop)?;
     if status.snapshot().phase == crds::contract::TrainerPhase::Done {
         crate::status::write_final_report(&status.snapshot());
+    }
+    if !rank0 {
+        return Ok(());
     }
     let first = outcome.losses.first().map(|l| l.1);
     let last = outcome.losses.last().map(|l| l.1);
@@ -106,7 +251,7 @@ fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> 
 pub fn eval(checkpoint: &Path) -> Result<(), Error> {
     let (cfg, _vs, model) = load_model(checkpoint)?;
     let val = train::validation_mixes(&cfg, &train::load_tokenizer(&cfg)?)?;
-    let (mean, per_source) = train::evaluate(&model, &cfg, &val, Device::Cpu, false)?;
+    let (mean, per_source) = train::evaluate(&model, &cfg, &val, Device::Cpu, false, None)?;
     for (name, loss) in &per_source {
         println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
     }

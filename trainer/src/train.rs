@@ -17,6 +17,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
+use crate::dist::{self, GradReducer, Placement, ProcessGroup, ReduceOp};
 use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
 use crate::data::corpus::{self, Split};
 use crate::data::mix::{self, Mix, SourceTokens};
@@ -32,6 +33,10 @@ use crate::status::{SharedStatus, StatusServer, StepReport};
 pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
 /// Test-only fault injection: this step allocates far more memory than exists.
 pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
+/// Test-only fault injection: the process SIGKILLs itself at this step.
+pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
+/// Test-only: the injections above apply only to this global rank (default: all).
+pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
 
 /// libtorch's default RNG is process-global: whoever seeds it and then draws (model
 /// init) holds this lock, so two trainers (or tests) in one process cannot interleave.
@@ -59,7 +64,8 @@ pub struct RunOptions {
     /// Where `initFrom.trainingRun` runs are found (`/init` in a pod; their output
     /// directory locally).
     pub init_dir: PathBuf,
-    pub rank: u32,
+    /// This process's rank in the gang; a world size above 1 joins a c10d group.
+    pub placement: Placement,
 }
 
 /// What a finished (or stopped) run reports.
@@ -111,14 +117,36 @@ pub struct Trainer {
     status: SharedStatus,
     inject_nan: Option<u64>,
     inject_oom: Option<u64>,
+    inject_kill: Option<u64>,
+    /// The c10d group and gradient reducer when there is more than one rank.
+    ddp: Option<(Arc<ProcessGroup>, GradReducer)>,
+    /// Raised by SIGTERM in this process.
+    stop: Arc<AtomicBool>,
+    /// Whether any rank asked to stop, as of the last step (agreed with the loss).
+    stop_agreed: bool,
 }
 
 impl Trainer {
     /// Builds everything and resumes from the newest valid checkpoint in the output
     /// directory, or loads `initFrom` weights.
     pub fn new(cfg: &RunConfig, opts: RunOptions, status: SharedStatus) -> Result<Trainer, Error> {
+        let p = opts.placement.clone();
+        if p.world_size != cfg.topology.world_size {
+            return Err(Error::InvalidSpec(format!(
+                "this process is rank {} of {} but spec.topology asks for {} processes",
+                p.rank, p.world_size, cfg.topology.world_size
+            )));
+        }
         let device = match cfg.topology.device {
-            RunDevice::Cuda if tch::Cuda::is_available() => Device::Cuda(0),
+            RunDevice::Cuda if (p.local_rank as i64) < tch::Cuda::device_count() => Device::Cuda(p.local_rank as usize),
+            RunDevice::Cuda if tch::Cuda::is_available() => {
+                return Err(Error::InvalidSpec(format!(
+                    "local rank {} needs CUDA device {} but only {} are visible",
+                    p.local_rank,
+                    p.local_rank,
+                    tch::Cuda::device_count()
+                )));
+            }
             RunDevice::Cuda => {
                 return Err(Error::InvalidSpec(
                     "spec.topology.gpusPerNode > 0 but no CUDA device is visible (or this trainer was built without the `cuda` feature)".into(),
@@ -127,9 +155,20 @@ impl Trainer {
             RunDevice::Cpu => Device::Cpu,
         };
         let (kind, autocast, what) = precision_plan(cfg.precision, device);
-        if opts.rank == 0 {
+        if p.rank == 0 {
             tracing::info!("precision: {what}");
         }
+        // Join first: a rank that cannot meet the others should fail before the slow setup.
+        let group = if p.world_size > 1 {
+            let timeout = std::time::Duration::from_secs(cfg.topology.collective_timeout_seconds);
+            let group = Arc::new(p.join(device, timeout)?);
+            if p.rank == 0 {
+                tracing::info!("joined a {:?} group of {} ranks at {}:{}", group.backend(), p.world_size, p.master_addr, p.master_port);
+            }
+            Some(group)
+        } else {
+            None
+        };
 
         let tokenizer = load_tokenizer(cfg)?;
         let train = Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?;
@@ -165,12 +204,35 @@ impl Trainer {
             data_position: 0,
             resumed_from: None,
             status,
-            inject_nan: env_step(INJECT_NAN_ENV),
-            inject_oom: env_step(INJECT_OOM_ENV),
+            inject_nan: injected(INJECT_NAN_ENV, p.rank),
+            inject_oom: injected(INJECT_OOM_ENV, p.rank),
+            inject_kill: injected(INJECT_KILL_ENV, p.rank),
+            ddp: None,
+            stop: Arc::new(AtomicBool::new(false)),
+            stop_agreed: false,
         };
         trainer.check_attention(kind)?;
-        trainer.restore()?;
+        let loaded = trainer.restore()?;
+        if let Some(group) = group {
+            // Definition order: the reducer buckets it in reverse, as backward runs.
+            let params = trainer.vs.trainable_variables();
+            if let Some(origin) = loaded {
+                dist::check_parameters_agree(&group, &params, &origin)?;
+            }
+            dist::broadcast_parameters(&group, &params)?;
+            let cap = trainer.cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
+            // The checkpointed backward reaches a tied embedding twice, so it reduces at the end.
+            let reducer = GradReducer::new(group.clone(), &params, cap, !trainer.cfg.gradient_checkpointing)?;
+            if trainer.opts.placement.rank == 0 {
+                tracing::info!("data parallel: {} ranks, {} gradient buckets of up to {} MiB", group.world_size(), reducer.n_buckets(), trainer.cfg.topology.bucket_cap_mb);
+            }
+            trainer.ddp = Some((group, reducer));
+        }
         Ok(trainer)
+    }
+
+    fn rank0(&self) -> bool {
+        self.opts.placement.rank == 0
     }
 
     /// Logs the SDPA backend libtorch picks for the run's shapes, and fails when a
@@ -179,7 +241,7 @@ impl Trainer {
         let kind = if self.autocast { Kind::BFloat16 } else { kind };
         let b = &self.cfg.batch;
         let backend = attention_backend(&self.cfg.model, self.cfg.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
-        if self.opts.rank == 0 && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
+        if self.rank0() && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
             tracing::info!("attention: SDPA runs the {backend:?} backend in {kind:?}");
         }
         Ok(())
@@ -189,7 +251,8 @@ impl Trainer {
         &self.opts.output_dir
     }
 
-    fn restore(&mut self) -> Result<(), Error> {
+    /// Resumes or loads initial weights; returns where weights came from, if anywhere.
+    fn restore(&mut self) -> Result<Option<String>, Error> {
         if let Some(loaded) = checkpoint::latest_valid(self.checkpoint_dir())? {
             checkpoint::check_resumable(&loaded.state, &self.cfg.fingerprint(), self.cfg.topology.world_size)?;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
@@ -198,13 +261,13 @@ impl Trainer {
             self.tokens = loaded.state.tokens;
             self.data_position = loaded.state.data_position;
             self.resumed_from = Some(self.step);
-            if self.opts.rank == 0 {
+            if self.rank0() {
                 tracing::info!("resuming from {} at step {} ({} tokens)", loaded.dir.display(), self.step, self.tokens);
             }
-            return Ok(());
+            return Ok(Some(loaded.dir.display().to_string()));
         }
         let source = match &self.cfg.init_from {
-            None => return Ok(()),
+            None => return Ok(None),
             Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
             Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
             Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => {
@@ -219,35 +282,46 @@ impl Trainer {
         };
         let weights = checkpoint::load_weights(&source)?;
         copy_weights(&self.vs, &weights, &source)?;
-        if self.opts.rank == 0 {
+        if self.rank0() {
             tracing::info!("initial weights from {}", source.display());
         }
-        Ok(())
+        Ok(Some(source.display().to_string()))
     }
 
     /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T).
     fn micro_batch(&self, m: u32) -> Result<(Tensor, Tensor), Error> {
         let b = &self.cfg.batch;
         let world = self.cfg.topology.world_size as u64;
-        let first = self.data_position + (m as u64 * world + self.opts.rank as u64) * b.micro_batch as u64;
+        let first = self.data_position + (m as u64 * world + self.opts.placement.rank as u64) * b.micro_batch as u64;
         let (x, y, _) = self.train.batch_tensors(first, b.micro_batch as usize);
         Ok((x.f_to_device(self.device)?, y.f_to_device(self.device)?))
     }
 
-    /// One optimizer step over `grad_accum` micro-batches.
-    pub fn train_step(&mut self) -> Result<StepReport, Error> {
-        let started = Instant::now();
+    /// The forward and backward passes of one optimizer step over `grad_accum`
+    /// micro-batches: leaves every parameter's gradient averaged over micro-batches
+    /// and ranks, and returns this step's mean loss over all ranks (0-dim, f32, on
+    /// the device). With several ranks it also agrees on whether any wants to stop.
+    pub fn compute_gradients(&mut self) -> Result<Tensor, Error> {
         let step = self.step + 1;
         let accum = self.cfg.batch.grad_accum;
-        let lr = self.cfg.schedule.lr_at(self.tokens);
         if self.inject_oom == Some(step) {
             // A real allocation failure through libtorch's allocator.
             let _ = Tensor::f_empty([1 << 40], (Kind::Float, self.device))?;
+        }
+        if self.inject_kill == Some(step) {
+            tracing::warn!(rank = self.opts.placement.rank, "{INJECT_KILL_ENV}: killing this process");
+            // SAFETY: raise(3) on this process; SIGKILL cannot be caught.
+            unsafe { libc::raise(libc::SIGKILL) };
         }
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         // An injected NaN enters through the loss scale, so every gradient is NaN.
         let scale = if self.inject_nan == Some(step) { f64::NAN } else { 1.0 / accum as f64 };
         for m in 0..accum {
+            if m + 1 == accum
+                && let Some((_, reducer)) = &self.ddp
+            {
+                reducer.prepare()?;
+            }
             let (x, y) = self.micro_batch(m)?;
             let loss = tch::autocast(self.autocast, || -> Result<Tensor, Error> {
                 if self.cfg.gradient_checkpointing {
@@ -259,9 +333,26 @@ impl Trainer {
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
         }
+        let loss = loss_sum.f_div_scalar(accum as f64)?;
+        let Some((group, reducer)) = &self.ddp else { return Ok(loss) };
+        reducer.finish()?;
+        // The loss is averaged for reporting, and the stop flags ride along.
+        let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
+        let stats = Tensor::f_stack(&[loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_from_slice(&[stop as f32])?.f_to_device(self.device)?.f_squeeze()?], 0)?;
+        group.allreduce(&stats, ReduceOp::Sum)?.wait()?;
+        self.stop_agreed = stats.f_double_value(&[1])? > 0.0;
+        Ok(stats.f_get(0)?)
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches.
+    pub fn train_step(&mut self) -> Result<StepReport, Error> {
+        let started = Instant::now();
+        let step = self.step + 1;
+        let lr = self.cfg.schedule.lr_at(self.tokens);
+        let loss = self.compute_gradients()?;
         let grad_norm = self.opt.clip_grad_norm(self.cfg.optimizer.grad_clip)?;
         // One host sync per step.
-        let loss = loss_sum.f_div_scalar(accum as f64)?.f_double_value(&[])?;
+        let loss = loss.f_double_value(&[])?;
         let grad_norm = grad_norm.f_double_value(&[])?;
         if !loss.is_finite() || !grad_norm.is_finite() {
             self.status.record_nonfinite();
@@ -286,7 +377,8 @@ impl Trainer {
         if self.val.is_empty() {
             return Ok(None);
         }
-        evaluate(&self.model, &self.cfg, &self.val, self.device, self.autocast).map(Some)
+        let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
+        evaluate(&self.model, &self.cfg, &self.val, self.device, self.autocast, group).map(Some)
     }
 
     fn payload(&self, loss: Option<f64>) -> Payload {
@@ -326,7 +418,8 @@ impl Trainer {
     /// Trains to the budget (or `stop_after_steps`), checkpointing on schedule, at the
     /// end and on SIGTERM.
     pub fn run(mut self, stop: Arc<AtomicBool>) -> Result<Outcome, Error> {
-        let rank0 = self.opts.rank == 0;
+        let rank0 = self.rank0();
+        self.stop = stop;
         let total_steps = self.cfg.schedule.total_steps;
         let last_step = self.opts.stop_after_steps.map_or(total_steps, |s| s.min(total_steps));
         let mut log = if rank0 {
@@ -367,7 +460,7 @@ impl Trainer {
         let mut last_loss = None;
         let every = self.cfg.checkpoint.every_steps as u64;
         let eval_every = self.cfg.data.as_ref().map_or(0, |d| d.eval_every_steps) as u64;
-        while self.step < last_step && !stop.load(Ordering::SeqCst) {
+        while self.step < last_step && !self.stopping() {
             let report = match self.train_step() {
                 Ok(report) => report,
                 Err(e) => {
@@ -401,13 +494,14 @@ impl Trainer {
                 }
                 self.status.set_phase(TrainerPhase::Training);
             }
-            let stopping = self.step == last_step || stop.load(Ordering::SeqCst);
-            if rank0 && every > 0 && self.step.is_multiple_of(every) && !stopping {
+            let stopping = self.step == last_step || self.stopping();
+            if every > 0 && self.step.is_multiple_of(every) && !stopping {
                 // Training goes on while the background thread writes.
-                if let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
+                if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
                     self.checkpoint_written(&done, log.as_mut())?;
                     last_checkpoint = Some(done);
                 }
+                self.barrier()?;
             }
         }
         if rank0 {
@@ -422,7 +516,9 @@ impl Trainer {
                 last_checkpoint = Some(done);
             }
         }
-        let interrupted = stop.load(Ordering::SeqCst) && self.step < last_step;
+        // Nobody leaves before rank 0's last checkpoint is on disk.
+        self.barrier()?;
+        let interrupted = self.stopping() && self.step < last_step;
         if rank0 && self.opts.sample && !interrupted {
             let (prompt, text) = self.sample()?;
             if let Some(log) = log.as_mut() {
@@ -450,6 +546,16 @@ impl Trainer {
         })
     }
 
+    /// Whether to stop: SIGTERM here, or (with several ranks) on any rank, as agreed
+    /// at the last step so that every rank stops after the same step.
+    fn stopping(&self) -> bool {
+        if self.ddp.is_some() { self.stop_agreed } else { self.stop.load(Ordering::SeqCst) }
+    }
+
+    fn barrier(&self) -> Result<(), Error> {
+        self.ddp.as_ref().map_or(Ok(()), |(group, _)| group.barrier())
+    }
+
     fn checkpoint_written(&self, done: &CheckpointRef, log: Option<&mut MetricsLog>) -> Result<(), Error> {
         self.status.record_checkpoint(done.clone());
         if let Some(log) = log {
@@ -460,32 +566,51 @@ impl Trainer {
 }
 
 /// Validation loss of each one-source mix in `val` over the run's `evalTokens`
-/// (split evenly), and their mean weighted by the mix weights.
-pub fn evaluate(model: &Model, cfg: &RunConfig, val: &[Mix], device: Device, autocast: bool) -> Result<Evaluation, Error> {
+/// (split evenly), and their mean weighted by the mix weights. With a group, the
+/// ranks split the batches and every rank gets the totals.
+pub fn evaluate(
+    model: &Model,
+    cfg: &RunConfig,
+    val: &[Mix],
+    device: Device,
+    autocast: bool,
+    group: Option<&ProcessGroup>,
+) -> Result<Evaluation, Error> {
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank() as u64, g.world_size() as u64));
     let b = cfg.batch.micro_batch as u64;
     let t = cfg.batch.seq_len as u64;
     let per_source_samples = (cfg.data.as_ref().map_or(0, |d| d.eval_tokens) / val.len().max(1) as u64 / t).max(1);
     let weights: f64 = val.iter().map(|m| m.sources()[0].weight).sum();
-    let mut mean = 0.0;
-    let mut per_source = Vec::new();
+    let counts: Vec<u64> = val.iter().map(|mix| per_source_samples.min(mix.windows()[0]).max(1)).collect();
+    let mut totals = vec![0.0f64; val.len()];
     tch::no_grad(|| -> Result<(), Error> {
-        for mix in val {
-            let src = &mix.sources()[0];
-            let n = per_source_samples.min(mix.windows()[0]).max(1);
-            let (mut total, mut done) = (0.0, 0u64);
-            while done < n {
-                let take = (n - done).min(b) as usize;
-                let (x, y, _) = mix.batch_tensors(done, take);
+        for ((mix, &n), total) in val.iter().zip(&counts).zip(&mut totals) {
+            // Batch k of this source is rank k mod world's.
+            for (k, first) in (0..n).step_by(b as usize).enumerate() {
+                if k as u64 % world != rank {
+                    continue;
+                }
+                let take = (n - first).min(b) as usize;
+                let (x, y, _) = mix.batch_tensors(first, take);
                 let loss = tch::autocast(autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
-                total += loss.f_double_value(&[])? * take as f64;
-                done += take as u64;
+                *total += loss.f_double_value(&[])? * take as f64;
             }
-            let loss = total / n as f64;
-            mean += loss * src.weight / weights;
-            per_source.push((src.name.clone(), loss));
         }
         Ok(())
     })?;
+    if let Some(g) = group {
+        let t = Tensor::f_from_slice(&totals)?.f_to_device(device)?;
+        g.allreduce(&t, ReduceOp::Sum)?.wait()?;
+        totals = Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?;
+    }
+    let mut mean = 0.0;
+    let mut per_source = Vec::new();
+    for ((mix, &n), total) in val.iter().zip(&counts).zip(totals) {
+        let src = &mix.sources()[0];
+        let loss = total / n as f64;
+        mean += loss * src.weight / weights;
+        per_source.push((src.name.clone(), loss));
+    }
     Ok((mean, per_source))
 }
 
@@ -589,6 +714,11 @@ pub fn copy_weights(vs: &VarStore, weights: &HashMap<String, Tensor>, origin: &P
     })
 }
 
-fn env_step(name: &str) -> Option<u64> {
+/// The step of a fault injection knob, if it applies to `rank`.
+fn injected(name: &str, rank: u32) -> Option<u64> {
+    let for_rank = std::env::var(INJECT_RANK_ENV).ok().and_then(|r| r.parse::<u32>().ok());
+    if for_rank.is_some_and(|r| r != rank) {
+        return None;
+    }
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }

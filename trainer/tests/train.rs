@@ -58,7 +58,7 @@ fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
         tty: Some(false),
         sample: false,
         init_dir: dir.parent().unwrap().to_path_buf(),
-        rank: 0,
+        placement: trainer::dist::Placement::single(),
     };
     Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap().run(Arc::new(AtomicBool::new(false))).unwrap()
 }

@@ -1,0 +1,373 @@
+// libtorch's own c10d for the trainer: TCPStore rendezvous, the Gloo (CPU) and
+// NCCL (CUDA) backends, async collectives with timeouts, and a gradient reducer
+// that all-reduces flat buckets from autograd hooks while backward still runs, as
+// torch DDP's Reducer does. Every entry point is extern "C" and returns NULL or a
+// malloc'd error message (see guarded.h); nothing unwinds across the FFI.
+//
+// Handles are opaque heap objects owned by Rust and freed through *_free.
+
+#include "guarded.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef SHIM_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using shim::guarded;
+using Ms = std::chrono::milliseconds;
+
+namespace {
+
+enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
+
+struct Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  int rank = 0;
+  int world = 1;
+  Ms timeout{0};
+  bool nccl = false;
+};
+
+// An in-flight collective. AVG on Gloo (which lacks it) is a SUM divided on wait.
+struct Work {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor tensor;
+  int divide_by = 1;
+  Ms timeout{0};
+};
+
+void wait_work(Work& w) {
+  if (!w.work->wait(w.timeout)) {
+    TORCH_CHECK(false, "collective timed out after ", w.timeout.count(), " ms");
+  }
+  if (w.divide_by > 1) w.tensor.div_(w.divide_by);
+}
+
+Work start_allreduce(Group& g, at::Tensor t, int op) {
+  c10d::AllreduceOptions o;
+  o.timeout = g.timeout;
+  Work w;
+  w.tensor = t;
+  w.timeout = g.timeout;
+  switch (op) {
+    case kSum: o.reduceOp = c10d::ReduceOp::SUM; break;
+    case kAvg:
+      if (g.nccl) {
+        o.reduceOp = c10d::ReduceOp::AVG;
+      } else {
+        o.reduceOp = c10d::ReduceOp::SUM;
+        w.divide_by = g.world;
+      }
+      break;
+    case kMax: o.reduceOp = c10d::ReduceOp::MAX; break;
+    case kMin: o.reduceOp = c10d::ReduceOp::MIN; break;
+    default: TORCH_CHECK(false, "unknown reduce op ", op);
+  }
+  std::vector<at::Tensor> ts{t};
+  w.work = g.backend->allreduce(ts, o);
+  return w;
+}
+
+// Gradient reducer state. Hooks hold it weakly, so a freed reducer turns them into
+// no-ops even if libtorch keeps the accumulator nodes alive.
+struct Bucket {
+  std::vector<size_t> members;   // parameter indices, in launch order
+  std::vector<int64_t> offsets;  // element offset of each member in flat
+  at::Tensor flat;
+  size_t pending = 0;
+  bool launched = false;
+  Work work;
+};
+
+struct Reducer {
+  std::mutex mu;
+  Group* group = nullptr;
+  bool overlap = true;
+  std::vector<at::Tensor> params;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, slot_of;
+  std::vector<char> ready;
+  size_t next_launch = 0;
+  bool armed = false;
+
+  at::Tensor slot(size_t i) {
+    auto& b = buckets[bucket_of[i]];
+    return b.flat.narrow(0, b.offsets[slot_of[i]], params[i].numel()).view(params[i].sizes());
+  }
+
+  // Called with mu held: the gradient of param i (or zeros when it got none) into its slot.
+  void stage(size_t i) {
+    const at::Tensor& grad = params[i].grad();
+    if (grad.defined()) {
+      slot(i).copy_(grad);
+    } else {
+      slot(i).zero_();
+    }
+    ready[i] = 1;
+    buckets[bucket_of[i]].pending -= 1;
+  }
+
+  // Buckets go out strictly in index order on every rank, so collectives match.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      auto& b = buckets[next_launch++];
+      b.work = start_allreduce(*group, b.flat, kSum);
+      b.launched = true;
+    }
+  }
+
+  void on_grad_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!armed || !overlap) return;
+    TORCH_CHECK(!ready[i], "gradient reducer: parameter ", i,
+                " received a gradient twice in one synchronized backward pass; "
+                "run it with overlap off");
+    stage(i);
+    launch_ready();
+  }
+};
+
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(std::weak_ptr<Reducer> r, size_t i) : reducer_(std::move(r)), index_(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto r = reducer_.lock()) r->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<Reducer> reducer_;
+  size_t index_;
+};
+
+}  // namespace
+
+extern "C" {
+
+// Rendezvous through a TCPStore (rank 0 hosts it at host:port) and create the Gloo
+// or NCCL backend. gloo_iface/gloo_host pick the Gloo transport device (interface
+// name, or hostname/address to bind); both empty: libtorch's default device.
+char* shim_pg_new(const char* backend, const char* host, int port, int rank, int world, int64_t timeout_ms,
+                  const char* gloo_iface, const char* gloo_host, int cuda_device, void** out) {
+  return guarded([&] {
+    *out = nullptr;
+    TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " of world size ", world);
+    auto g = std::make_unique<Group>();
+    g->rank = rank;
+    g->world = world;
+    g->timeout = Ms(timeout_ms);
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(port);
+    so.isServer = rank == 0;
+    so.numWorkers = static_cast<std::size_t>(world);
+    so.waitWorkers = true;
+    so.timeout = g->timeout;
+    g->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), so);
+    std::string name(backend);
+    if (name == "gloo") {
+      auto opts = c10d::ProcessGroupGloo::Options::create(g->timeout);
+      std::string iface(gloo_iface), ghost(gloo_host);
+      if (!iface.empty()) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
+      } else if (!ghost.empty()) {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(ghost));
+      } else {
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      g->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(g->store, rank, world, opts);
+    } else if (name == "nccl") {
+#ifdef SHIM_NCCL
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(cuda_device));
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = g->timeout;
+      g->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(g->store, rank, world, opts);
+      g->nccl = true;
+#else
+      TORCH_CHECK(false, "this trainer was built without the `cuda` feature, so it has no NCCL");
+#endif
+    } else {
+      TORCH_CHECK(false, "unknown c10d backend '", name, "' (gloo or nccl)");
+    }
+    *out = g.release();
+  });
+}
+
+void shim_pg_free(void* g) { delete static_cast<Group*>(g); }
+
+// Starts an all-reduce of t in place (op: 0 sum, 1 avg, 2 max, 3 min).
+char* shim_pg_allreduce(void* g, at::Tensor* t, int op, void** work) {
+  return guarded([&] {
+    *work = nullptr;
+    TORCH_CHECK(t != nullptr && t->defined(), "allreduce: undefined tensor");
+    *work = new Work(start_allreduce(*static_cast<Group*>(g), *t, op));
+  });
+}
+
+// Starts a broadcast of t in place from root.
+char* shim_pg_broadcast(void* gp, at::Tensor* t, int root, void** work) {
+  return guarded([&] {
+    *work = nullptr;
+    auto& g = *static_cast<Group*>(gp);
+    TORCH_CHECK(t != nullptr && t->defined(), "broadcast: undefined tensor");
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = g.timeout;
+    std::vector<at::Tensor> ts{*t};
+    auto w = std::make_unique<Work>();
+    w->tensor = *t;
+    w->timeout = g.timeout;
+    w->work = g.backend->broadcast(ts, o);
+    *work = w.release();
+  });
+}
+
+// Blocks the host until every rank arrives (an all-reduce of one element, read back).
+char* shim_pg_barrier(void* gp, int cuda_device) {
+  return guarded([&] {
+    auto& g = *static_cast<Group*>(gp);
+    auto device = g.nccl ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)) : at::Device(at::kCPU);
+    auto t = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+    auto w = start_allreduce(g, t, kSum);
+    wait_work(w);
+    auto arrived = t.item<float>();
+    TORCH_CHECK(arrived == static_cast<float>(g.world), "barrier: ", arrived, " of ", g.world, " ranks arrived");
+  });
+}
+
+// Waits for a collective (host-blocking on Gloo; on NCCL the current stream waits).
+char* shim_work_wait(void* w) {
+  return guarded([&] { wait_work(*static_cast<Work*>(w)); });
+}
+
+void shim_work_free(void* w) { delete static_cast<Work*>(w); }
+
+// A gradient reducer over n leaf parameters. bucket_of[i] is param i's bucket;
+// buckets are launched in index order, so index 0 should hold the parameters whose
+// gradients backward produces first. Every bucket's params share dtype and device.
+// With overlap, buckets are all-reduced from AccumulateGrad hooks as they fill;
+// without, everything is staged and reduced in finish.
+char* shim_reducer_new(void* gp, at::Tensor* const* params, const int64_t* bucket_of, size_t n, size_t n_buckets,
+                       int overlap, void** out) {
+  return guarded([&] {
+    *out = nullptr;
+    auto r = std::make_shared<Reducer>();
+    r->group = static_cast<Group*>(gp);
+    r->overlap = overlap != 0;
+    r->buckets.resize(n_buckets);
+    r->bucket_of.resize(n);
+    r->slot_of.resize(n);
+    r->ready.assign(n, 0);
+    std::vector<int64_t> sizes(n_buckets, 0);
+    for (size_t i = 0; i < n; ++i) {
+      TORCH_CHECK(params[i] != nullptr && params[i]->defined(), "reducer: params[", i, "] is undefined");
+      const at::Tensor& p = *params[i];
+      TORCH_CHECK(p.requires_grad() && p.is_leaf(), "reducer: params[", i, "] is not a leaf that requires grad");
+      TORCH_CHECK(bucket_of[i] >= 0 && static_cast<size_t>(bucket_of[i]) < n_buckets, "reducer: bucket of param ",
+                  i, " out of range");
+      auto b = static_cast<size_t>(bucket_of[i]);
+      auto& bucket = r->buckets[b];
+      if (!bucket.members.empty()) {
+        const auto& first = r->params[bucket.members[0]];
+        TORCH_CHECK(first.scalar_type() == p.scalar_type() && first.device() == p.device(), "reducer: bucket ", b,
+                    " mixes dtypes or devices");
+      }
+      r->params.push_back(p);
+      r->bucket_of[i] = b;
+      r->slot_of[i] = bucket.members.size();
+      bucket.members.push_back(i);
+      bucket.offsets.push_back(sizes[b]);
+      sizes[b] += p.numel();
+    }
+    for (size_t b = 0; b < n_buckets; ++b) {
+      auto& bucket = r->buckets[b];
+      TORCH_CHECK(!bucket.members.empty(), "reducer: bucket ", b, " is empty");
+      bucket.flat = at::zeros({sizes[b]}, r->params[bucket.members[0]].options().requires_grad(false));
+    }
+    std::weak_ptr<Reducer> weak = r;
+    for (size_t i = 0; i < n; ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(r->params[i]);
+      TORCH_CHECK(acc != nullptr, "reducer: params[", i, "] has no gradient accumulator");
+      r->hook_keys.push_back(acc->add_post_hook(std::make_unique<ReadyHook>(weak, i)));
+      r->accumulators.push_back(std::move(acc));
+    }
+    *out = new std::shared_ptr<Reducer>(std::move(r));
+  });
+}
+
+void shim_reducer_free(void* rp) {
+  auto* holder = static_cast<std::shared_ptr<Reducer>*>(rp);
+  {
+    auto& r = **holder;
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (size_t i = 0; i < r.accumulators.size(); ++i) r.accumulators[i]->del_post_hook(r.hook_keys[i]);
+  }
+  delete holder;
+}
+
+// Arms the reducer for the next backward pass: its gradients are the ones synchronized.
+char* shim_reducer_prepare(void* rp) {
+  return guarded([&] {
+    auto& r = **static_cast<std::shared_ptr<Reducer>*>(rp);
+    std::lock_guard<std::mutex> lock(r.mu);
+    TORCH_CHECK(!r.armed, "reducer: prepare called twice without finish");
+    std::fill(r.ready.begin(), r.ready.end(), 0);
+    for (auto& b : r.buckets) {
+      b.pending = b.members.size();
+      b.launched = false;
+      b.work = Work();
+    }
+    r.next_launch = 0;
+    r.armed = true;
+  });
+}
+
+// After backward: stages what the hooks did not (params without a gradient count as
+// zeros), waits for every bucket and writes the rank-averaged gradients back.
+char* shim_reducer_finish(void* rp) {
+  return guarded([&] {
+    auto& r = **static_cast<std::shared_ptr<Reducer>*>(rp);
+    std::lock_guard<std::mutex> lock(r.mu);
+    TORCH_CHECK(r.armed, "reducer: finish without prepare");
+    r.armed = false;
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < r.params.size(); ++i) {
+      if (!r.ready[i]) r.stage(i);
+    }
+    r.launch_ready();
+    const auto world = r.group->world;
+    for (auto& b : r.buckets) {
+      wait_work(b.work);
+      b.flat.div_(world);
+      for (size_t i : b.members) {
+        at::Tensor& grad = r.params[i].mutable_grad();
+        if (grad.defined()) {
+          grad.copy_(r.slot(i));
+        } else {
+          grad = r.slot(i).clone();
+        }
+      }
+      b.work = Work();
+    }
+  });
+}
+
+}  // extern "C"

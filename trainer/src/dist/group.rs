@@ -1,0 +1,260 @@
+//! A c10d process group from libtorch (csrc/dist.cpp): TCPStore rendezvous, then
+//! Gloo for CPU tensors or NCCL for CUDA tensors. Collectives are async and return
+//! a [`Work`]; every failure (a dead peer, a timeout) is an [`Error::Collective`].
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use tch::{Device, Tensor};
+use torch_sys::C_tensor;
+
+use crate::Error;
+use crate::ffi::take_message;
+
+mod raw {
+    use super::*;
+
+    unsafe extern "C" {
+        #[allow(clippy::too_many_arguments)]
+        pub fn shim_pg_new(
+            backend: *const c_char,
+            host: *const c_char,
+            port: c_int,
+            rank: c_int,
+            world: c_int,
+            timeout_ms: i64,
+            gloo_iface: *const c_char,
+            gloo_host: *const c_char,
+            cuda_device: c_int,
+            out: *mut *mut c_void,
+        ) -> *mut c_char;
+        pub fn shim_pg_free(g: *mut c_void);
+        pub fn shim_pg_allreduce(g: *mut c_void, t: *mut C_tensor, op: c_int, work: *mut *mut c_void) -> *mut c_char;
+        pub fn shim_pg_broadcast(g: *mut c_void, t: *mut C_tensor, root: c_int, work: *mut *mut c_void) -> *mut c_char;
+        pub fn shim_pg_barrier(g: *mut c_void, cuda_device: c_int) -> *mut c_char;
+        pub fn shim_work_wait(w: *mut c_void) -> *mut c_char;
+        pub fn shim_work_free(w: *mut c_void);
+    }
+}
+
+/// The c10d backend: Gloo for CPU tensors, NCCL for CUDA tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Gloo,
+    Nccl,
+}
+
+impl Backend {
+    /// NCCL on CUDA, Gloo on CPU, as torch.distributed's defaults.
+    pub fn for_device(device: Device) -> Backend {
+        if device.is_cuda() { Backend::Nccl } else { Backend::Gloo }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Gloo => "gloo",
+            Backend::Nccl => "nccl",
+        }
+    }
+}
+
+/// Which network device Gloo binds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GlooDevice {
+    /// libtorch's default: the address the hostname resolves to, else loopback.
+    Default,
+    /// A network interface, as `GLOO_SOCKET_IFNAME`.
+    Interface(String),
+    /// A hostname or address.
+    Host(String),
+}
+
+/// Everything a rank needs to join the group.
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    pub backend: Backend,
+    /// Rank 0 hosts the TCPStore here; the others connect.
+    pub master_addr: String,
+    pub master_port: u16,
+    pub rank: u32,
+    pub world_size: u32,
+    /// Rendezvous and every collective fail after this long.
+    pub timeout: Duration,
+    pub gloo_device: GlooDevice,
+    /// The CUDA device NCCL uses (the local rank).
+    pub cuda_device: usize,
+}
+
+impl GroupOptions {
+    /// Gloo's device as torch.distributed picks it: `GLOO_SOCKET_IFNAME`, else
+    /// loopback when the master is local, else the default device.
+    pub fn gloo_device_for(master_addr: &str) -> GlooDevice {
+        if let Some(iface) = std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()) {
+            return GlooDevice::Interface(iface.split(',').next().unwrap_or_default().to_string());
+        }
+        let loopback = master_addr == "localhost"
+            || master_addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if loopback { GlooDevice::Host("127.0.0.1".into()) } else { GlooDevice::Default }
+    }
+}
+
+/// Reductions of [`ProcessGroup::allreduce`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum = 0,
+    /// The mean over ranks (a sum divided by the world size on Gloo).
+    Avg = 1,
+    Max = 2,
+    Min = 3,
+}
+
+/// A joined c10d process group. Dropping it closes the backend and the store.
+pub struct ProcessGroup {
+    raw: NonNull<c_void>,
+    rank: u32,
+    world_size: u32,
+    backend: Backend,
+    cuda_device: usize,
+    timeout: Duration,
+}
+
+// SAFETY: c10d backends are thread-safe (torch calls them from many threads), and
+// the handle is only freed by Drop.
+unsafe impl Send for ProcessGroup {}
+unsafe impl Sync for ProcessGroup {}
+
+fn c_string(what: &str, s: &str) -> Result<CString, Error> {
+    CString::new(s).map_err(|_| Error::InvalidSpec(format!("{what} {s:?} contains a NUL byte")))
+}
+
+impl ProcessGroup {
+    /// Rendezvous at `master_addr:master_port` and create the backend. Blocks until
+    /// every rank has joined or the timeout passes.
+    pub fn new(o: &GroupOptions) -> Result<ProcessGroup, Error> {
+        let (iface, host) = match &o.gloo_device {
+            GlooDevice::Default => (String::new(), String::new()),
+            GlooDevice::Interface(i) => (i.clone(), String::new()),
+            GlooDevice::Host(h) => (String::new(), h.clone()),
+        };
+        let backend = c_string("backend", o.backend.name())?;
+        let master = c_string("MASTER_ADDR", &o.master_addr)?;
+        let (iface, host) = (c_string("GLOO_SOCKET_IFNAME", &iface)?, c_string("Gloo host", &host)?);
+        let mut out = std::ptr::null_mut();
+        // SAFETY: valid C strings and an out-pointer; the shim catches every exception.
+        let err = unsafe {
+            raw::shim_pg_new(
+                backend.as_ptr(),
+                master.as_ptr(),
+                c_int::from(o.master_port),
+                o.rank as c_int,
+                o.world_size as c_int,
+                o.timeout.as_millis() as i64,
+                iface.as_ptr(),
+                host.as_ptr(),
+                o.cuda_device as c_int,
+                &mut out,
+            )
+        };
+        if let Some(message) = take_message(err) {
+            return Err(Error::Rendezvous {
+                addr: format!("{}:{}", o.master_addr, o.master_port),
+                rank: o.rank,
+                world_size: o.world_size,
+                message,
+            });
+        }
+        Ok(ProcessGroup {
+            raw: NonNull::new(out).expect("shim_pg_new returns a group on success"),
+            rank: o.rank,
+            world_size: o.world_size,
+            backend: o.backend,
+            cuda_device: o.cuda_device,
+            timeout: o.timeout,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn as_raw(&self) -> *mut c_void {
+        self.raw.as_ptr()
+    }
+
+    fn collective_error(&self, op: &str, message: String) -> Error {
+        Error::Collective { op: op.to_string(), rank: self.rank, timeout: self.timeout, message }
+    }
+
+    /// Starts an in-place all-reduce of `t` over every rank.
+    pub fn allreduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work<'_>, Error> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: t is a live tensor; the Work keeps its own reference to it.
+        let err = unsafe { raw::shim_pg_allreduce(self.as_raw(), t.as_ptr() as *mut C_tensor, op as c_int, &mut work) };
+        self.work(err, work, "allreduce")
+    }
+
+    /// Starts an in-place broadcast of `t` from `root`.
+    pub fn broadcast(&self, t: &Tensor, root: u32) -> Result<Work<'_>, Error> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: as in allreduce.
+        let err = unsafe { raw::shim_pg_broadcast(self.as_raw(), t.as_ptr() as *mut C_tensor, root as c_int, &mut work) };
+        self.work(err, work, "broadcast")
+    }
+
+    /// Blocks until every rank arrives.
+    pub fn barrier(&self) -> Result<(), Error> {
+        // SAFETY: a live group.
+        let err = unsafe { raw::shim_pg_barrier(self.as_raw(), self.cuda_device as c_int) };
+        take_message(err).map_or(Ok(()), |m| Err(self.collective_error("barrier", m)))
+    }
+
+    fn work(&self, err: *mut c_char, work: *mut c_void, op: &'static str) -> Result<Work<'_>, Error> {
+        if let Some(m) = take_message(err) {
+            return Err(self.collective_error(op, m));
+        }
+        Ok(Work { raw: NonNull::new(work).expect("the shim returns work on success"), group: self, op })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: created by shim_pg_new, freed once.
+        unsafe { raw::shim_pg_free(self.raw.as_ptr()) }
+    }
+}
+
+/// An in-flight collective; [`Work::wait`] completes it (dropping it does not cancel it).
+pub struct Work<'g> {
+    raw: NonNull<c_void>,
+    group: &'g ProcessGroup,
+    op: &'static str,
+}
+
+impl Work<'_> {
+    /// Waits for completion: the host blocks on Gloo; on NCCL the current CUDA stream does.
+    pub fn wait(self) -> Result<(), Error> {
+        // SAFETY: a live work handle.
+        let err = unsafe { raw::shim_work_wait(self.raw.as_ptr()) };
+        take_message(err).map_or(Ok(()), |m| Err(self.group.collective_error(self.op, m)))
+    }
+}
+
+impl Drop for Work<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by the shim, freed once.
+        unsafe { raw::shim_work_free(self.raw.as_ptr()) }
+    }
+}
