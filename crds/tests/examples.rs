@@ -121,7 +121,7 @@ fn seed_004_gpt2_1b_on_8_h100() {
 fn local_examples_run_on_cpu_with_embedded_data() {
     let c = resolved("tiny-local.yaml");
     assert_eq!(c.topology.device, Device::Cpu);
-    assert_eq!(c.topology.world_size, 1);
+    assert_eq!(c.topology.world_size, 2);
     assert!(c.data.unwrap().mix.iter().all(|s| matches!(s.location, crds::config::Location::Embedded { .. })));
     let g = resolved("tiny-grpo-local.yaml");
     assert_eq!(g.init_from, Some(crds::config::ResolvedInit::TrainingRun { name: "tiny-local".into() }));

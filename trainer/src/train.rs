@@ -344,6 +344,16 @@ impl Trainer {
         Ok(stats.f_get(0)?)
     }
 
+    /// Every parameter's gradient by name (copies), as [`Self::compute_gradients`] left them.
+    pub fn gradients(&self) -> Result<Vec<(String, Tensor)>, Error> {
+        sorted_variables(&self.vs).into_iter().map(|(name, p)| Ok((name, p.f_grad()?.f_detach_copy()?))).collect()
+    }
+
+    /// Every parameter by name, in checkpoint order.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        sorted_variables(&self.vs)
+    }
+
     /// One optimizer step over `grad_accum` micro-batches.
     pub fn train_step(&mut self) -> Result<StepReport, Error> {
         let started = Instant::now();

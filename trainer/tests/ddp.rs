@@ -1,0 +1,316 @@
+//! Data parallelism through libtorch's c10d on CPU (Gloo): ranks as threads of one
+//! process for the numerical checks, and as processes of `trainer run` / `trainer
+//! launch` for resume, SIGTERM and a worker that dies.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crds::config::RunConfig;
+use crds::contract::{FailureReason, TerminationMessage};
+use tch::Tensor;
+use trainer::dist::{self, Placement};
+use trainer::status::SharedStatus;
+use trainer::train::{RunOptions, Trainer};
+
+/// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
+const MANIFEST: &str = r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {name: ddp-test}
+spec:
+  model: {preset: nano, tokenizer: embedded}
+  tokens: "{tokens}"
+  data:
+    mix:
+      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
+      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
+      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+    validation: {everySteps: 4, tokens: "1K"}
+  topology: {nodes: {nodes}, gpusPerNode: 0, collectiveTimeout: 20s}
+  batch: {globalTokens: {global}, microBatch: {micro}, seqLength: 64}
+  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
+  precision: f32
+  checkpoint: {everySteps: 4, keepLast: 3}
+"#;
+
+fn manifest_yaml(nodes: u32, micro: u32, global: u32, tokens: &str) -> String {
+    MANIFEST
+        .replace("{nodes}", &nodes.to_string())
+        .replace("{micro}", &micro.to_string())
+        .replace("{global}", &global.to_string())
+        .replace("{tokens}", tokens)
+}
+
+fn config(yaml: &str) -> RunConfig {
+    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainer-ddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn options(dir: &Path, placement: Placement) -> RunOptions {
+    RunOptions {
+        output_dir: dir.to_path_buf(),
+        status_addr: None,
+        stop_after_steps: None,
+        tty: Some(false),
+        sample: false,
+        init_dir: dir.to_path_buf(),
+        placement,
+    }
+}
+
+/// Runs `f` on every rank of a `cfg.topology.world_size` gang, one thread each.
+fn on_ranks<T: Send>(cfg: &RunConfig, dir: &Path, f: impl Fn(Trainer) -> T + Sync) -> Vec<T> {
+    let world = cfg.topology.world_size;
+    let port = free_port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let f = &f;
+                s.spawn(move || {
+                    let placement = Placement {
+                        rank,
+                        local_rank: rank,
+                        world_size: world,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                    };
+                    f(Trainer::new(cfg, options(dir, placement), SharedStatus::from_config(cfg)).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((na, ta), (nb, tb))| {
+            assert_eq!(na, nb);
+            (ta - tb).abs().max().double_value(&[])
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn two_ranks_give_the_loss_and_gradients_of_one_rank_with_twice_the_micro_batch() {
+    // Two micro-steps of accumulation: only the last one is synchronized.
+    let one = config(&manifest_yaml(1, 8, 1024, "4K"));
+    let two = config(&manifest_yaml(2, 4, 1024, "4K"));
+    assert_eq!((one.batch.grad_accum, two.batch.grad_accum), (2, 2));
+    let dir = scratch("grads");
+    let (loss1, grads1) = {
+        let mut t = Trainer::new(&one, options(&dir, Placement::single()), SharedStatus::from_config(&one)).unwrap();
+        let loss = t.compute_gradients().unwrap().double_value(&[]);
+        (loss, t.gradients().unwrap())
+    };
+    let ranks = on_ranks(&two, &dir, |mut t| {
+        let loss = t.compute_gradients().unwrap().double_value(&[]);
+        (loss, t.gradients().unwrap())
+    });
+    for (rank, (loss, grads)) in ranks.iter().enumerate() {
+        assert!((loss - loss1).abs() < 1e-5, "rank {rank}: loss {loss} vs {loss1}");
+        let diff = max_abs_diff(grads, &grads1);
+        assert!(diff < 1e-5, "rank {rank}: gradients differ by {diff}");
+        let norm: f64 = grads.iter().map(|(_, g)| g.square().sum(tch::Kind::Double).double_value(&[])).sum();
+        assert!(norm > 1e-6, "gradients must not be zero");
+    }
+    assert_eq!(max_abs_diff(&ranks[0].1, &ranks[1].1), 0.0, "every rank holds the same averaged gradients");
+}
+
+#[test]
+fn three_ranks_train_like_one_rank_and_stay_identical() {
+    let one = config(&manifest_yaml(1, 6, 384, "1536"));
+    let three = config(&manifest_yaml(3, 2, 384, "1536"));
+    assert_eq!((three.schedule.total_steps, three.batch.grad_accum), (4, 1));
+    let dir = scratch("three");
+    let single: Vec<f64> = {
+        let mut t = Trainer::new(&one, options(&dir, Placement::single()), SharedStatus::from_config(&one)).unwrap();
+        (0..4).map(|_| t.train_step().unwrap().loss).collect()
+    };
+    let ranks = on_ranks(&three, &dir, |mut t| {
+        let losses: Vec<f64> = (0..4).map(|_| t.train_step().unwrap().loss).collect();
+        let params: Vec<Tensor> = t.parameters().into_iter().map(|(_, p)| p).collect();
+        (losses, dist::parameter_checksum(&params).unwrap())
+    });
+    for (rank, (losses, _)) in ranks.iter().enumerate() {
+        for (step, (a, b)) in losses.iter().zip(&single).enumerate() {
+            assert!((a - b).abs() < 1e-5, "rank {rank} step {}: loss {a} vs {b}", step + 1);
+        }
+    }
+    assert!(ranks.iter().all(|(_, sum)| sum == &ranks[0].1), "parameters diverged across ranks");
+}
+
+#[test]
+fn a_rank_whose_world_size_disagrees_with_the_run_is_refused() {
+    let cfg = config(&manifest_yaml(2, 4, 1024, "4K"));
+    let dir = scratch("mismatch");
+    let err = Trainer::new(&cfg, options(&dir, Placement::single()), SharedStatus::from_config(&cfg)).err().unwrap();
+    assert!(err.to_string().contains("spec.topology asks for 2 processes"), "{err}");
+}
+
+#[test]
+fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
+    let mut cfg = config(&manifest_yaml(2, 4, 1024, "4K"));
+    cfg.topology.collective_timeout_seconds = 2;
+    let dir = scratch("alone");
+    let placement =
+        Placement { rank: 1, local_rank: 0, world_size: 2, master_addr: "127.0.0.1".into(), master_port: free_port() };
+    let started = Instant::now();
+    let err = Trainer::new(&cfg, options(&dir, placement), SharedStatus::from_config(&cfg)).err().unwrap();
+    assert_eq!(err.reason(), Some(FailureReason::CollectiveTimeout), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+}
+
+fn cache() -> PathBuf {
+    std::env::temp_dir().join("trainer-train-tests-cache")
+}
+
+fn trainer_bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
+    cmd
+}
+
+fn step_losses(log: &Path) -> Vec<(u64, f64)> {
+    trainer::metrics_log::read(log)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn run(manifest: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    trainer_bin().args(["run", "--no-sample", "-o"]).arg(out).arg(manifest).args(extra).output().unwrap()
+}
+
+#[test]
+fn two_processes_resume_after_a_stop_with_the_same_loss_sequence() {
+    let dir = scratch("resume");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, manifest_text_for_processes()).unwrap();
+    let full = run(&manifest, &dir.join("full"), &[]);
+    assert!(full.status.success(), "{}", String::from_utf8_lossy(&full.stderr));
+    let full = step_losses(&dir.join("full/metrics.jsonl"));
+    assert_eq!(full.len(), 8);
+
+    let out = dir.join("resumed");
+    let first = run(&manifest, &out, &["--stop-after-steps", "4"]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let second = run(&manifest, &out, &[]);
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(step_losses(&out.join("metrics.jsonl")), full, "the resumed 2-rank run must repeat the uninterrupted one");
+}
+
+/// Two CPU ranks, 8 steps, checkpoints every 4.
+fn manifest_text_for_processes() -> String {
+    manifest_yaml(2, 4, 1024, "8192")
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoint() {
+    let dir = scratch("sigterm");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, manifest_yaml(2, 4, 1024, "400K")).unwrap();
+    let out = dir.join("out");
+    let mut child = trainer_bin()
+        .args(["run", "--no-sample", "-o"])
+        .arg(&out)
+        .arg(&manifest)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = out.join("metrics.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while step_count(&log) < 2 {
+        assert!(Instant::now() < deadline, "the run did not reach step 2");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+    let last_step = step_losses(&log).last().unwrap().0;
+    let latest = std::fs::read_to_string(out.join("latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{last_step:08}"), "rank 0 checkpoints the step every rank stopped after");
+}
+
+fn step_count(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().matches("\"kind\":\"step\"").count()
+}
+
+#[test]
+fn a_killed_worker_fails_its_launcher_with_its_code_and_the_peers_with_collective_timeout() {
+    let dir = scratch("kill");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, manifest_yaml(2, 4, 1024, "400K")).unwrap();
+    let resolved = trainer_bin().arg("resolve").arg(&manifest).output().unwrap();
+    assert!(resolved.status.success());
+    let config = dir.join("run.json");
+    std::fs::write(&config, &resolved.stdout).unwrap();
+    let port = free_port();
+    let node = |rank: u32| {
+        let log = dir.join(format!("termination-{rank}"));
+        let child = trainer_bin()
+            .arg("launch")
+            .env("TRAINER_CONFIG", &config)
+            .args(["--output"])
+            .arg(dir.join("pvc"))
+            .args(["--init-dir"])
+            .arg(&dir)
+            .env("NNODES", "2")
+            .env("NPROC_PER_NODE", "1")
+            .env("JOB_COMPLETION_INDEX", rank.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("TRAINER_STATUS_PORT", free_port().to_string())
+            .env("TRAINER_TERMINATION_LOG", &log)
+            .env("TRAINER_INJECT_KILL_AT_STEP", "3")
+            .env("TRAINER_INJECT_RANK", "1")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        (child, log)
+    };
+    let (mut node0, log0) = node(0);
+    let (mut node1, _) = node(1);
+    let status1 = node1.wait().unwrap();
+    let died = Instant::now();
+    assert_eq!(status1.code(), Some(137), "node 1's launcher exits as its SIGKILLed worker");
+    let status0 = node0.wait().unwrap();
+    let waited = died.elapsed();
+    assert_eq!(status0.code(), Some(FailureReason::CollectiveTimeout.exit_code()));
+    assert!(waited < Duration::from_secs(20 + 10), "rank 0 must give up within the collective timeout: {waited:?}");
+    let msg = TerminationMessage::parse(&std::fs::read_to_string(&log0).unwrap()).unwrap();
+    assert_eq!(msg.reason, FailureReason::CollectiveTimeout);
+    assert_eq!(msg.step, Some(3), "{}", msg.detail);
+}
+
+#[test]
+fn the_run_config_is_the_contract_between_launcher_and_worker() {
+    // The launcher refuses a gang shape that does not match the run.
+    let dir = scratch("shape");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, manifest_yaml(2, 4, 1024, "4K")).unwrap();
+    let resolved = trainer_bin().arg("resolve").arg(&manifest).output().unwrap();
+    let config = dir.join("run.json");
+    std::fs::write(&config, &resolved.stdout).unwrap();
+    let out = trainer_bin().arg("launch").arg("--config").arg(&config).args(["--nnodes", "3"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("NNODES=3") && stderr.contains("2 processes"), "{stderr}");
+}
