@@ -16,5 +16,8 @@ cuda-build: ## compile and link the trainer with --features cuda (full torch whe
 ci:
 	bash .ci/run
 
+bench-ddp: ## Gloo all-reduce bandwidth and the 2-rank DDP step-time ratio on this machine
+	. scripts/env.sh && LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" cargo run -q --release --locked -p trainer -- bench-ddp
+
 bench-operator: ## reconcile 1,000 TrainingRuns against the fake API: p50/p99 and the operator's RSS
 	. scripts/env.sh && cargo build -q --release --locked -p operator && cargo bench -q --locked -p e2e --bench operator

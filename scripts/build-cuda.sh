@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cuda)"
 export LIBTORCH
 export CARGO_TARGET_DIR="$PT_CACHE/target-cuda"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job: `trainer run examples/tiny-local.yaml`, a local training run of the
-# micro preset on the embedded corpus (a few minutes on 2 CPU cores). Installs
+# nano preset on the embedded corpus with two data-parallel CPU ranks (Gloo), a
+# few minutes on 2 CPU cores. Installs
 # PyTorch 2.11.0 (CPU) on first use and builds the trainer. Checkpoints and
 # metrics.jsonl go to runs/tiny-local/; a rerun resumes from the newest checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 cargo build --release -p trainer --locked

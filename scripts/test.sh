@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"

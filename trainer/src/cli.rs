@@ -62,6 +62,9 @@ pub enum Command {
     /// MFU = tokens/s × (6·N_matmul + 12·L·n_head·d_head·T) / 989e12, where N_matmul
     /// counts every Linear weight (lm_head included, input embedding excluded).
     Bench(BenchArgs),
+    /// What data parallelism costs here: Gloo all-reduce bandwidth between local
+    /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
+    BenchDdp(BenchDdpArgs),
     /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
     /// validation loss, and the learning rate, against tokens.
     Plot {
@@ -165,6 +168,25 @@ pub struct GenerateArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct BenchDdpArgs {
+    #[arg(long, default_value_t = 2)]
+    pub ranks: u32,
+    #[arg(long, default_value = "nano")]
+    pub preset: String,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: u32,
+    #[arg(long, default_value_t = 256)]
+    pub seq: u32,
+    #[arg(long, default_value_t = 10)]
+    pub steps: u32,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// All-reduce message sizes, MiB.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub sizes_mib: Vec<f64>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     #[arg(long, default_value = "tiny")]
     pub preset: String,
@@ -240,6 +262,19 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 gradient_checkpointing: args.gradient_checkpointing,
             };
             println!("{}", crate::bench::run(&opts)?);
+            Ok(())
+        }
+        Command::BenchDdp(a) => {
+            let opts = crate::dist::bench::DdpBenchOptions {
+                ranks: a.ranks,
+                preset: a.preset,
+                micro_batch: a.micro_batch,
+                seq: a.seq,
+                steps: a.steps,
+                warmup: a.warmup,
+                sizes_mib: a.sizes_mib,
+            };
+            println!("{}", crate::dist::bench::run(&opts)?);
             Ok(())
         }
         Command::Plot { log, output } => {

@@ -2,6 +2,7 @@
 //! bucketed, overlapped gradient all-reduce ([`reducer`]) and the in-pod launcher
 //! ([`launch`]), like torchrun.
 
+pub mod bench;
 pub mod group;
 pub mod launch;
 pub mod reducer;

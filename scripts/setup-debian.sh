@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build needs, when they are missing:
+#   libgloo-dev  the Gloo headers c10d's ProcessGroupGloo.hpp includes (the torch
+#                wheel ships none; every Gloo symbol resolves from libtorch_cpu).
+# Idempotent and quiet when everything is there.
+set -euo pipefail
+missing=()
+[ -f /usr/include/gloo/config.h ] || [ -n "${GLOO_INCLUDE_DIR:-}" ] || missing+=(libgloo-dev)
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "installing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+if ! $sudo apt-get install -y -q "${missing[@]}" >&2; then
+  $sudo apt-get update -q >&2
+  $sudo apt-get install -y -q "${missing[@]}" >&2
+fi

@@ -1,0 +1,166 @@
+//! `trainer bench-ddp`: what data parallelism costs on this machine. Ranks are
+//! threads of this process talking Gloo over loopback, each with one intra-op thread,
+//! so N ranks use N cores as N pods would.
+//!
+//! 1. All-reduce bandwidth for a range of message sizes (algorithm and bus bandwidth,
+//!    as nccl-tests reports them).
+//! 2. The training step of N ranks over 1 rank at the same per-rank batch: the
+//!    ratio is DDP's overhead (1.0 is free).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+
+use super::{Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp};
+use crate::Error;
+use crate::status::SharedStatus;
+use crate::train::{RunOptions, Trainer};
+
+#[derive(Clone, Debug)]
+pub struct DdpBenchOptions {
+    pub ranks: u32,
+    pub preset: String,
+    pub micro_batch: u32,
+    pub seq: u32,
+    pub steps: u32,
+    pub warmup: u32,
+    /// All-reduce message sizes, MiB.
+    pub sizes_mib: Vec<f64>,
+}
+
+fn free_port() -> Result<u16, Error> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(crate::io_err(std::path::Path::new("127.0.0.1:0")))?;
+    Ok(l.local_addr().map_err(crate::io_err(std::path::Path::new("127.0.0.1:0")))?.port())
+}
+
+/// Runs `f(rank)` on `world` threads and returns rank 0's result.
+fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync) -> Result<T, Error> {
+    let port = free_port()?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world).map(|rank| s.spawn({
+            let f = &f;
+            move || f(rank, port)
+        })).collect();
+        let mut results: Vec<Result<T, Error>> = handles.into_iter().map(|h| h.join().expect("bench rank panicked")).collect();
+        results.swap_remove(0)
+    })
+}
+
+fn gloo(rank: u32, world: u32, port: u16) -> Result<ProcessGroup, Error> {
+    ProcessGroup::new(&GroupOptions {
+        backend: Backend::Gloo,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        rank,
+        world_size: world,
+        timeout: Duration::from_secs(120),
+        gloo_device: GlooDevice::Host("127.0.0.1".into()),
+        cuda_device: 0,
+    })
+}
+
+/// Median seconds of one all-reduce of `numel` f32 over the group.
+fn time_allreduce(group: &ProcessGroup, numel: i64, reps: u32) -> Result<f64, Error> {
+    let t = Tensor::f_ones([numel], (Kind::Float, Device::Cpu))?;
+    group.allreduce(&t, ReduceOp::Sum)?.wait()?;
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        group.barrier()?;
+        let start = Instant::now();
+        group.allreduce(&t, ReduceOp::Sum)?.wait()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32) -> String {
+    let per_step = micro as u64 * seq as u64 * nodes as u64;
+    format!(
+        r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {{name: bench-ddp}}
+spec:
+  model: {{preset: {preset}, tokenizer: embedded}}
+  tokens: "{tokens}"
+  data:
+    mix:
+      - {{name: textbook, weight: 0.5, uri: "embedded:textbook"}}
+      - {{name: facts, weight: 0.5, uri: "embedded:facts"}}
+  topology: {{nodes: {nodes}, gpusPerNode: 0}}
+  batch: {{globalTokens: {per_step}, microBatch: {micro}, seqLength: {seq}}}
+  precision: f32
+  checkpoint: {{everySteps: 0}}
+"#,
+        tokens = per_step * steps as u64,
+    )
+}
+
+/// Mean seconds per optimizer step on rank 0 of an N-rank run, after warm-up.
+fn time_steps(o: &DdpBenchOptions, world: u32, dir: &std::path::Path) -> Result<f64, Error> {
+    let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup);
+    let cfg = crds::resolve(&crds::manifest::from_yaml(&yaml, "bench-ddp")?)
+        .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
+    on_ranks(world, |rank, port| {
+        let placement = Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
+        let opts = RunOptions {
+            output_dir: dir.join(format!("w{world}")),
+            status_addr: None,
+            stop_after_steps: None,
+            tty: Some(false),
+            sample: false,
+            init_dir: dir.to_path_buf(),
+            placement,
+        };
+        let mut t = Trainer::new(&cfg, opts, SharedStatus::from_config(&cfg))?;
+        for _ in 0..o.warmup {
+            t.train_step()?;
+        }
+        let start = Instant::now();
+        for _ in 0..o.steps {
+            t.train_step()?;
+        }
+        Ok(start.elapsed().as_secs_f64() / o.steps as f64)
+    })
+}
+
+pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
+    if o.ranks < 2 {
+        return Err(Error::InvalidSpec("--ranks must be at least 2".into()));
+    }
+    // One core per rank, as pods would have.
+    tch::set_num_threads(1);
+    let world = o.ranks;
+    let bus_factor = 2.0 * (world as f64 - 1.0) / world as f64;
+    let mut allreduce = Vec::new();
+    for &mib in &o.sizes_mib {
+        let numel = (mib * 1024.0 * 1024.0 / 4.0) as i64;
+        let seconds = on_ranks(world, |rank, port| time_allreduce(&gloo(rank, world, port)?, numel, 7))?;
+        let bytes = numel as f64 * 4.0;
+        let algbw = bytes / seconds / 1e9;
+        eprintln!("all-reduce {mib:>6.1} MiB × {world} ranks: {:>8.2} ms, algbw {algbw:.2} GB/s, busbw {:.2} GB/s", seconds * 1e3, algbw * bus_factor);
+        allreduce.push(json!({"mib": mib, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor}));
+    }
+    let dir = std::env::temp_dir().join(format!("trainer-bench-ddp-{}", std::process::id()));
+    let one = time_steps(o, 1, &dir)?;
+    let many = time_steps(o, world, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let ratio = many / one;
+    eprintln!(
+        "step time at micro-batch {} × {} on {}: 1 rank {:.1} ms, {world} ranks {:.1} ms: DDP overhead ratio {ratio:.3}",
+        o.micro_batch, o.seq, o.preset, one * 1e3, many * 1e3
+    );
+    Ok(json!({
+        "ranks": world,
+        "backend": "gloo",
+        "allreduce": allreduce,
+        "preset": o.preset,
+        "micro_batch": o.micro_batch,
+        "seq": o.seq,
+        "step_ms_1_rank": one * 1e3,
+        "step_ms_n_ranks": many * 1e3,
+        "ddp_step_time_ratio": ratio,
+    }))
+}
