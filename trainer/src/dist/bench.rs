@@ -92,21 +92,24 @@ spec:
   topology: {{nodes: {nodes}, gpusPerNode: 0}}
   batch: {{globalTokens: {per_step}, microBatch: {micro}, seqLength: {seq}}}
   precision: f32
-  checkpoint: {{everySteps: 0}}
 "#,
         tokens = per_step * steps as u64,
     )
 }
 
-/// Mean seconds per optimizer step on rank 0 of an N-rank run, after warm-up.
-fn time_steps(o: &DdpBenchOptions, world: u32, dir: &std::path::Path) -> Result<f64, Error> {
+/// Mean seconds per optimizer step on rank 0 of an N-rank run, after warm-up, with
+/// `threads` trainers running at once (`threads` = N for DDP; `threads` > N = 1 runs
+/// independent single-rank trainers side by side, the same CPU contention without
+/// communication).
+fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Path) -> Result<f64, Error> {
     let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup);
     let cfg = crds::resolve(&crds::manifest::from_yaml(&yaml, "bench-ddp")?)
         .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
-    on_ranks(world, |rank, port| {
+    on_ranks(threads, |thread, port| {
+        let rank = if world == 1 { 0 } else { thread };
         let placement = Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
         let opts = RunOptions {
-            output_dir: dir.join(format!("w{world}")),
+            output_dir: dir.join(format!("w{world}-t{thread}")),
             status_addr: None,
             stop_after_steps: None,
             tty: Some(false),
@@ -144,13 +147,15 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         allreduce.push(json!({"mib": mib, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor}));
     }
     let dir = std::env::temp_dir().join(format!("trainer-bench-ddp-{}", std::process::id()));
-    let one = time_steps(o, 1, &dir)?;
-    let many = time_steps(o, world, &dir)?;
+    let one = time_steps(o, 1, 1, &dir)?;
+    let side_by_side = time_steps(o, 1, world, &dir)?;
+    let many = time_steps(o, world, world, &dir)?;
     let _ = std::fs::remove_dir_all(&dir);
     let ratio = many / one;
     eprintln!(
-        "step time at micro-batch {} × {} on {}: 1 rank {:.1} ms, {world} ranks {:.1} ms: DDP overhead ratio {ratio:.3}",
-        o.micro_batch, o.seq, o.preset, one * 1e3, many * 1e3
+        "step time at micro-batch {} × {} on {}: 1 rank alone {:.1} ms, {world} independent ranks side by side {:.1} ms, \
+         {world}-rank DDP {:.1} ms: DDP/1 rank {ratio:.3}, DDP/side by side {:.3}",
+        o.micro_batch, o.seq, o.preset, one * 1e3, side_by_side * 1e3, many * 1e3, many / side_by_side
     );
     Ok(json!({
         "ranks": world,
@@ -161,6 +166,8 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         "seq": o.seq,
         "step_ms_1_rank": one * 1e3,
         "step_ms_n_ranks": many * 1e3,
+        "step_ms_side_by_side": side_by_side * 1e3,
         "ddp_step_time_ratio": ratio,
+        "ddp_over_side_by_side": many / side_by_side,
     }))
 }
