@@ -68,7 +68,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
             node_rank: 0,
             nproc_per_node: cfg.topology.world_size,
             master_addr: "127.0.0.1".into(),
-            master_port: free_port()?,
+            master_port: crate::dist::free_port()?,
             worker_args: worker,
             termination_log: crate::status::termination_log(),
             grace: LAUNCH_GRACE,
@@ -167,12 +167,6 @@ fn launch_outcome(outcome: launch::LaunchOutcome) -> Result<(), Error> {
         None => Ok(()),
         Some(rank) => Err(Error::WorkerFailed { rank, code: outcome.exit_code }),
     }
-}
-
-/// A TCP port that was free a moment ago, for a local rendezvous.
-fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err(Path::new("127.0.0.1:0")))?;
-    Ok(listener.local_addr().map_err(io_err(Path::new("127.0.0.1:0")))?.port())
 }
 
 fn stop_on_signals() -> Result<Arc<AtomicBool>, Error> {

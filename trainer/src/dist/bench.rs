@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
-use super::{Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp};
+use super::{free_port, Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp};
 use crate::Error;
 use crate::status::SharedStatus;
 use crate::train::{RunOptions, Trainer};
@@ -27,11 +27,6 @@ pub struct DdpBenchOptions {
     pub warmup: u32,
     /// All-reduce message sizes, MiB.
     pub sizes_mib: Vec<f64>,
-}
-
-fn free_port() -> Result<u16, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(crate::io_err(std::path::Path::new("127.0.0.1:0")))?;
-    Ok(l.local_addr().map_err(crate::io_err(std::path::Path::new("127.0.0.1:0")))?.port())
 }
 
 /// Runs `f(rank)` on `world` threads and returns rank 0's result.

@@ -82,6 +82,13 @@ impl Placement {
     }
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a local rendezvous.
+pub fn free_port() -> Result<u16, Error> {
+    let addr = std::path::Path::new("127.0.0.1:0");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(crate::io_err(addr))?;
+    Ok(listener.local_addr().map_err(crate::io_err(addr))?.port())
+}
+
 /// Makes every rank's parameters rank 0's, in place.
 pub fn broadcast_parameters(group: &ProcessGroup, params: &[Tensor]) -> Result<(), Error> {
     tch::no_grad(|| {
