@@ -71,12 +71,19 @@ fn options(dir: &Path, placement: Placement) -> RunOptions {
 
 /// Runs `f` on every rank of a `cfg.topology.world_size` gang, one thread each.
 fn on_ranks<T: Send>(cfg: &RunConfig, dir: &Path, f: impl Fn(Trainer) -> T + Sync) -> Vec<T> {
+    let dirs = vec![dir.to_path_buf(); cfg.topology.world_size as usize];
+    on_ranks_in(cfg, &dirs, None, f)
+}
+
+/// [`on_ranks`] with an output directory per rank and a step limit.
+fn on_ranks_in<T: Send>(cfg: &RunConfig, dirs: &[PathBuf], stop_after: Option<u64>, f: impl Fn(Trainer) -> T + Sync) -> Vec<T> {
     let world = cfg.topology.world_size;
     let port = free_port();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let f = &f;
+                let dir = &dirs[rank as usize];
                 s.spawn(move || {
                     let placement = Placement {
                         rank,
@@ -85,7 +92,9 @@ fn on_ranks<T: Send>(cfg: &RunConfig, dir: &Path, f: impl Fn(Trainer) -> T + Syn
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                     };
-                    f(Trainer::new(cfg, options(dir, placement), SharedStatus::from_config(cfg)).unwrap())
+                    let mut opts = options(dir, placement);
+                    opts.stop_after_steps = stop_after;
+                    f(Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap())
                 })
             })
             .collect();
@@ -313,4 +322,79 @@ fn the_run_config_is_the_contract_between_launcher_and_worker() {
     assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("NNODES=3") && stderr.contains("2 processes"), "{stderr}");
+}
+
+#[test]
+fn ranks_that_load_different_checkpoints_refuse_to_train() {
+    let cfg = config(&manifest_yaml(2, 4, 1024, "8192"));
+    let dir = scratch("diverged");
+    let stop = || std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two runs of the same gang, stopped at steps 2 and 4 with a checkpoint each.
+    for steps in [2, 4] {
+        let run_dir = dir.join(format!("steps{steps}"));
+        on_ranks_in(&cfg, &[run_dir.clone(), run_dir], Some(steps), |t| t.run(stop()).unwrap());
+    }
+    // Rank 0 now resumes from step 2 and rank 1 from step 4: the parameters differ.
+    let dirs = [dir.join("steps2"), dir.join("steps4")];
+    let port = free_port();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = dirs
+            .iter()
+            .enumerate()
+            .map(|(rank, d)| {
+                let cfg = &cfg;
+                s.spawn(move || {
+                    let placement = Placement {
+                        rank: rank as u32,
+                        local_rank: rank as u32,
+                        world_size: 2,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                    };
+                    Trainer::new(cfg, options(d, placement), SharedStatus::from_config(cfg)).err().map(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap().expect("both ranks must refuse")).collect()
+    });
+    for e in &errors {
+        assert!(e.contains("the ranks loaded different parameters"), "{e}");
+    }
+}
+
+#[test]
+fn a_killed_worker_on_the_same_node_stops_its_peer_and_the_launcher_exits_with_its_code() {
+    let dir = scratch("kill-local");
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, manifest_yaml(2, 4, 1024, "400K")).unwrap();
+    let started = Instant::now();
+    let out = trainer_bin()
+        .args(["run", "--no-sample", "-o"])
+        .arg(dir.join("out"))
+        .arg(&manifest)
+        .env("TRAINER_INJECT_KILL_AT_STEP", "2")
+        .env("TRAINER_INJECT_RANK", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(137), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("worker rank 1 exited with code 137"));
+    assert!(started.elapsed() < Duration::from_secs(120), "{:?}", started.elapsed());
+}
+
+#[test]
+fn the_tiny_local_example_trains_on_two_ranks() {
+    let dir = scratch("tiny-local");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/tiny-local.yaml");
+    let out = trainer_bin()
+        .env("RUST_LOG", "info")
+        .args(["run", "--no-sample", "--stop-after-steps", "2", "-o"])
+        .arg(dir.join("out"))
+        .arg(manifest)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("joined a Gloo group of 2 ranks"), "{stderr}");
+    assert_eq!(step_losses(&dir.join("out/metrics.jsonl")).len(), 2);
+    assert_eq!(std::fs::read_to_string(dir.join("out/latest")).unwrap().trim(), "step-00000002");
 }
