@@ -11,7 +11,10 @@ use serde_json::{Value, json};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use std::sync::Arc;
+
 use crate::Error;
+use crate::dist::{Backend, DEFAULT_BUCKET_CAP_BYTES, GlooDevice, GradReducer, GroupOptions, ProcessGroup, ReduceOp};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::train::{precision_plan, sorted_variables};
@@ -27,6 +30,9 @@ pub struct BenchOptions {
     pub attention: Attention,
     pub device: Device,
     pub gradient_checkpointing: bool,
+    /// Run each step through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU)
+    /// and the data-parallel gradient reducer, after checking a bf16 all-reduce.
+    pub ddp: bool,
 }
 
 /// Peak resident memory of this process (VmHWM), GiB; Linux only.
@@ -74,8 +80,13 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let act = if autocast { Kind::BFloat16 } else { kind };
     let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
+    let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables(), !o.gradient_checkpointing)?) } else { None };
+
     let vocab = model_cfg.vocab_size as i64;
     let mut step = || -> Result<Tensor, Error> {
+        if let Some((_, reducer)) = &ddp {
+            reducer.prepare()?;
+        }
         let idx = Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device))?;
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
         let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
@@ -87,6 +98,9 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
                 Ok(loss)
             }
         })?;
+        if let Some((_, reducer)) = &ddp {
+            reducer.finish()?;
+        }
         let _norm = opt.clip_grad_norm(1.0)?;
         opt.step(3e-4)?;
         opt.zero_grad()?;
@@ -135,5 +149,40 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "attention_backend": format!("{backend:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "threads": tch::get_num_threads(),
+        "ddp": ddp.as_ref().map(|(g, r)| json!({
+            "backend": format!("{:?}", g.backend()).to_lowercase(),
+            "world_size": g.world_size(),
+            "buckets": r.n_buckets(),
+            "bf16_allreduce": "ok",
+        })),
     }))
+}
+
+/// A world-size-1 group on `device` (NCCL on CUDA) that has all-reduced a bf16 tensor
+/// correctly, and a gradient reducer over `params`.
+fn data_parallel(device: Device, params: &[Tensor], overlap: bool) -> Result<(Arc<ProcessGroup>, GradReducer), Error> {
+    let group = Arc::new(ProcessGroup::new(&GroupOptions {
+        backend: Backend::for_device(device),
+        master_addr: "127.0.0.1".into(),
+        master_port: crate::dist::free_port()?,
+        rank: 0,
+        world_size: 1,
+        timeout: std::time::Duration::from_secs(300),
+        gloo_device: GlooDevice::Host("127.0.0.1".into()),
+        cuda_device: device_index(device),
+    })?);
+    let t = Tensor::f_full([1 << 20], 3.0, (Kind::BFloat16, device))?;
+    group.allreduce(&t, ReduceOp::Avg)?.wait()?;
+    if t.f_eq(3.0)?.f_all()?.f_int64_value(&[])? == 0 {
+        return Err(Error::Shim(format!("{:?} all-reduce of a bf16 tensor of 3s did not give 3s", group.backend())));
+    }
+    let reducer = GradReducer::new(group.clone(), params, DEFAULT_BUCKET_CAP_BYTES, overlap)?;
+    Ok((group, reducer))
+}
+
+fn device_index(device: Device) -> usize {
+    match device {
+        Device::Cuda(i) => i,
+        _ => 0,
+    }
 }

@@ -210,6 +210,10 @@ pub struct BenchArgs {
     pub device: Option<String>,
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// Through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU) and the
+    /// data-parallel gradient reducer, after checking a bf16 all-reduce.
+    #[arg(long)]
+    pub ddp: bool,
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -260,6 +264,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 attention: parse("attention", &args.attention)?,
                 device,
                 gradient_checkpointing: args.gradient_checkpointing,
+                ddp: args.ddp,
             };
             println!("{}", crate::bench::run(&opts)?);
             Ok(())

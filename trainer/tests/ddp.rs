@@ -398,3 +398,17 @@ fn the_tiny_local_example_trains_on_two_ranks() {
     assert_eq!(step_losses(&dir.join("out/metrics.jsonl")).len(), 2);
     assert_eq!(std::fs::read_to_string(dir.join("out/latest")).unwrap().trim(), "step-00000002");
 }
+
+#[test]
+fn the_bench_runs_its_steps_through_a_world_size_one_group_and_the_reducer() {
+    let out = trainer_bin()
+        .args(["bench", "--preset", "nano", "--device", "cpu", "--precision", "f32", "--ddp"])
+        .args(["--micro-batch", "2", "--seq", "64", "--steps", "2", "--warmup", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["ddp"]["backend"], "gloo", "{json}");
+    assert_eq!(json["ddp"]["world_size"], 1, "{json}");
+    assert!(json["final_loss"].as_f64().unwrap().is_finite(), "{json}");
+}
