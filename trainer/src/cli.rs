@@ -42,6 +42,10 @@ pub enum Command {
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Tokenize text into shards for training: jsonl (`--field`), Parquet (a text
+    /// column), plain text files and directories, or MedQA-USMLE jsonl. Writes
+    /// train/validation shards, manifest.json and tokenizer.json to the output directory.
+    Prepare(PrepareArgs),
     /// Validation loss and perplexity of a checkpoint, per data source.
     Eval {
         /// A run's output directory or one checkpoint directory.
@@ -92,6 +96,44 @@ pub struct RunArgs {
     /// Skip the sample generation at the end.
     #[arg(long)]
     pub no_sample: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PrepareArgs {
+    /// Input files or directories (repeatable); directories are read recursively.
+    #[arg(long = "input", short, required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Output directory of the prepared source.
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// The source's name [default: the output directory's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: crate::data::prepare::InputFormat,
+    /// The jsonl field or Parquet column holding the text.
+    #[arg(long, default_value = "text")]
+    pub field: String,
+    /// A Hugging Face tokenizer.json, or `embedded`.
+    #[arg(long, conflicts_with = "train_tokenizer")]
+    pub tokenizer: Option<String>,
+    /// Train a byte-level BPE on the input first (with --vocab-size).
+    #[arg(long, requires = "vocab_size")]
+    pub train_tokenizer: bool,
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// How much input text the tokenizer is trained on.
+    #[arg(long, default_value = "256M")]
+    pub tokenizer_sample_bytes: String,
+    /// Tokens per shard.
+    #[arg(long, default_value = "100M")]
+    pub shard_tokens: String,
+    /// Share of documents held out for validation.
+    #[arg(long, default_value_t = 0.005)]
+    pub validation_fraction: f64,
+    /// Seed of the validation split.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -241,6 +283,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             crate::local::launch(&args)
         }
         Command::Worker(args) => crate::local::worker(&args),
+        Command::Prepare(args) => prepare(args),
         Command::Eval { checkpoint } => crate::local::eval(&checkpoint),
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
@@ -288,6 +331,52 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+fn prepare(a: PrepareArgs) -> Result<(), Error> {
+    use crate::data::prepare::{PrepareOptions, TokenizerChoice};
+    let quantity = |flag: &str, v: &str| {
+        crds::quantity::parse_tokens(v).map_err(|e| Error::InvalidSpec(format!("--{flag} {v}: {e}")))
+    };
+    let tokenizer = match (a.tokenizer.as_deref(), a.train_tokenizer, a.vocab_size) {
+        (Some("embedded"), _, _) => TokenizerChoice::Embedded,
+        (Some(path), _, _) => TokenizerChoice::File(path.into()),
+        (None, true, Some(vocab_size)) => TokenizerChoice::Train {
+            vocab_size,
+            sample_bytes: quantity("tokenizer-sample-bytes", &a.tokenizer_sample_bytes)? as usize,
+        },
+        _ => {
+            return Err(Error::InvalidSpec(
+                "prepare needs a tokenizer: --tokenizer tokenizer.json, --tokenizer embedded, or --train-tokenizer --vocab-size N".into(),
+            ));
+        }
+    };
+    let opts = PrepareOptions {
+        inputs: a.inputs,
+        output: a.output.clone(),
+        name: a.name,
+        format: a.format,
+        field: a.field,
+        tokenizer,
+        shard_tokens: quantity("shard-tokens", &a.shard_tokens)?,
+        validation_fraction: a.validation_fraction,
+        seed: a.seed,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let r = crate::data::prepare::prepare(&opts)?;
+    println!(
+        "{}: {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
+        a.output.display(),
+        r.documents,
+        r.validation_documents,
+        crate::progress::human_count(r.train_tokens as f64),
+        crate::progress::human_count(r.validation_tokens as f64),
+        r.shards,
+        r.input_bytes as f64 / 1e6,
+        r.seconds,
+        r.input_bytes as f64 / 1e6 / r.seconds.max(1e-9),
+    );
+    Ok(())
 }
 
 /// A flag value parsed as the manifest spells it (`bf16-mixed`, `flash`, …).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crds::config::{Device as RunDevice, Location, ResolvedInit, RunConfig};
+use crds::config::{Device as RunDevice, Location, ResolvedInit, ResolvedSource, RunConfig};
 use crds::contract::TrainerPhase;
 use crds::presets::H100_PEAK_BF16_FLOPS;
 use crds::types::{Attention, CheckpointRef, Precision};
@@ -20,7 +20,8 @@ use crate::Error;
 use crate::dist::{self, GradReducer, Placement, ProcessGroup, ReduceOp};
 use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
 use crate::data::corpus::{self, Split};
-use crate::data::mix::{self, Mix, SourceTokens};
+use crate::data::mix::{self, Mix, SourceTokens, Tokens};
+use crate::data::shard::{Manifest, ShardSet};
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{self, Sampling};
 use crate::metrics_log::MetricsLog;
@@ -664,14 +665,18 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
     data.mix
         .iter()
         .map(|src| {
-            let Location::Embedded { name } = &src.location else {
-                return Err(Error::Data {
-                    name: src.name.clone(),
-                    message: format!(
-                        "{}: this build trains on the embedded corpus only; prepared shards are not readable yet",
-                        src.uri
-                    ),
-                });
+            let name = match &src.location {
+                Location::Embedded { name } => name,
+                Location::Path { path } => return prepared_source(src, Path::new(path), tok, split),
+                Location::Pvc { claim, path } => {
+                    return prepared_source(src, Path::new(&crds::contract::pvc_path(claim, path)), tok, split);
+                }
+                Location::S3 { .. } => {
+                    return Err(Error::Data {
+                        name: src.name.clone(),
+                        message: format!("{}: reading shards from S3 is not built yet; copy them to a path or PVC", src.uri),
+                    });
+                }
             };
             let need = match split {
                 Split::Train => {
@@ -684,6 +689,32 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
             Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: tokens.into() })
         })
         .collect()
+}
+
+/// A source prepared by `trainer prepare`: its manifest's shards of `split`, checked
+/// against the run's tokenizer.
+fn prepared_source(src: &ResolvedSource, dir: &Path, tok: &Tokenizer, split: Split) -> Result<SourceTokens, Error> {
+    let bad = |message: String| Error::Data { name: src.name.clone(), message: format!("{}: {message}", src.uri) };
+    let manifest = Manifest::read(dir)?;
+    if manifest.tokenizer.hash != tok.hash() {
+        return Err(bad(format!(
+            "prepared with tokenizer {} ({} tokens), but the run's spec.model.tokenizer is {} ({} tokens); \
+             train with the tokenizer.json beside the manifest or prepare again",
+            &manifest.tokenizer.hash[..16.min(manifest.tokenizer.hash.len())],
+            manifest.tokenizer.vocab_size,
+            &tok.hash()[..16],
+            tok.vocab_size()
+        )));
+    }
+    let entries = match split {
+        Split::Train => &manifest.train,
+        Split::Validation => &manifest.validation,
+    };
+    if entries.is_empty() {
+        return Err(bad(format!("has no {} shards; prepare it with --validation-fraction above 0", split.name())));
+    }
+    let shards = ShardSet::open(dir, entries, &manifest)?;
+    Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Shards(Arc::new(shards)) })
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,

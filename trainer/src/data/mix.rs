@@ -5,6 +5,7 @@
 //! a seeded per-epoch permutation of its non-overlapping windows. Resuming at global
 //! sample `N` is therefore exact and needs only `N` (no replay of the data).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,8 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 
 use super::corpus::{self, CORPUS_VERSION, Split};
+use super::shard::ShardSet;
+use super::splitmix64;
 use super::tokenizer::Tokenizer;
 use crate::Error;
 
@@ -131,7 +134,47 @@ pub struct SourceTokens {
     pub name: String,
     /// Positive; the mix normalises the weights to sum to 1.
     pub weight: f64,
-    pub tokens: Arc<[u32]>,
+    pub tokens: Tokens,
+}
+
+/// A source's token stream: one block in memory, or memory-mapped shards. Samples
+/// never cross a block (shard) boundary.
+#[derive(Clone, Debug)]
+pub enum Tokens {
+    Memory(Arc<[u32]>),
+    Shards(Arc<ShardSet>),
+}
+
+impl From<Vec<u32>> for Tokens {
+    fn from(v: Vec<u32>) -> Tokens {
+        Tokens::Memory(v.into())
+    }
+}
+
+impl Tokens {
+    /// Token count of each block.
+    pub fn blocks(&self) -> Vec<u64> {
+        match self {
+            Tokens::Memory(t) => vec![t.len() as u64],
+            Tokens::Shards(s) => s.shards.iter().map(|s| s.len()).collect(),
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.blocks().iter().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens `start..start + len` of block `b`.
+    pub fn slice(&self, b: usize, start: u64, len: usize) -> Cow<'_, [u32]> {
+        match self {
+            Tokens::Memory(t) => Cow::Borrowed(&t[start as usize..start as usize + len]),
+            Tokens::Shards(s) => s.shards[b].tokens(start, len),
+        }
+    }
 }
 
 /// The deterministic weighted mix of token sources, cut into samples of
@@ -145,6 +188,8 @@ pub struct Mix {
     sources: Vec<SourceTokens>,
     weights: Vec<f64>,
     n_windows: Vec<u64>,
+    /// Per source, the first window of each block (prefix sums of the blocks' windows).
+    block_windows: Vec<Vec<u64>>,
     seq_len: usize,
     seed: u64,
     shuffle: bool,
@@ -192,18 +237,29 @@ impl Mix {
             if !(s.weight.is_finite() && s.weight > 0.0) {
                 return Err(bad(&s.name, format!("weight {} must be a positive number", s.weight)));
             }
-            if s.tokens.len() < seq_len + 1 {
+        }
+        let mut block_windows = Vec::new();
+        let mut n_windows = Vec::new();
+        for s in &sources {
+            let mut starts = vec![0u64];
+            for b in s.tokens.blocks() {
+                starts.push(starts.last().expect("non-empty") + b / (seq_len as u64 + 1));
+            }
+            let n = *starts.last().expect("non-empty");
+            if n == 0 {
                 return Err(bad(
                     &s.name,
-                    format!("has {} tokens, fewer than one sample of {} tokens", s.tokens.len(), seq_len + 1),
+                    format!("has {} tokens, fewer than one sample of {} tokens (in one shard)", s.tokens.len(), seq_len + 1),
                 ));
             }
+            starts.pop();
+            block_windows.push(starts);
+            n_windows.push(n);
         }
         let total: f64 = sources.iter().map(|s| s.weight).sum();
         let weights = sources.iter().map(|s| s.weight / total).collect();
-        let n_windows = sources.iter().map(|s| (s.tokens.len() / (seq_len + 1)) as u64).collect();
         let snapshots = Mutex::new(vec![vec![0; sources.len()]]);
-        Ok(Mix { sources, weights, n_windows, seq_len, seed, shuffle, snapshots })
+        Ok(Mix { sources, weights, n_windows, block_windows, seq_len, seed, shuffle, snapshots })
     }
 
     /// The sources, in the order their indices refer to.
@@ -268,14 +324,20 @@ impl Mix {
         permute(j, n, key)
     }
 
-    fn window_tokens(&self, s: usize, w: u64) -> &[u32] {
+    fn window_tokens(&self, s: usize, w: u64) -> Cow<'_, [u32]> {
         let len = self.seq_len + 1;
-        let start = w as usize * len;
-        &self.sources[s].tokens[start..start + len]
+        let starts = &self.block_windows[s];
+        let b = starts.partition_point(|&first| first <= w) - 1;
+        self.sources[s].tokens.slice(b, (w - starts[b]) * len as u64, len)
+    }
+
+    /// Which epoch of source `s` its `k`-th draw belongs to (0-based).
+    pub fn epoch_of(&self, s: usize, k: u64) -> u64 {
+        k / self.n_windows[s]
     }
 
     /// Global sample `i`: its source index and its `seq_len + 1` tokens.
-    pub fn sample(&self, i: u64) -> (usize, &[u32]) {
+    pub fn sample(&self, i: u64) -> (usize, Cow<'_, [u32]>) {
         let counts = self.counts_at(i);
         let s = self.choose(i, &counts);
         (s, self.window_tokens(s, self.window(s, counts[s])))
@@ -307,25 +369,28 @@ impl Mix {
     }
 
     /// Unigram entropy (nats/token) of the mixed stream: of the weighted mixture of the
-    /// sources' token distributions.
+    /// sources' token distributions, from up to the first 4M tokens of each source.
     pub fn unigram_entropy(&self) -> f64 {
+        const SAMPLE: u64 = 4 << 20;
         let mut p: HashMap<u32, f64> = HashMap::new();
         for (s, w) in self.sources.iter().zip(&self.weights) {
-            let share = w / s.tokens.len() as f64;
-            for t in s.tokens.iter() {
-                *p.entry(*t).or_default() += share;
+            let mut seen = Vec::new();
+            for (b, len) in s.tokens.blocks().into_iter().enumerate() {
+                let take = len.min(SAMPLE - seen.len() as u64) as usize;
+                seen.extend_from_slice(&s.tokens.slice(b, 0, take));
+                if seen.len() as u64 >= SAMPLE {
+                    break;
+                }
+            }
+            let share = w / seen.len() as f64;
+            for t in seen {
+                *p.entry(t).or_default() += share;
             }
         }
         -p.values().map(|q| q * q.ln()).sum::<f64>()
     }
 }
 
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// A keyed pseudo-random permutation of `0..n` evaluated at `j` in O(1): a balanced
 /// four-round Feistel network on the smallest even-bit power of two ≥ n, cycle-walked
@@ -355,7 +420,7 @@ mod tests {
     use super::*;
 
     fn synthetic(name: &str, weight: f64, len: usize, base: u32) -> SourceTokens {
-        SourceTokens { name: name.into(), weight, tokens: (0..len as u32).map(|t| base + t).collect() }
+        SourceTokens { name: name.into(), weight, tokens: (0..len as u32).map(|t| base + t).collect::<Vec<_>>().into() }
     }
 
     fn four() -> Vec<SourceTokens> {

@@ -6,6 +6,8 @@
 
 pub mod corpus;
 pub mod mix;
+pub mod prepare;
+pub mod shard;
 pub mod tokenizer;
 
 use std::io::Write;
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use corpus::{McqRecord, Split};
-pub use mix::{Mix, SourceTokens, embedded_source_tokens, unigram_entropy};
+pub use mix::{Mix, SourceTokens, Tokens, embedded_source_tokens, unigram_entropy};
 pub use tokenizer::Tokenizer;
 
 /// The cache directory: `$TRAINER_CACHE` if set, else `$XDG_CACHE_HOME/trainingrun`,
@@ -50,6 +52,15 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// SplitMix64: a fast, well-mixed 64-bit hash used for seeded, position-addressable
+/// randomness (window orders, validation splits).
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Lowercase hex of `bytes`.

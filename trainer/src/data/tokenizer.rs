@@ -161,14 +161,24 @@ fn embedded_cache_path(cache_dir: &Path, vocab: usize) -> PathBuf {
 }
 
 /// Trains the byte-level BPE on `sample_bytes` of each source's train split and returns
-/// its JSON. Deterministic: the word counts are summed, pair ids come from the sorted
-/// byte alphabet and merge ties break by pair id, so hash-map order does not matter.
+/// its JSON.
 fn train_embedded(vocab: usize, sample_bytes: usize) -> Result<String, Error> {
-    let err = |message: String| Error::Tokenizer { path: "embedded".into(), message };
     let mut docs = Vec::new();
     for source in SOURCES {
         docs.extend(corpus::documents(source, 0, Split::Train, sample_bytes)?);
     }
+    train_bpe_json(docs.iter(), vocab, "embedded")
+}
+
+/// Trains a byte-level BPE of `vocab` tokens (EOS first, at id 0) on `docs` and returns
+/// its JSON. Deterministic: the word counts are summed, pair ids come from the sorted
+/// byte alphabet and merge ties break by pair id, so hash-map order does not matter.
+pub fn train_bpe_json<I, S>(docs: I, vocab: usize, origin: &str) -> Result<String, Error>
+where
+    I: Iterator<Item = S> + Send,
+    S: AsRef<str> + Send,
+{
+    let err = |message: String| Error::Tokenizer { path: origin.to_string(), message };
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(vocab)
         .min_frequency(2)
@@ -182,8 +192,19 @@ fn train_embedded(vocab: usize, sample_bytes: usize) -> Result<String, Error> {
         .with_decoder(Some(ByteLevel::default()))
         .build()
         .map_err(|e| err(e.to_string()))?;
-    tok.train(&mut trainer, docs.iter()).map_err(|e| err(format!("training failed: {e}")))?;
+    tok.train(&mut trainer, docs).map_err(|e| err(format!("training failed: {e}")))?;
     tok.to_string(false).map_err(|e| err(e.to_string()))
+}
+
+impl Tokenizer {
+    /// [`train_bpe_json`], loaded.
+    pub fn train_bpe<I, S>(docs: I, vocab: usize, origin: &str) -> Result<Tokenizer, Error>
+    where
+        I: Iterator<Item = S> + Send,
+        S: AsRef<str> + Send,
+    {
+        Self::from_json(&train_bpe_json(docs, vocab, origin)?, origin)
+    }
 }
 
 #[cfg(test)]

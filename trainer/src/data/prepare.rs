@@ -1,0 +1,472 @@
+//! `trainer prepare`: text (jsonl, Parquet, plain text, MedQA-USMLE jsonl) → tokenized
+//! shards plus a manifest, with a deterministic held-out validation split.
+//!
+//! A reader thread parses the inputs into batches of documents while the main thread
+//! encodes each batch on all cores (`tokenizers`' batch encoding) and appends the ids,
+//! each document followed by EOS, to fixed-size train and validation shards.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{Value, json};
+
+use super::corpus::McqRecord;
+use super::shard::{self, Dtype, MANIFEST_FORMAT, Manifest, ManifestTokenizer, RecordFiles, ShardEntry};
+use super::tokenizer::Tokenizer;
+use crate::{Error, io_err};
+
+/// Input formats; `Auto` decides per file by its extension and first record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputFormat {
+    Auto,
+    /// One JSON object per line; the text is in `--field`.
+    Jsonl,
+    /// A Parquet file; the text is the `--field` column (Hugging Face datasets' layout).
+    Parquet,
+    /// Each file is one document.
+    Text,
+    /// MedQA-USMLE jsonl: `question`, `options{A..D}`, `answer_idx`.
+    Medqa,
+}
+
+/// Where the tokenizer comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenizerChoice {
+    /// A Hugging Face `tokenizer.json`.
+    File(PathBuf),
+    /// The trainer's embedded byte-level BPE.
+    Embedded,
+    /// Train a byte-level BPE of this many tokens on (a sample of) the input first.
+    Train { vocab_size: usize, sample_bytes: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    pub inputs: Vec<PathBuf>,
+    pub output: PathBuf,
+    /// The source's name [default: the output directory's name].
+    pub name: Option<String>,
+    pub format: InputFormat,
+    pub field: String,
+    pub tokenizer: TokenizerChoice,
+    pub shard_tokens: u64,
+    pub validation_fraction: f64,
+    pub seed: u64,
+    pub progress: bool,
+}
+
+/// What `prepare` did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrepareReport {
+    pub documents: u64,
+    pub validation_documents: u64,
+    pub train_tokens: u64,
+    pub validation_tokens: u64,
+    pub input_bytes: u64,
+    pub seconds: f64,
+    pub shards: usize,
+}
+
+enum Doc {
+    Text(String),
+    Mcq(McqRecord),
+}
+
+impl Doc {
+    fn text(&self) -> String {
+        match self {
+            Doc::Text(t) => t.clone(),
+            Doc::Mcq(r) => r.text(),
+        }
+    }
+}
+
+/// Documents are sent to the encoder in batches of about this many bytes.
+const BATCH_BYTES: usize = 4 << 20;
+
+fn data_err(path: &Path, message: impl Into<String>) -> Error {
+    Error::Data { name: path.display().to_string(), message: message.into() }
+}
+
+/// The input files in order: files as given, directories walked recursively in name
+/// order (hidden entries skipped), each with its format.
+fn input_files(inputs: &[PathBuf], format: InputFormat) -> Result<Vec<(PathBuf, InputFormat)>, Error> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Error> {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io_err(dir))?
+            .map(|e| e.map(|e| e.path()).map_err(io_err(dir)))
+            .collect::<Result<_, _>>()?;
+        entries.sort();
+        for p in entries {
+            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')) {
+                continue;
+            }
+            if p.is_dir() { walk(&p, out)? } else { out.push(p) }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            walk(input, &mut files)?;
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            return Err(data_err(input, "--input: no such file or directory"));
+        }
+    }
+    if files.is_empty() {
+        return Err(Error::InvalidSpec("--input: no input files".into()));
+    }
+    files.into_iter().map(|f| { let fmt = detect(&f, format)?; Ok((f, fmt)) }).collect()
+}
+
+fn detect(path: &Path, format: InputFormat) -> Result<InputFormat, Error> {
+    if format != InputFormat::Auto {
+        return Ok(format);
+    }
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    Ok(match ext.as_str() {
+        "parquet" => InputFormat::Parquet,
+        "jsonl" | "json" | "ndjson" => {
+            let file = std::fs::File::open(path).map_err(io_err(path))?;
+            let first = BufReader::new(file).lines().find(|l| l.as_ref().map_or(true, |l| !l.trim().is_empty()));
+            let first = first.transpose().map_err(io_err(path))?.unwrap_or_default();
+            let v: Value = serde_json::from_str(&first).unwrap_or(Value::Null);
+            if ["question", "options", "answer_idx"].iter().all(|k| v.get(k).is_some()) {
+                InputFormat::Medqa
+            } else {
+                InputFormat::Jsonl
+            }
+        }
+        _ => InputFormat::Text,
+    })
+}
+
+/// A MedQA-USMLE record (GBaker/MedQA-USMLE-4-options): `question`, `options` A–D and
+/// `answer_idx`, a letter.
+pub fn parse_medqa(v: &Value) -> Result<McqRecord, String> {
+    let question = v.get("question").and_then(Value::as_str).ok_or("field `question` is missing or not a string")?;
+    let opts = v.get("options").and_then(Value::as_object).ok_or("field `options` is missing or not an object")?;
+    let mut options: [String; 4] = Default::default();
+    for (i, slot) in options.iter_mut().enumerate() {
+        let key = McqRecord::letter(i).to_string();
+        *slot = opts
+            .get(&key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("field `options.{key}` is missing or not a string"))?
+            .to_string();
+    }
+    let idx = v.get("answer_idx").and_then(Value::as_str).ok_or("field `answer_idx` is missing or not a string")?;
+    let answer = match idx.trim() {
+        "A" => 0,
+        "B" => 1,
+        "C" => 2,
+        "D" => 3,
+        other => return Err(format!("field `answer_idx` is {other:?}; expected A, B, C or D")),
+    };
+    Ok(McqRecord { question: question.to_string(), options, answer })
+}
+
+/// The MedQA jsonl form of a record.
+pub fn medqa_json(r: &McqRecord) -> Value {
+    let o = &r.options;
+    json!({
+        "question": r.question,
+        "options": {"A": o[0], "B": o[1], "C": o[2], "D": o[3]},
+        "answer_idx": McqRecord::letter(r.answer).to_string(),
+        "answer": o[r.answer],
+    })
+}
+
+/// Calls `f` with every document of `path` and the input bytes it consumed.
+fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Doc, u64) -> Result<(), Error>) -> Result<(), Error> {
+    match format {
+        InputFormat::Jsonl | InputFormat::Medqa => {
+            let file = std::fs::File::open(path).map_err(io_err(path))?;
+            for (n, line) in BufReader::new(file).lines().enumerate() {
+                let line = line.map_err(io_err(path))?;
+                let bytes = line.len() as u64 + 1;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let at = |m: String| data_err(path, format!("line {}: {m}", n + 1));
+                let v: Value = serde_json::from_str(&line).map_err(|e| at(format!("not JSON: {e}")))?;
+                let doc = if format == InputFormat::Medqa {
+                    Doc::Mcq(parse_medqa(&v).map_err(at)?)
+                } else {
+                    match v.get(field) {
+                        Some(Value::String(s)) => Doc::Text(s.clone()),
+                        Some(_) => return Err(at(format!("field `{field}` is not a string"))),
+                        None => return Err(at(format!("no field `{field}` (choose another with --field)"))),
+                    }
+                };
+                f(doc, bytes)?;
+            }
+        }
+        InputFormat::Parquet => {
+            use parquet::file::reader::{FileReader, SerializedFileReader};
+            let file = std::fs::File::open(path).map_err(io_err(path))?;
+            let reader = SerializedFileReader::new(file).map_err(|e| data_err(path, format!("not a Parquet file: {e}")))?;
+            let schema = reader.metadata().file_metadata().schema_descr_ptr();
+            let columns: Vec<String> = schema.columns().iter().map(|c| c.name().to_string()).collect();
+            let idx = columns.iter().position(|c| c == field).ok_or_else(|| {
+                data_err(path, format!("no column `{field}` (columns: {}); choose one with --field", columns.join(", ")))
+            })?;
+            let rows = reader.metadata().file_metadata().num_rows().max(1) as u64;
+            let per_row = std::fs::metadata(path).map_err(io_err(path))?.len() / rows;
+            let projection = schema.root_schema().get_fields()[idx].clone();
+            let projected = parquet::schema::types::Type::group_type_builder("schema")
+                .with_fields(vec![projection])
+                .build()
+                .map_err(|e| data_err(path, e.to_string()))?;
+            let iter = reader.get_row_iter(Some(projected)).map_err(|e| data_err(path, e.to_string()))?;
+            for (n, row) in iter.enumerate() {
+                let row = row.map_err(|e| data_err(path, format!("row {n}: {e}")))?;
+                use parquet::record::RowAccessor;
+                let text = row.get_string(0).map_err(|e| data_err(path, format!("row {n}: column `{field}`: {e}")))?;
+                f(Doc::Text(text.clone()), per_row)?;
+            }
+        }
+        InputFormat::Text | InputFormat::Auto => {
+            let bytes = std::fs::read(path).map_err(io_err(path))?;
+            let len = bytes.len() as u64;
+            let text = String::from_utf8(bytes).map_err(|e| data_err(path, format!("not UTF-8 text: {e}")))?;
+            if !text.trim().is_empty() {
+                f(Doc::Text(text), len)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Appends documents to fixed-size shards `<prefix>-NNNNN.bin`.
+struct ShardWriter<'a> {
+    dir: &'a Path,
+    prefix: &'static str,
+    shard_tokens: usize,
+    buf: Vec<u32>,
+    entries: Vec<ShardEntry>,
+    dtype: Dtype,
+    eos: u32,
+    hash: String,
+    tokens: u64,
+}
+
+impl<'a> ShardWriter<'a> {
+    fn push(&mut self, ids: &[u32]) -> Result<(), Error> {
+        self.buf.extend_from_slice(ids);
+        self.buf.push(self.eos);
+        self.tokens += ids.len() as u64 + 1;
+        while self.buf.len() >= self.shard_tokens {
+            let rest = self.buf.split_off(self.shard_tokens);
+            let full = std::mem::replace(&mut self.buf, rest);
+            self.flush(&full)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        let file = format!("{}-{:05}.bin", self.prefix, self.entries.len());
+        let h = shard::write(&self.dir.join(&file), tokens, self.dtype, self.eos, &self.hash)?;
+        self.entries.push(ShardEntry { file, tokens: h.tokens, documents: h.documents, crc32: h.crc32 });
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<ShardEntry>, Error> {
+        if !self.buf.is_empty() {
+            let last = std::mem::take(&mut self.buf);
+            self.flush(&last)?;
+        }
+        Ok(self.entries)
+    }
+}
+
+/// Whether document `i` is held out: a seeded hash below the fraction.
+fn held_out(seed: u64, i: u64, fraction: f64) -> bool {
+    let h = super::splitmix64(super::splitmix64(seed ^ 0x7661_6c69_6461_7465) ^ i);
+    (h as f64 / u64::MAX as f64) < fraction
+}
+
+fn load_tokenizer(o: &PrepareOptions, files: &[(PathBuf, InputFormat)]) -> Result<Tokenizer, Error> {
+    match &o.tokenizer {
+        TokenizerChoice::File(p) => Tokenizer::from_file(p),
+        TokenizerChoice::Embedded => Tokenizer::embedded(),
+        TokenizerChoice::Train { vocab_size, sample_bytes } => {
+            let mut sample = Vec::new();
+            let mut bytes = 0usize;
+            'files: for (path, format) in files {
+                let mut done = false;
+                let r = read_docs(path, *format, &o.field, &mut |doc, _| {
+                    let t = doc.text();
+                    bytes += t.len();
+                    sample.push(t);
+                    if bytes >= *sample_bytes {
+                        done = true;
+                        return Err(Error::Terminated { step: 0 });
+                    }
+                    Ok(())
+                });
+                match r {
+                    Err(Error::Terminated { .. }) if done => break 'files,
+                    other => other?,
+                }
+            }
+            let start = Instant::now();
+            let tok = Tokenizer::train_bpe(sample.iter(), *vocab_size, "--train-tokenizer")?;
+            tracing::info!(
+                vocab = tok.vocab_size(),
+                sample_mb = bytes as f64 / 1e6,
+                seconds = start.elapsed().as_secs_f64(),
+                "trained a byte-level BPE on the input"
+            );
+            Ok(tok)
+        }
+    }
+}
+
+/// Runs `trainer prepare`.
+pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
+    if !(0.0..1.0).contains(&o.validation_fraction) {
+        return Err(Error::InvalidSpec(format!("--validation-fraction {} must be in [0, 1)", o.validation_fraction)));
+    }
+    if o.shard_tokens < 1024 {
+        return Err(Error::InvalidSpec(format!("--shard-tokens {} must be at least 1024", o.shard_tokens)));
+    }
+    let started = Instant::now();
+    let files = input_files(&o.inputs, o.format)?;
+    let tok = load_tokenizer(o, &files)?;
+    std::fs::create_dir_all(&o.output).map_err(io_err(&o.output))?;
+    let name = o.name.clone().unwrap_or_else(|| {
+        o.output.file_name().and_then(|n| n.to_str()).unwrap_or("source").to_string()
+    });
+    let dtype = Dtype::for_vocab(tok.vocab_size());
+    let writer = |prefix| ShardWriter {
+        dir: &o.output,
+        prefix,
+        shard_tokens: o.shard_tokens as usize,
+        buf: Vec::new(),
+        entries: Vec::new(),
+        dtype,
+        eos: tok.eos_id(),
+        hash: tok.hash(),
+        tokens: 0,
+    };
+    let (mut train, mut val) = (writer("train"), writer("validation"));
+    let medqa = files.iter().any(|(_, f)| *f == InputFormat::Medqa);
+    let mut records: [Vec<String>; 2] = Default::default();
+
+    let total_bytes: u64 = files.iter().map(|(p, _)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+    let bar = if o.progress { ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr()) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("prepare {name}"));
+
+    let (tx, rx) = sync_channel::<Result<(Vec<Doc>, u64), Error>>(2);
+    let field = o.field.clone();
+    let reader_files = files.clone();
+    let reader = std::thread::spawn(move || {
+        let mut batch = Vec::new();
+        let (mut batch_bytes, mut consumed) = (0usize, 0u64);
+        for (path, format) in &reader_files {
+            let r = read_docs(path, *format, &field, &mut |doc, bytes| {
+                batch_bytes += match &doc { Doc::Text(t) => t.len(), Doc::Mcq(r) => r.question.len() + 64 };
+                consumed += bytes;
+                batch.push(doc);
+                if batch_bytes >= BATCH_BYTES {
+                    let full = std::mem::take(&mut batch);
+                    tx.send(Ok((full, std::mem::take(&mut consumed)))).map_err(|_| Error::Terminated { step: 0 })?;
+                    batch_bytes = 0;
+                }
+                Ok(())
+            });
+            if let Err(e) = r {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        }
+        let _ = tx.send(Ok((batch, consumed)));
+    });
+
+    let (mut documents, mut held) = (0u64, 0u64);
+    let mut input_bytes = 0u64;
+    for msg in rx {
+        let (docs, bytes) = msg?;
+        let texts: Vec<String> = docs.iter().map(Doc::text).collect();
+        for (doc, ids) in docs.iter().zip(tok.encode_batch(&texts)) {
+            let validation = held_out(o.seed, documents, o.validation_fraction);
+            if validation { val.push(&ids)? } else { train.push(&ids)? }
+            if let Doc::Mcq(r) = doc {
+                records[validation as usize].push(medqa_json(r).to_string());
+            }
+            documents += 1;
+            held += validation as u64;
+        }
+        input_bytes += bytes;
+        bar.inc(bytes);
+    }
+    reader.join().map_err(|_| Error::InvalidSpec("prepare: the input reader panicked".into()))?;
+    bar.finish_and_clear();
+    if documents == 0 {
+        return Err(Error::InvalidSpec("--input: the inputs hold no documents".into()));
+    }
+    if held == 0 && o.validation_fraction > 0.0 {
+        tracing::warn!("{name}: no document fell into the {} validation split; raise --validation-fraction", o.validation_fraction);
+    }
+    let (train_tokens, validation_tokens) = (train.tokens, val.tokens);
+    let (train, validation) = (train.finish()?, val.finish()?);
+    let record_files = if medqa {
+        let mut files = RecordFiles { train: "records-train.jsonl".into(), validation: "records-validation.jsonl".into() };
+        for (recs, file) in records.iter().zip([&mut files.train, &mut files.validation]) {
+            let path = o.output.join(&*file);
+            super::write_atomic(&path, (recs.join("\n") + "\n").as_bytes()).map_err(io_err(&path))?;
+        }
+        Some(files)
+    } else {
+        None
+    };
+    let tok_path = o.output.join("tokenizer.json");
+    super::write_atomic(&tok_path, tok.to_json()?.as_bytes()).map_err(io_err(&tok_path))?;
+    let shards = train.len() + validation.len();
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT.into(),
+        version: shard::VERSION,
+        name: name.clone(),
+        tokenizer: ManifestTokenizer {
+            hash: tok.hash(),
+            vocab_size: tok.vocab_size(),
+            eos_id: tok.eos_id(),
+            file: Some("tokenizer.json".into()),
+        },
+        dtype,
+        train,
+        validation,
+        records: record_files,
+        input: json!({
+            "files": files.iter().map(|(p, f)| json!({"path": p.display().to_string(), "format": f})).collect::<Vec<_>>(),
+            "field": o.field,
+            "documents": documents,
+            "validationDocuments": held,
+            "validationFraction": o.validation_fraction,
+            "seed": o.seed,
+            "bytes": input_bytes,
+        }),
+    };
+    manifest.write(&o.output)?;
+    Ok(PrepareReport {
+        documents,
+        validation_documents: held,
+        train_tokens,
+        validation_tokens,
+        input_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        shards,
+    })
+}
