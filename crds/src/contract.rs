@@ -209,6 +209,10 @@ pub struct TrainerStatus {
     pub metrics: RunMetrics,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,
+    /// Tokens trained on from each data source so far, by mix entry name: the weighted
+    /// mix's exact counts.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tokens_by_source: std::collections::BTreeMap<String, u64>,
 }
 
 #[cfg(test)]
@@ -260,6 +264,7 @@ mod tests {
             total_tokens: 819200,
             metrics: RunMetrics { loss: Some(3.5), tokens_per_second: Some(4096), ..Default::default() },
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["loss"], 3.5);
@@ -281,6 +286,7 @@ mod tests {
             total_tokens: 800,
             metrics: RunMetrics { loss: Some(1.5), ..Default::default() },
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         let json = serde_json::to_string(&done).unwrap();
         assert_eq!(ExitReport::parse(&json), Some(ExitReport::Success(Box::new(done))));

@@ -70,6 +70,7 @@ impl Rank0 {
                 uri: format!("/checkpoints/step-{:08}", step / 10 * 10),
                 time: Some("2026-01-01T00:30:00Z".into()),
             }),
+            tokens_by_source: Default::default(),
         });
     }
 }

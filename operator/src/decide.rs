@@ -503,6 +503,7 @@ mod tests {
             total_tokens: 244 * 262144,
             metrics: Default::default(),
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         let obs = |step| Observed {
             jobs: vec![attempt_job(1, json!([]))],

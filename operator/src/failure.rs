@@ -381,6 +381,7 @@ pub(crate) mod tests {
             total_tokens: 1000,
             metrics: crds::types::RunMetrics { loss: Some(0.64), ..Default::default() },
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         let pods = [exited(0, 0, "Completed", &serde_json::to_string(&done).unwrap()), exited(1, 0, "Completed", "")];
         let v = verdict(&job(json!([{"type": "Complete", "status": "True"}])), &pods);

@@ -155,6 +155,7 @@ mod tests {
             total_tokens: total,
             metrics: crds::types::RunMetrics { loss: Some(2.5), tokens_per_second: Some(1000), ..Default::default() },
             last_checkpoint: Some(crds::types::CheckpointRef { step: 50, tokens: 1, uri: "/checkpoints/step-00000050".into(), time: None }),
+            tokens_by_source: Default::default(),
         };
         apply_report(&mut s, &cfg, &report);
         let p = s.progress.clone().unwrap();

@@ -179,6 +179,7 @@ impl SharedStatus {
             total_tokens: config.schedule.total_tokens,
             metrics: RunMetrics::default(),
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         SharedStatus::new(status, RunInfo::from_config(config))
     }
@@ -228,6 +229,11 @@ impl SharedStatus {
         if report.is_nonfinite() {
             state.nonfinite_events += 1;
         }
+    }
+
+    /// Records how many tokens each data source has given so far.
+    pub fn record_source_tokens(&self, tokens: impl IntoIterator<Item = (String, u64)>) {
+        self.write().status.tokens_by_source = tokens.into_iter().collect();
     }
 
     /// Records an evaluation: the mean validation loss and the loss of each source.
@@ -329,6 +335,17 @@ fn metrics_registry(state: &StatusState) -> Registry {
         state.last_step_time,
     );
 
+    if !status.tokens_by_source.is_empty() {
+        let by_source = GaugeVec::new(
+            Opts::new("trainer_source_tokens", "Tokens trained on from each data source so far."),
+            &["source"],
+        )
+        .expect("valid metric");
+        for (source, tokens) in &status.tokens_by_source {
+            by_source.with_label_values(&[source.as_str()]).set(*tokens as f64);
+        }
+        add(Box::new(by_source));
+    }
     if !state.val_loss_by_source.is_empty() {
         let by_source = GaugeVec::new(
             Opts::new("trainer_val_loss_by_source", "Validation loss of each data source at the latest evaluation."),
@@ -499,6 +516,7 @@ mod tests {
             total_tokens: 819_200,
             metrics: RunMetrics::default(),
             last_checkpoint: None,
+            tokens_by_source: Default::default(),
         };
         let info =
             RunInfo { preset: "nano".into(), precision: "bf16-mixed".into(), device: "cpu".into(), world_size: 2 };
@@ -571,6 +589,7 @@ mod tests {
         state.set_phase(TrainerPhase::Evaluating);
         state.record_step(&report(10));
         state.record_eval(3.5, vec![("web".into(), 3.25)]);
+        state.record_source_tokens([("web".to_string(), 61_440), ("code".to_string(), 20_480)]);
         state.record_checkpoint(CheckpointRef { step: 8, tokens: 65536, uri: "u".into(), time: None });
         state.record_step(&StepReport { loss: f64::NAN, ..report(11) });
         state.record_nonfinite();
@@ -584,6 +603,9 @@ mod tests {
         assert_eq!(sample(&text, "trainer_loss"), None, "a NaN loss is not exported");
         assert_eq!(sample(&text, "trainer_val_loss"), Some(3.5));
         assert_eq!(sample(&text, r#"trainer_val_loss_by_source{source="web"}"#), Some(3.25));
+        assert_eq!(sample(&text, r#"trainer_source_tokens{source="code"}"#), Some(20480.0));
+        let status: serde_json::Value = serde_json::from_str(&state.status_json()).unwrap();
+        assert_eq!(status["tokensBySource"]["web"], 61_440, "{status}");
         assert_eq!(sample(&text, "trainer_learning_rate"), Some(3e-4));
         assert_eq!(sample(&text, "trainer_grad_norm"), Some(0.75));
         assert_eq!(sample(&text, "trainer_tokens_per_second"), Some(4096.0));

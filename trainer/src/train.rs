@@ -20,6 +20,7 @@ use crate::Error;
 use crate::dist::{self, GradReducer, Placement, ProcessGroup, ReduceOp};
 use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
 use crate::data::corpus::{self, Split};
+use crate::data::loader::{BatchPlan, Loader};
 use crate::data::mix::{self, Mix, SourceTokens, Tokens};
 use crate::data::shard::{Manifest, ShardSet};
 use crate::data::tokenizer::Tokenizer;
@@ -107,7 +108,10 @@ pub struct Trainer {
     vs: VarStore,
     model: Model,
     opt: AdamW,
-    train: Mix,
+    train: Arc<Mix>,
+    loader: Option<Loader>,
+    /// The epoch each training source is in (for the log line when one wraps).
+    source_epochs: Vec<u64>,
     /// One validation mix per source.
     val: Vec<Mix>,
     tokenizer: Tokenizer,
@@ -172,7 +176,7 @@ impl Trainer {
         };
 
         let tokenizer = load_tokenizer(cfg)?;
-        let train = Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?;
+        let train = Arc::new(Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?);
         let eval_every = cfg.data.as_ref().map_or(0, |d| d.eval_every_steps);
         let val = if eval_every > 0 { validation_mixes(cfg, &tokenizer)? } else { Vec::new() };
 
@@ -197,7 +201,9 @@ impl Trainer {
             vs,
             model,
             opt,
+            source_epochs: vec![0; train.sources().len()],
             train,
+            loader: None,
             val,
             tokenizer,
             step: 0,
@@ -214,6 +220,7 @@ impl Trainer {
         };
         trainer.check_attention(kind)?;
         let loaded = trainer.restore()?;
+        trainer.source_epochs = trainer.epochs(&trainer.train.counts_at(trainer.data_position));
         if let Some(group) = group {
             // Definition order: the reducer buckets it in reverse, as backward runs.
             let params = trainer.vs.trainable_variables();
@@ -289,13 +296,52 @@ impl Trainer {
         Ok(Some(source.display().to_string()))
     }
 
-    /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T).
-    fn micro_batch(&self, m: u32) -> Result<(Tensor, Tensor), Error> {
-        let b = &self.cfg.batch;
-        let world = self.cfg.topology.world_size as u64;
-        let first = self.data_position + (m as u64 * world + self.opts.placement.rank as u64) * b.micro_batch as u64;
-        let (x, y, _) = self.train.batch_tensors(first, b.micro_batch as usize);
-        Ok((x.f_to_device(self.device)?, y.f_to_device(self.device)?))
+    fn batch_plan(&self) -> BatchPlan {
+        BatchPlan {
+            micro_batch: self.cfg.batch.micro_batch as u64,
+            grad_accum: self.cfg.batch.grad_accum,
+            world_size: self.cfg.topology.world_size,
+            rank: self.opts.placement.rank,
+        }
+    }
+
+    /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T),
+    /// from the prefetching loader (started here at the first call).
+    fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
+        if self.loader.is_none() {
+            let depth = 2 * self.cfg.batch.grad_accum as usize;
+            self.loader = Some(Loader::start(self.train.clone(), self.batch_plan(), self.data_position, self.device, depth)?);
+        }
+        let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
+        // From pinned memory the copies run asynchronously with respect to the host.
+        let to = |t: &Tensor| t.f_to_device_(self.device, Kind::Int64, self.device.is_cuda(), false);
+        Ok((to(&b.inputs)?, to(&b.targets)?))
+    }
+
+    /// The epoch of each source after it gave `counts` samples.
+    fn epochs(&self, counts: &[u64]) -> Vec<u64> {
+        counts.iter().enumerate().map(|(s, &k)| if k == 0 { 0 } else { self.train.epoch_of(s, k - 1) }).collect()
+    }
+
+    /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
+    fn track_sources(&mut self) {
+        let counts = self.train.counts_at(self.data_position);
+        let seq = self.cfg.batch.seq_len as u64;
+        for (s, epoch) in self.epochs(&counts).into_iter().enumerate() {
+            if epoch > self.source_epochs[s] {
+                self.source_epochs[s] = epoch;
+                if self.rank0() {
+                    tracing::info!(
+                        source = %self.train.sources()[s].name,
+                        epoch = epoch + 1,
+                        samples_per_epoch = self.train.windows()[s],
+                        "data source ran out; starting a new epoch in a new order"
+                    );
+                }
+            }
+        }
+        let names = self.train.sources().iter().map(|s| s.name.clone());
+        self.status.record_source_tokens(names.zip(counts.iter().map(|c| c * seq)));
     }
 
     /// The forward and backward passes of one optimizer step over `grad_accum`
@@ -374,6 +420,7 @@ impl Trainer {
         self.step = step;
         self.tokens += self.cfg.batch.tokens_per_step;
         self.data_position += self.cfg.batch.global_sequences;
+        self.track_sources();
         let seconds = started.elapsed().as_secs_f64();
         let tokens_per_second = self.cfg.batch.tokens_per_step as f64 / seconds;
         let mfu = self.device.is_cuda().then(|| {

@@ -5,6 +5,7 @@
 //! under [`cache_dir`], keyed by everything they depend on and written atomically.
 
 pub mod corpus;
+pub mod loader;
 pub mod mix;
 pub mod prepare;
 pub mod shard;
