@@ -69,6 +69,9 @@ pub enum Command {
     /// What data parallelism costs here: Gloo all-reduce bandwidth between local
     /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
     BenchDdp(BenchDdpArgs),
+    /// How fast one core serves training batches from mmap shards through the mix
+    /// (synthetic 45/25/20/10 shards unless --data is given).
+    BenchData(BenchDataArgs),
     /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
     /// validation loss, and the learning rate, against tokens.
     Plot {
@@ -210,6 +213,22 @@ pub struct GenerateArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct BenchDataArgs {
+    /// Prepared source directories (repeatable).
+    #[arg(long)]
+    pub data: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2048)]
+    pub seq: usize,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: usize,
+    #[arg(long, default_value_t = 2000)]
+    pub batches: usize,
+    /// Tokens per synthetic source.
+    #[arg(long, default_value = "32M")]
+    pub synthetic_tokens: String,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct BenchDdpArgs {
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
@@ -310,6 +329,18 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 ddp: args.ddp,
             };
             println!("{}", crate::bench::run(&opts)?);
+            Ok(())
+        }
+        Command::BenchData(a) => {
+            let opts = crate::data::bench::DataBenchOptions {
+                data: a.data,
+                seq: a.seq,
+                micro_batch: a.micro_batch,
+                batches: a.batches,
+                synthetic_tokens: crds::quantity::parse_tokens(&a.synthetic_tokens)
+                    .map_err(|e| Error::InvalidSpec(format!("--synthetic-tokens {}: {e}", a.synthetic_tokens)))?,
+            };
+            println!("{}", crate::data::bench::run(&opts)?);
             Ok(())
         }
         Command::BenchDdp(a) => {

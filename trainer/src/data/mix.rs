@@ -522,6 +522,55 @@ mod tests {
     }
 
     #[test]
+    fn sharded_sources_never_cut_a_sample_across_shards_and_visit_every_window() {
+        use crate::data::shard::{self, Dtype, Manifest, ManifestTokenizer, ShardEntry, ShardSet};
+        let dir = crate::data::test_util::TempDir::new("mix-shards");
+        // Three shards of 100, 45 and 81 tokens; token value = global position.
+        let mut entries = Vec::new();
+        let mut start = 0u32;
+        for (i, len) in [100u32, 45, 81].into_iter().enumerate() {
+            let toks: Vec<u32> = (start..start + len).collect();
+            let file = format!("train-{i:05}.bin");
+            let h = shard::write(&dir.0.join(&file), &toks, Dtype::U16, 0, "h").unwrap();
+            entries.push(ShardEntry { file, tokens: h.tokens, documents: h.documents, crc32: h.crc32 });
+            start += len;
+        }
+        let manifest = Manifest {
+            format: shard::MANIFEST_FORMAT.into(),
+            version: shard::VERSION,
+            name: "s".into(),
+            tokenizer: ManifestTokenizer { hash: "h".into(), vocab_size: 1000, eos_id: 0, file: None },
+            dtype: Dtype::U16,
+            train: entries.clone(),
+            validation: vec![],
+            records: None,
+            input: serde_json::Value::Null,
+        };
+        let set = ShardSet::open(&dir.0, &entries, &manifest).unwrap();
+        let src = SourceTokens { name: "s".into(), weight: 1.0, tokens: Tokens::Shards(Arc::new(set)) };
+        // Windows of 9 tokens: 11 + 5 + 9 = 25 (a plain concatenation would give 25 too,
+        // but with windows straddling the 100 and 145 boundaries).
+        let mix = Mix::new(vec![src], 8, 1).unwrap();
+        assert_eq!(mix.windows(), &[25]);
+        let (x, y, _) = mix.batch(0, 50);
+        let mut firsts = BTreeSet::new();
+        for (i, row) in x.chunks(8).enumerate() {
+            let first = row[0];
+            // Contiguous, and inside one shard.
+            assert!(row.iter().zip(&row[1..]).all(|(a, b)| b - a == 1), "{row:?}");
+            assert_eq!(y[i * 8 + 7], first + 8);
+            let shard_of = |t: i64| [100, 145, 226].iter().position(|&end| t < end).unwrap();
+            assert_eq!(shard_of(first), shard_of(first + 8), "sample {i} crosses a shard: {first}..{}", first + 8);
+            if i < 25 {
+                firsts.insert(first);
+            }
+        }
+        assert_eq!(firsts.len(), 25, "the first epoch visits every window once");
+        assert_eq!(mix.epoch_of(0, 24), 0);
+        assert_eq!(mix.epoch_of(0, 25), 1);
+    }
+
+    #[test]
     fn rejects_bad_sources() {
         let e = Mix::new(vec![synthetic("tiny", 1.0, 5, 0)], 8, 0).unwrap_err().to_string();
         assert!(e.contains("tiny"), "{e}");

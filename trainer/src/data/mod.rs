@@ -4,6 +4,7 @@
 //! Derived artefacts (the embedded tokenizer, large token streams) are cached on disk
 //! under [`cache_dir`], keyed by everything they depend on and written atomically.
 
+pub mod bench;
 pub mod corpus;
 pub mod loader;
 pub mod mix;
