@@ -13,6 +13,7 @@ export LIBTORCH
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
 export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
+scripts/setup-s3.sh
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 cargo build -q --locked -p operator

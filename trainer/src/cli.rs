@@ -106,9 +106,10 @@ pub struct PrepareArgs {
     /// Input files or directories (repeatable); directories are read recursively.
     #[arg(long = "input", short, required = true)]
     pub inputs: Vec<PathBuf>,
-    /// Output directory of the prepared source.
+    /// Output directory of the prepared source, or an `s3://bucket/prefix` (staged
+    /// locally, then uploaded with the manifest last).
     #[arg(long, short)]
-    pub output: PathBuf,
+    pub output: String,
     /// The source's name [default: the output directory's name].
     #[arg(long)]
     pub name: Option<String>,
@@ -382,10 +383,21 @@ fn prepare(a: PrepareArgs) -> Result<(), Error> {
             ));
         }
     };
+    let s3 = crate::storage::parse_uri(&a.output);
+    if a.output.starts_with("s3://") && s3.is_none() {
+        return Err(Error::InvalidSpec(format!("--output {}: write s3://bucket/prefix", a.output)));
+    }
+    let output = match &s3 {
+        Some((_, prefix)) => crate::data::cache_dir()
+            .join("prepare-staging")
+            .join(format!("{}-{}", prefix.replace('/', "_"), std::process::id())),
+        None => PathBuf::from(&a.output),
+    };
+    let name = a.name.or_else(|| s3.as_ref().and_then(|(_, p)| p.rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string)));
     let opts = PrepareOptions {
         inputs: a.inputs,
-        output: a.output.clone(),
-        name: a.name,
+        output: output.clone(),
+        name,
         format: a.format,
         field: a.field,
         tokenizer,
@@ -395,9 +407,15 @@ fn prepare(a: PrepareArgs) -> Result<(), Error> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     let r = crate::data::prepare::prepare(&opts)?;
+    if let Some((bucket, prefix)) = &s3 {
+        let store = crate::storage::S3::from_env()?;
+        let n = store.put_dir(&output, bucket, prefix, crate::data::shard::MANIFEST)?;
+        let _ = std::fs::remove_dir_all(&output);
+        eprintln!("uploaded {n} files to {}", a.output);
+    }
     println!(
         "{}: {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
-        a.output.display(),
+        a.output,
         r.documents,
         r.validation_documents,
         crate::progress::human_count(r.train_tokens as f64),

@@ -15,6 +15,7 @@ pub mod optim;
 pub mod plot;
 pub mod progress;
 pub mod status;
+pub mod storage;
 pub mod torch_info;
 pub mod train;
 
@@ -60,6 +61,10 @@ pub enum Error {
     /// A plot could not be drawn or written.
     #[error("plot {}: {message}", path.display())]
     Plot { path: PathBuf, message: String },
+    /// An object store request failed after retries; `permanent` when retrying cannot
+    /// help (a missing bucket or object, denied credentials).
+    #[error("{uri}: {message}")]
+    Storage { uri: String, message: String, permanent: bool },
     /// A collective failed: a peer died, the network broke, or it timed out.
     #[error("rank {rank}: {op} failed (timeout {}): {message}", humantime::format_duration(*timeout))]
     Collective { op: String, rank: u32, timeout: std::time::Duration, message: String },
@@ -103,6 +108,7 @@ impl Error {
             Error::Data { .. } | Error::Tokenizer { .. } => Some(FailureReason::DataError),
             Error::NonFinite { .. } => Some(FailureReason::NaNLoss),
             Error::Collective { .. } | Error::Rendezvous { .. } => Some(FailureReason::CollectiveTimeout),
+            Error::Storage { permanent: true, .. } => Some(FailureReason::DataError),
             Error::AtStep { source, .. } => source.reason(),
             Error::Torch(_)
             | Error::Shim(_)
@@ -112,7 +118,8 @@ impl Error {
             | Error::StatusServer { .. }
             | Error::Plot { .. }
             | Error::Terminated { .. }
-            | Error::WorkerFailed { .. } => None,
+            | Error::WorkerFailed { .. }
+            | Error::Storage { permanent: false, .. } => None,
         }
     }
 

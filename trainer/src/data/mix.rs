@@ -450,7 +450,7 @@ mod tests {
     #[test]
     fn proportions_track_weights_at_every_prefix() {
         let mix = Mix::new(four(), 8, 1).unwrap();
-        let (_, _, which) = mix.batch(0, 20_000);
+        let (_, _, which) = mix.batch(0, 100_000);
         let mut counts = [0f64; 4];
         let mut worst = 0f64;
         for (n, s) in which.iter().enumerate() {
@@ -462,7 +462,7 @@ mod tests {
         }
         // The greedy rule keeps every count within one sample of its share.
         assert!(worst <= 1.0, "worst deviation {worst} samples");
-        assert_eq!(mix.counts_at(20_000), counts.map(|c| c as u64).to_vec());
+        assert_eq!(mix.counts_at(100_000), counts.map(|c| c as u64).to_vec());
     }
 
     #[test]

@@ -1,0 +1,148 @@
+//! S3 against a real S3-compatible server (s3s-fs, started per test on 127.0.0.1 with a
+//! fresh directory): objects, ranges, listing, multipart, errors, and `trainer prepare`
+//! writing to an `s3://` prefix.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use trainer::storage::{S3, S3Options};
+
+const KEY: &str = "AKIATRAINERTEST0001";
+const SECRET: &str = "trainer-test-secret-key-0123456789abcdef";
+
+struct Server {
+    child: Child,
+    endpoint: String,
+    root: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The s3s-fs binary: `$S3S_FS`, else on PATH, else in ~/.cargo/bin.
+fn s3s_fs() -> PathBuf {
+    if let Some(p) = std::env::var_os("S3S_FS") {
+        return p.into();
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let cargo_bin = home.join(".cargo/bin/s3s-fs");
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("s3s-fs"))
+        .chain([cargo_bin])
+        .find(|p| p.is_file())
+        .expect("these tests need the s3s-fs server: scripts/setup-s3.sh installs it (cargo install s3s-fs@0.14.1 --locked --features binary)")
+}
+
+fn start(buckets: &[&str]) -> Server {
+    let root = std::env::temp_dir().join(format!("trainer-s3-{}-{}", std::process::id(), rand_suffix()));
+    let _ = std::fs::remove_dir_all(&root);
+    for b in buckets {
+        std::fs::create_dir_all(root.join(b)).unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(s3s_fs())
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", KEY, "--secret-key", SECRET])
+        .arg(&root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "s3s-fs did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server { child, endpoint: format!("http://127.0.0.1:{port}"), root }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn client(s: &Server, secret: &str) -> S3 {
+    S3::with(&S3Options {
+        endpoint: Some(s.endpoint.clone()),
+        credentials: Some((KEY.into(), secret.into())),
+        region: Some("us-east-1".into()),
+    })
+    .unwrap()
+}
+
+#[test]
+fn objects_round_trip_with_ranges_listing_and_multipart() {
+    let server = start(&["data"]);
+    let s3 = client(&server, SECRET);
+    s3.put_bytes("data", "a/small.bin", (0..=255u8).collect()).unwrap();
+    assert_eq!(s3.get_range("data", "a/small.bin", 10, 5).unwrap(), vec![10, 11, 12, 13, 14]);
+    assert_eq!(s3.size("data", "a/small.bin").unwrap(), Some(256));
+    assert_eq!(s3.size("data", "a/none.bin").unwrap(), None);
+    // 70 MiB: two parts of a multipart upload.
+    let big: Vec<u8> = (0..70u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let file = server.root.join("big.bin");
+    std::fs::write(&file, &big).unwrap();
+    s3.put_file("data", "a/b/big.bin", &file).unwrap();
+    assert!(s3.get_bytes("data", "a/b/big.bin").unwrap() == big);
+    assert_eq!(s3.get_range("data", "a/b/big.bin", (64 << 20) - 3, 6).unwrap(), big[(64 << 20) - 3..(64 << 20) + 3]);
+    let mut keys = s3.list("data", "a/").unwrap();
+    keys.sort();
+    assert_eq!(keys, vec![("a/b/big.bin".to_string(), 70 << 20), ("a/small.bin".to_string(), 256)]);
+    let e = s3.get_range("data", "a/small.bin", 250, 10).unwrap_err().to_string();
+    assert!(e.contains("s3://data/a/small.bin"), "{e}");
+}
+
+#[test]
+fn wrong_credentials_a_missing_bucket_or_object_are_clear_permanent_errors() {
+    let server = start(&["data"]);
+    let bad = client(&server, "not-the-secret");
+    let e = bad.put_bytes("data", "x", vec![1]).unwrap_err();
+    assert!(e.to_string().contains("s3://data/x") && e.to_string().contains("access denied"), "{e}");
+    assert_eq!(e.reason(), Some(crds::contract::FailureReason::DataError));
+    assert!(!e.to_string().contains("not-the-secret"), "credentials must never be printed: {e}");
+    let s3 = client(&server, SECRET);
+    let e = s3.get_bytes("nope", "k").unwrap_err().to_string();
+    assert!(e.contains("s3://nope/k") && e.contains("does not exist"), "{e}");
+    let e = s3.get_bytes("data", "missing/key").unwrap_err().to_string();
+    assert!(e.contains("s3://data/missing/key") && e.contains("no such object"), "{e}");
+}
+
+#[test]
+fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
+    let server = start(&["datasets"]);
+    let input = server.root.join("in.jsonl");
+    let lines: Vec<String> = (0..300).map(|i| format!("{{\"text\": \"document {i} about rivers and towns\"}}")).collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["prepare", "--tokenizer", "embedded", "--shard-tokens", "1024", "--validation-fraction", "0.1"])
+        .arg("--input")
+        .arg(&input)
+        .args(["--output", "s3://datasets/web/v1"])
+        .env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache"))
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s3 = client(&server, SECRET);
+    let keys: Vec<String> = s3.list("datasets", "web/v1/").unwrap().into_iter().map(|(k, _)| k).collect();
+    assert!(keys.contains(&"web/v1/manifest.json".to_string()) && keys.contains(&"web/v1/tokenizer.json".to_string()), "{keys:?}");
+    let manifest: serde_json::Value = serde_json::from_slice(&s3.get_bytes("datasets", "web/v1/manifest.json").unwrap()).unwrap();
+    assert_eq!(manifest["name"], "v1");
+    for entry in manifest["train"].as_array().unwrap().iter().chain(manifest["validation"].as_array().unwrap()) {
+        let key = format!("web/v1/{}", entry["file"].as_str().unwrap());
+        let size = s3.size("datasets", &key).unwrap().unwrap();
+        assert_eq!(size, 128 + 2 * entry["tokens"].as_u64().unwrap(), "{key}");
+    }
+    let _ = Path::new("");
+}
