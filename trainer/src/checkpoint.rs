@@ -55,7 +55,7 @@ pub const STATE_FILE: &str = "state.json";
 pub const LATEST_FILE: &str = "latest";
 
 const TMP_PREFIX: &str = ".tmp-";
-const STEP_PREFIX: &str = "step-";
+pub const STEP_PREFIX: &str = "step-";
 const HASH_BUFFER: usize = 1 << 20;
 
 /// Everything besides tensors that a resumed run needs, written as `state.json`.

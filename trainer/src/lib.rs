@@ -10,6 +10,7 @@ pub mod ffi;
 pub mod generate;
 pub mod local;
 pub mod metrics_log;
+pub mod mirror;
 pub mod model;
 pub mod optim;
 pub mod plot;

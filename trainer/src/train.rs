@@ -26,6 +26,7 @@ use crate::data::shard::{Manifest, ShardSet};
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{self, Sampling};
 use crate::metrics_log::MetricsLog;
+use crate::mirror::{self, Mirror};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::progress::Progress;
@@ -219,7 +220,7 @@ impl Trainer {
             stop_agreed: false,
         };
         trainer.check_attention(kind)?;
-        let loaded = trainer.restore()?;
+        let loaded = trainer.restore(group.as_deref())?;
         trainer.source_epochs = trainer.epochs(&trainer.train.counts_at(trainer.data_position));
         if let Some(group) = group {
             // Definition order: the reducer buckets it in reverse, as backward runs.
@@ -260,8 +261,24 @@ impl Trainer {
     }
 
     /// Resumes or loads initial weights; returns where weights came from, if anywhere.
-    fn restore(&mut self) -> Result<Option<String>, Error> {
-        if let Some(loaded) = checkpoint::latest_valid(self.checkpoint_dir())? {
+    fn restore(&mut self, group: Option<&ProcessGroup>) -> Result<Option<String>, Error> {
+        let mut found = checkpoint::latest_valid(self.checkpoint_dir())?;
+        if found.is_none()
+            && let Some(s3) = &self.cfg.checkpoint.s3
+        {
+            // An empty checkpoint directory (a new PVC) resumes from the S3 mirror.
+            if self.rank0() {
+                std::fs::create_dir_all(self.checkpoint_dir()).map_err(crate::io_err(self.checkpoint_dir()))?;
+                if let Some(step) = mirror::restore(s3, self.checkpoint_dir())? {
+                    tracing::info!("the checkpoint directory was empty: resuming from the S3 mirror's step {step}");
+                }
+            }
+            if let Some(g) = group {
+                g.barrier()?;
+            }
+            found = checkpoint::latest_valid(self.checkpoint_dir())?;
+        }
+        if let Some(loaded) = found {
             checkpoint::check_resumable(&loaded.state, &self.cfg.fingerprint(), self.cfg.topology.world_size)?;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
             self.opt.load_state(&loaded.optimizer)?;
@@ -494,6 +511,10 @@ impl Trainer {
             _ => None,
         };
         let mut checkpointer = Checkpointer::new(self.checkpoint_dir(), self.cfg.checkpoint.keep_last)?;
+        let mirror = match &self.cfg.checkpoint.s3 {
+            Some(s3) if rank0 => Some(Mirror::start(s3)?),
+            _ => None,
+        };
         let unigram_entropy = self.train.unigram_entropy();
         self.status.update(|s| {
             s.step = self.step;
@@ -556,7 +577,7 @@ impl Trainer {
             if every > 0 && self.step.is_multiple_of(every) && !stopping {
                 // Training goes on while the background thread writes.
                 if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
-                    self.checkpoint_written(&done, log.as_mut())?;
+                    self.checkpoint_written(&done, log.as_mut(), mirror.as_ref())?;
                     last_checkpoint = Some(done);
                 }
                 self.barrier()?;
@@ -564,18 +585,22 @@ impl Trainer {
         }
         if rank0 {
             if let Some(done) = checkpointer.wait()? {
-                self.checkpoint_written(&done, log.as_mut())?;
+                self.checkpoint_written(&done, log.as_mut(), mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
             if last_checkpoint.as_ref().map(|c| c.step) != Some(self.step) && self.step > 0 {
                 self.status.set_phase(TrainerPhase::Checkpointing);
                 let done = checkpointer.save(self.payload(last_loss))?;
-                self.checkpoint_written(&done, log.as_mut())?;
+                self.checkpoint_written(&done, log.as_mut(), mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
         }
         // Nobody leaves before rank 0's last checkpoint is on disk.
         self.barrier()?;
+        if let Some(m) = mirror {
+            // The last checkpoint must reach S3 before the run reports success.
+            m.finish()?;
+        }
         let interrupted = self.stopping() && self.step < last_step;
         if rank0 && self.opts.sample && !interrupted {
             let (prompt, text) = self.sample()?;
@@ -614,8 +639,11 @@ impl Trainer {
         self.ddp.as_ref().map_or(Ok(()), |(group, _)| group.barrier())
     }
 
-    fn checkpoint_written(&self, done: &CheckpointRef, log: Option<&mut MetricsLog>) -> Result<(), Error> {
+    fn checkpoint_written(&self, done: &CheckpointRef, log: Option<&mut MetricsLog>, mirror: Option<&Mirror>) -> Result<(), Error> {
         self.status.record_checkpoint(done.clone());
+        if let Some(m) = mirror {
+            m.push(Path::new(&done.uri));
+        }
         if let Some(log) = log {
             log.checkpoint(done)?;
         }

@@ -146,3 +146,85 @@ fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
     }
     let _ = Path::new("");
 }
+
+fn run_manifest(endpoint: &str) -> String {
+    format!(
+        r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {{name: mirrored}}
+spec:
+  model: {{preset: nano, tokenizer: embedded}}
+  tokens: "6144"
+  data:
+    mix:
+      - {{name: textbook, weight: 0.6, uri: "embedded:textbook"}}
+      - {{name: mcq, weight: 0.4, uri: "embedded:mcq"}}
+  topology: {{nodes: 1, gpusPerNode: 0}}
+  batch: {{globalTokens: 512, microBatch: 4, seqLength: 64}}
+  optimizer: {{lr: 3.0e-3, warmupTokens: "1K"}}
+  precision: f32
+  checkpoint:
+    everySteps: 4
+    keepLast: 2
+    s3: {{uri: "s3://ckpt/runs/mirrored", endpoint: "{endpoint}", region: us-east-1, secretRef: {{name: s3-creds}}}}
+"#
+    )
+}
+
+fn train(manifest: &Path, out: &Path, extra: &[&str]) -> (std::process::Output, Vec<(u64, f64)>) {
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["run", "--no-sample", "-o"])
+        .arg(out)
+        .arg(manifest)
+        .args(extra)
+        .env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache"))
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let losses = trainer::metrics_log::read(&out.join("metrics.jsonl"))
+        .map(|records| {
+            records
+                .into_iter()
+                .filter_map(|r| match r {
+                    trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (o, losses)
+}
+
+#[test]
+fn checkpoints_are_mirrored_and_an_empty_directory_resumes_from_s3() {
+    let server = start(&["ckpt"]);
+    let manifest = server.root.join("run.yaml");
+    std::fs::write(&manifest, run_manifest(&server.endpoint)).unwrap();
+    // The uninterrupted run, for the loss sequence.
+    let (o, full) = train(&manifest, &server.root.join("full"), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(full.len(), 12);
+    let s3 = client(&server, SECRET);
+    let keys: Vec<String> = s3.list("ckpt", "runs/mirrored/").unwrap().into_iter().map(|(k, _)| k).collect();
+    for step in ["step-00000004", "step-00000008", "step-00000012"] {
+        for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+            assert!(keys.contains(&format!("runs/mirrored/{step}/{file}")), "{step}/{file} not mirrored: {keys:?}");
+        }
+    }
+    // A fresh bucket prefix: stop at step 6 (mirrored checkpoints 4 and 6), then resume
+    // on an empty directory: the run restores step 6 from S3 and repeats the losses.
+    for (k, _) in s3.list("ckpt", "runs/mirrored/").unwrap() {
+        std::fs::remove_file(server.root.join("ckpt").join(&k)).unwrap();
+    }
+    let (o, first) = train(&manifest, &server.root.join("pod-a"), &["--stop-after-steps", "6"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(first, full[..6]);
+    let (o, second) = train(&manifest, &server.root.join("pod-b"), &[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("resuming from the S3 mirror's step 6"), "{stderr}");
+    assert_eq!(second, full[6..], "the run resumed from S3 must repeat the uninterrupted losses");
+}
