@@ -207,7 +207,11 @@ impl S3 {
     }
 
     fn get(&self, bucket: &str, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Error> {
-        self.rt.block_on(async {
+        self.rt.block_on(self.get_async(bucket, key, range))
+    }
+
+    async fn get_async(&self, bucket: &str, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Error> {
+        {
             let mut req = self.client.get_object().bucket(bucket).key(key);
             if let Some((start, len)) = range {
                 req = req.range(format!("bytes={start}-{}", start + len - 1));
@@ -243,7 +247,24 @@ impl S3 {
                 });
             }
             Ok(bytes)
-        })
+        }
+    }
+
+    /// The whole object of `size` bytes, fetched as ranged GETs of `chunk` bytes, four at
+    /// a time, and reassembled in order.
+    pub fn get_ranged_parallel(&self, bucket: &str, key: &str, size: u64, chunk: u64) -> Result<Vec<u8>, Error> {
+        use futures::StreamExt;
+        let ranges: Vec<(u64, u64)> = (0..size).step_by(chunk.max(1) as usize).map(|start| (start, chunk.min(size - start))).collect();
+        let parts: Vec<Result<Vec<u8>, Error>> = self.rt.block_on(
+            futures::stream::iter(ranges.into_iter().map(|(start, len)| self.get_async(bucket, key, Some((start, len)))))
+                .buffered(4)
+                .collect(),
+        );
+        let mut out = Vec::with_capacity(size as usize);
+        for p in parts {
+            out.extend_from_slice(&p?);
+        }
+        Ok(out)
     }
 
     /// Downloads an object to `path` (atomically).

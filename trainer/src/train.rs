@@ -22,7 +22,9 @@ use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
 use crate::data::corpus::{self, Split};
 use crate::data::loader::{BatchPlan, Loader};
 use crate::data::mix::{self, Mix, SourceTokens, Tokens};
-use crate::data::shard::{Manifest, ShardSet};
+use crate::data::remote::RemoteShards;
+use crate::data::shard::{MANIFEST, Manifest, ShardEntry, ShardSet};
+use crate::storage::{self, S3, S3Options};
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{self, Sampling};
 use crate::metrics_log::MetricsLog;
@@ -515,7 +517,7 @@ impl Trainer {
             Some(s3) if rank0 => Some(Mirror::start(s3)?),
             _ => None,
         };
-        let unigram_entropy = self.train.unigram_entropy();
+        let unigram_entropy = self.train.unigram_entropy()?;
         self.status.update(|s| {
             s.step = self.step;
             s.tokens = self.tokens;
@@ -677,7 +679,7 @@ pub fn evaluate(
                     continue;
                 }
                 let take = (n - first).min(b) as usize;
-                let (x, y, _) = mix.batch_tensors(first, take);
+                let (x, y, _) = mix.batch_tensors(first, take)?;
                 let loss = tch::autocast(autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
                 *total += loss.f_double_value(&[])? * take as f64;
             }
@@ -705,11 +707,13 @@ pub fn load_tokenizer(cfg: &RunConfig) -> Result<Tokenizer, Error> {
     let tokenizer = match &cfg.tokenizer {
         Location::Embedded { .. } => Tokenizer::embedded()?,
         Location::Path { path } => Tokenizer::from_file(path)?,
-        other => {
-            return Err(Error::Data {
-                name: "spec.model.tokenizer".into(),
-                message: format!("{other:?}: only embedded and local tokenizer.json files can be read by this build"),
-            });
+        Location::Pvc { claim, path } => Tokenizer::from_file(crds::contract::pvc_path(claim, path))?,
+        Location::S3 { bucket, prefix } => {
+            // A tokenizer.json object, or the one beside a prepared source's manifest.
+            let key = if prefix.ends_with(".json") { prefix.clone() } else { storage::join(prefix, "tokenizer.json") };
+            let local = crate::data::cache_dir().join("s3").join(bucket).join(&key);
+            data_store(cfg)?.get_file(bucket, &key, &local)?;
+            Tokenizer::from_file(&local)?
         }
     };
     if tokenizer.vocab_size() > cfg.model.vocab_size as usize {
@@ -746,12 +750,7 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
                 Location::Pvc { claim, path } => {
                     return prepared_source(src, Path::new(&crds::contract::pvc_path(claim, path)), tok, split);
                 }
-                Location::S3 { .. } => {
-                    return Err(Error::Data {
-                        name: src.name.clone(),
-                        message: format!("{}: reading shards from S3 is not built yet; copy them to a path or PVC", src.uri),
-                    });
-                }
+                Location::S3 { bucket, prefix } => return remote_source(cfg, src, bucket, prefix, tok, split),
             };
             let need = match split {
                 Split::Train => {
@@ -769,8 +768,46 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
 /// A source prepared by `trainer prepare`: its manifest's shards of `split`, checked
 /// against the run's tokenizer.
 fn prepared_source(src: &ResolvedSource, dir: &Path, tok: &Tokenizer, split: Split) -> Result<SourceTokens, Error> {
-    let bad = |message: String| Error::Data { name: src.name.clone(), message: format!("{}: {message}", src.uri) };
     let manifest = Manifest::read(dir)?;
+    let entries = split_entries(src, &manifest, tok, split)?;
+    let shards = ShardSet::open(dir, entries, &manifest)?;
+    Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Shards(Arc::new(shards)) })
+}
+
+/// A source prepared to `s3://bucket/prefix`: shards fetched on demand into a bounded cache.
+fn remote_source(
+    cfg: &RunConfig,
+    src: &ResolvedSource,
+    bucket: &str,
+    prefix: &str,
+    tok: &Tokenizer,
+    split: Split,
+) -> Result<SourceTokens, Error> {
+    let s3 = Arc::new(data_store(cfg)?);
+    let key = storage::join(prefix, MANIFEST);
+    let text = s3.get_bytes(bucket, &key)?;
+    let origin = storage::uri(bucket, &key);
+    let manifest = Manifest::parse(&String::from_utf8_lossy(&text), Path::new(&origin))?;
+    let entries = split_entries(src, &manifest, tok, split)?;
+    let remote = RemoteShards::new(s3, bucket, prefix, &manifest, entries, &crate::data::cache_dir());
+    Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Remote(Arc::new(remote)) })
+}
+
+/// The S3 client for data: the standard AWS chain, with the checkpoint mirror's endpoint
+/// and region as defaults (data and checkpoints usually share a store).
+fn data_store(cfg: &RunConfig) -> Result<S3, Error> {
+    let env_endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|v| std::env::var_os(v).is_some());
+    let mirror = cfg.checkpoint.s3.as_ref();
+    S3::with(&S3Options {
+        endpoint: if env_endpoint { None } else { mirror.and_then(|m| m.endpoint.clone()) },
+        credentials: None,
+        region: if std::env::var_os("AWS_REGION").is_some() { None } else { mirror.and_then(|m| m.region.clone()) },
+    })
+}
+
+/// The manifest's shards of `split`, after checking its tokenizer against the run's.
+fn split_entries<'m>(src: &ResolvedSource, manifest: &'m Manifest, tok: &Tokenizer, split: Split) -> Result<&'m [ShardEntry], Error> {
+    let bad = |message: String| Error::Data { name: src.name.clone(), message: format!("{}: {message}", src.uri) };
     if manifest.tokenizer.hash != tok.hash() {
         return Err(bad(format!(
             "prepared with tokenizer {} ({} tokens), but the run's spec.model.tokenizer is {} ({} tokens); \
@@ -788,8 +825,7 @@ fn prepared_source(src: &ResolvedSource, dir: &Path, tok: &Tokenizer, split: Spl
     if entries.is_empty() {
         return Err(bad(format!("has no {} shards; prepare it with --validation-fraction above 0", split.name())));
     }
-    let shards = ShardSet::open(dir, entries, &manifest)?;
-    Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Shards(Arc::new(shards)) })
+    Ok(entries)
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,

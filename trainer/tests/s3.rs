@@ -228,3 +228,108 @@ fn checkpoints_are_mirrored_and_an_empty_directory_resumes_from_s3() {
     assert!(stderr.contains("resuming from the S3 mirror's step 6"), "{stderr}");
     assert_eq!(second, full[6..], "the run resumed from S3 must repeat the uninterrupted losses");
 }
+
+fn data_manifest(data_uri: &str, tokenizer: &str) -> String {
+    format!(
+        r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {{name: from-s3}}
+spec:
+  model: {{preset: nano, tokenizer: "{tokenizer}"}}
+  tokens: "8192"
+  data:
+    mix:
+      - {{name: web, weight: 0.7, uri: "{data_uri}"}}
+      - {{name: mcq, weight: 0.3, uri: "embedded:mcq"}}
+    validation: {{everySteps: 8, tokens: "1K"}}
+  topology: {{nodes: 1, gpusPerNode: 0}}
+  batch: {{globalTokens: 512, microBatch: 4, seqLength: 64}}
+  optimizer: {{lr: 3.0e-3, warmupTokens: "1K"}}
+  precision: f32
+"#
+    )
+}
+
+#[test]
+fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
+    let server = start(&["datasets"]);
+    let input = server.root.join("in.jsonl");
+    let lines: Vec<String> =
+        (0..600).map(|i| format!("{{\"text\": \"Record {i}: the river Belmora passes {} towns and {} bridges.\"}}", i % 17, i % 5)).collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let cache = server.root.join("cache");
+    let prepare = |output: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["prepare", "--tokenizer", "embedded", "--shard-tokens", "2048", "--validation-fraction", "0.1"])
+            .arg("--input")
+            .arg(&input)
+            .args(["--output", output])
+            .env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache"))
+            .env("AWS_ENDPOINT_URL", &server.endpoint)
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    prepare("s3://datasets/web/v1");
+    let local = server.root.join("local-web");
+    prepare(local.to_str().unwrap());
+    let shards = std::fs::read_dir(&local).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-")).count();
+    assert!(shards >= 4, "{shards} shards");
+
+    let run = |name: &str, yaml: String, cache_dir: &Path| {
+        let manifest = server.root.join(format!("{name}.yaml"));
+        std::fs::write(&manifest, yaml).unwrap();
+        let out = server.root.join(name);
+        let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["run", "--no-sample", "-o"])
+            .arg(&out)
+            .arg(&manifest)
+            .env("TRAINER_CACHE", cache_dir)
+            .env("TRAINER_S3_CACHE_BYTES", "5000")
+            .env("AWS_ENDPOINT_URL", &server.endpoint)
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        trainer::metrics_log::read(&out.join("metrics.jsonl"))
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| match r {
+                trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let from_local = run("local", data_manifest(local.to_str().unwrap(), "embedded"), &cache);
+    let from_s3 = run("s3", data_manifest("s3://datasets/web/v1", "s3://datasets/web/v1/tokenizer.json"), &cache);
+    assert_eq!(from_local.len(), 16);
+    assert_eq!(from_s3, from_local, "S3 shards must train exactly like the same shards on disk");
+    // The cache never held the whole source: at most the shard in use and the newest.
+    let cached = std::fs::read_dir(cache.join("s3/datasets/web/v1"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-"))
+        .count();
+    assert!(cached <= 2, "{cached} shards cached of {shards}");
+
+    // A missing prefix names the object.
+    let manifest = server.root.join("missing.yaml");
+    std::fs::write(&manifest, data_manifest("s3://datasets/nope", "embedded")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["run", "--no-sample", "-o"])
+        .arg(server.root.join("missing"))
+        .arg(&manifest)
+        .env("TRAINER_CACHE", &cache)
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(crds::contract::FailureReason::DataError.exit_code()));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("s3://datasets/nope/manifest.json") && stderr.contains("no such object"), "{stderr}");
+}

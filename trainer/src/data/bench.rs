@@ -76,26 +76,26 @@ pub fn run(o: &DataBenchOptions) -> Result<Value, Error> {
     }
     let mix = Mix::new(sources, o.seq, 1)?;
     // Warm the page cache, as a long run has.
-    let _ = mix.batch(0, o.micro_batch);
+    let _ = mix.batch(0, o.micro_batch)?;
     let tokens = (o.batches * o.micro_batch * o.seq) as f64;
 
     let start = Instant::now();
     let mut check = 0i64;
     for b in 0..o.batches {
-        let (x, _, _) = mix.batch((b * o.micro_batch) as u64, o.micro_batch);
+        let (x, _, _) = mix.batch((b * o.micro_batch) as u64, o.micro_batch)?;
         check = check.wrapping_add(x[0]);
     }
     let vecs = tokens / start.elapsed().as_secs_f64();
 
     let start = Instant::now();
     for b in 0..o.batches {
-        let (x, _, _) = mix.batch_tensors((b * o.micro_batch) as u64, o.micro_batch);
+        let (x, _, _) = mix.batch_tensors((b * o.micro_batch) as u64, o.micro_batch)?;
         check = check.wrapping_add(x.int64_value(&[0, 0]));
     }
     let tensors = tokens / start.elapsed().as_secs_f64();
 
     // The floor: converting the same number of u16 tokens to i64 in one sequential pass.
-    let first = mix.sources()[0].tokens.slice(0, 0, (tokens as usize).min(mix.sources()[0].tokens.blocks()[0] as usize)).into_owned();
+    let first = mix.sources()[0].tokens.slice(0, 0, (tokens as usize).min(mix.sources()[0].tokens.blocks()[0] as usize))?.into_owned();
     let start = Instant::now();
     let widened: Vec<i64> = first.iter().map(|&t| t as i64).collect();
     let copy = widened.len() as f64 / start.elapsed().as_secs_f64();

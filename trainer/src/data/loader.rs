@@ -88,7 +88,7 @@ fn fill(mix: &Mix, plan: BatchPlan, mut position: u64, device: Device, tx: &Sync
         for m in 0..plan.grad_accum {
             let first = plan.first_sample(position, m);
             let batch = (|| -> Result<MicroBatch, Error> {
-                let (x, y, _) = mix.batch_tensors(first, plan.micro_batch as usize);
+                let (x, y, _) = mix.batch_tensors(first, plan.micro_batch as usize)?;
                 let (x, y) = if device.is_cuda() { (x.f_pin_memory(device)?, y.f_pin_memory(device)?) } else { (x, y) };
                 Ok(MicroBatch { first_sample: first, inputs: x, targets: y })
             })();
@@ -143,7 +143,7 @@ mod tests {
             let position = 60 + step * plan.global_sequences();
             for m in 0..2 {
                 let b = loader.next(position, m).unwrap();
-                let (x, y, _) = mix.batch_tensors(plan.first_sample(position, m), 3);
+                let (x, y, _) = mix.batch_tensors(plan.first_sample(position, m), 3).unwrap();
                 assert_eq!(b.first_sample, plan.first_sample(position, m));
                 assert!(b.inputs.equal(&x) && b.targets.equal(&y));
             }

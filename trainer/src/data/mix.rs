@@ -14,6 +14,7 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 
 use super::corpus::{self, CORPUS_VERSION, Split};
+use super::remote::RemoteShards;
 use super::shard::ShardSet;
 use super::splitmix64;
 use super::tokenizer::Tokenizer;
@@ -137,12 +138,13 @@ pub struct SourceTokens {
     pub tokens: Tokens,
 }
 
-/// A source's token stream: one block in memory, or memory-mapped shards. Samples
-/// never cross a block (shard) boundary.
+/// A source's token stream: one block in memory, memory-mapped local shards, or
+/// shards in S3 behind a bounded cache. Samples never cross a block (shard) boundary.
 #[derive(Clone, Debug)]
 pub enum Tokens {
     Memory(Arc<[u32]>),
     Shards(Arc<ShardSet>),
+    Remote(Arc<RemoteShards>),
 }
 
 impl From<Vec<u32>> for Tokens {
@@ -157,6 +159,7 @@ impl Tokens {
         match self {
             Tokens::Memory(t) => vec![t.len() as u64],
             Tokens::Shards(s) => s.shards.iter().map(|s| s.len()).collect(),
+            Tokens::Remote(r) => r.entries().iter().map(|e| e.tokens).collect(),
         }
     }
 
@@ -168,12 +171,13 @@ impl Tokens {
         self.len() == 0
     }
 
-    /// Tokens `start..start + len` of block `b`.
-    pub fn slice(&self, b: usize, start: u64, len: usize) -> Cow<'_, [u32]> {
-        match self {
+    /// Tokens `start..start + len` of block `b` (fetching a remote shard if needed).
+    pub fn slice(&self, b: usize, start: u64, len: usize) -> Result<Cow<'_, [u32]>, Error> {
+        Ok(match self {
             Tokens::Memory(t) => Cow::Borrowed(&t[start as usize..start as usize + len]),
             Tokens::Shards(s) => s.shards[b].tokens(start, len),
-        }
+            Tokens::Remote(r) => Cow::Owned(r.shard(b)?.tokens(start, len).into_owned()),
+        })
     }
 }
 
@@ -190,6 +194,10 @@ pub struct Mix {
     n_windows: Vec<u64>,
     /// Per source, the first window of each block (prefix sums of the blocks' windows).
     block_windows: Vec<Vec<u64>>,
+    /// Per source, the windows of each block.
+    block_counts: Vec<Vec<u64>>,
+    /// (source, epoch) → the blocks in that epoch's reading order, with prefix sums.
+    orders: Mutex<HashMap<(usize, u64), Arc<(Vec<usize>, Vec<u64>)>>>,
     seq_len: usize,
     seed: u64,
     shuffle: bool,
@@ -239,12 +247,15 @@ impl Mix {
             }
         }
         let mut block_windows = Vec::new();
+        let mut block_counts = Vec::new();
         let mut n_windows = Vec::new();
         for s in &sources {
             let mut starts = vec![0u64];
-            for b in s.tokens.blocks() {
-                starts.push(starts.last().expect("non-empty") + b / (seq_len as u64 + 1));
+            let counts: Vec<u64> = s.tokens.blocks().iter().map(|b| b / (seq_len as u64 + 1)).collect();
+            for c in &counts {
+                starts.push(starts.last().expect("non-empty") + c);
             }
+            block_counts.push(counts);
             let n = *starts.last().expect("non-empty");
             if n == 0 {
                 return Err(bad(
@@ -259,7 +270,8 @@ impl Mix {
         let total: f64 = sources.iter().map(|s| s.weight).sum();
         let weights = sources.iter().map(|s| s.weight / total).collect();
         let snapshots = Mutex::new(vec![vec![0; sources.len()]]);
-        Ok(Mix { sources, weights, n_windows, block_windows, seq_len, seed, shuffle, snapshots })
+        let orders = Mutex::new(HashMap::new());
+        Ok(Mix { sources, weights, n_windows, block_windows, block_counts, orders, seq_len, seed, shuffle, snapshots })
     }
 
     /// The sources, in the order their indices refer to.
@@ -313,22 +325,64 @@ impl Mix {
         best
     }
 
-    /// Index of the window that is source `s`'s `k`-th draw.
-    fn window(&self, s: usize, k: u64) -> u64 {
+    /// Source `s`'s `k`-th draw as (block, window within the block).
+    ///
+    /// One block (in memory): a seeded permutation of all windows per epoch. Several
+    /// blocks (shards): each epoch reads the shards in a seeded order and each shard's
+    /// windows in a seeded order, so a reader needs about one shard of each source at a
+    /// time, which keeps a bounded cache of remote shards useful.
+    fn window(&self, s: usize, k: u64) -> (usize, u64) {
         let n = self.n_windows[s];
         let (epoch, j) = (k / n, k % n);
+        let locate = |starts: &[u64], j: u64| starts.partition_point(|&first| first <= j) - 1;
         if !self.shuffle {
-            return j;
+            let b = locate(&self.block_windows[s], j);
+            return (b, j - self.block_windows[s][b]);
         }
         let key = splitmix64(splitmix64(self.seed ^ splitmix64(s as u64)) ^ epoch);
-        permute(j, n, key)
+        let counts = &self.block_counts[s];
+        if counts.len() == 1 {
+            return (0, permute(j, n, key));
+        }
+        let order = self.order(s, epoch, key);
+        let (blocks, starts) = (&order.0, &order.1);
+        let p = locate(starts, j);
+        let b = blocks[p];
+        let local = j - starts[p];
+        if local == 0
+            && let (Tokens::Remote(r), Some(&next)) = (&self.sources[s].tokens, blocks.get(p + 1))
+        {
+            r.prefetch(next);
+        }
+        (b, permute(local, counts[b], splitmix64(key ^ splitmix64(b as u64 + 1))))
     }
 
-    fn window_tokens(&self, s: usize, w: u64) -> Cow<'_, [u32]> {
+    /// The blocks of source `s` in the reading order of `epoch`, with prefix sums.
+    fn order(&self, s: usize, epoch: u64, key: u64) -> Arc<(Vec<usize>, Vec<u64>)> {
+        let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+        if orders.len() > 64 {
+            orders.clear();
+        }
+        orders
+            .entry((s, epoch))
+            .or_insert_with(|| {
+                let counts = &self.block_counts[s];
+                let n = counts.len() as u64;
+                let blocks: Vec<usize> = (0..n).map(|i| permute(i, n, splitmix64(key ^ 0x5348_4152_4453)) as usize).collect();
+                let mut starts = Vec::with_capacity(blocks.len());
+                let mut total = 0;
+                for &b in &blocks {
+                    starts.push(total);
+                    total += counts[b];
+                }
+                Arc::new((blocks, starts))
+            })
+            .clone()
+    }
+
+    fn window_tokens(&self, s: usize, (b, w): (usize, u64)) -> Result<Cow<'_, [u32]>, Error> {
         let len = self.seq_len + 1;
-        let starts = &self.block_windows[s];
-        let b = starts.partition_point(|&first| first <= w) - 1;
-        self.sources[s].tokens.slice(b, (w - starts[b]) * len as u64, len)
+        self.sources[s].tokens.slice(b, w * len as u64, len)
     }
 
     /// Which epoch of source `s` its `k`-th draw belongs to (0-based).
@@ -337,47 +391,47 @@ impl Mix {
     }
 
     /// Global sample `i`: its source index and its `seq_len + 1` tokens.
-    pub fn sample(&self, i: u64) -> (usize, Cow<'_, [u32]>) {
+    pub fn sample(&self, i: u64) -> Result<(usize, Cow<'_, [u32]>), Error> {
         let counts = self.counts_at(i);
         let s = self.choose(i, &counts);
-        (s, self.window_tokens(s, self.window(s, counts[s])))
+        Ok((s, self.window_tokens(s, self.window(s, counts[s]))?))
     }
 
     /// Global samples `first_sample..first_sample + n` as row-major `[n, seq_len]` inputs
     /// and targets (inputs shifted by one), with the source index of each sample.
-    pub fn batch(&self, first_sample: u64, n: usize) -> (Vec<i64>, Vec<i64>, Vec<usize>) {
+    pub fn batch(&self, first_sample: u64, n: usize) -> Result<(Vec<i64>, Vec<i64>, Vec<usize>), Error> {
         let mut counts = self.counts_at(first_sample);
         let mut inputs = Vec::with_capacity(n * self.seq_len);
         let mut targets = Vec::with_capacity(n * self.seq_len);
         let mut which = Vec::with_capacity(n);
         for i in first_sample..first_sample + n as u64 {
             let s = self.choose(i, &counts);
-            let w = self.window_tokens(s, self.window(s, counts[s]));
+            let w = self.window_tokens(s, self.window(s, counts[s]))?;
             counts[s] += 1;
             inputs.extend(w[..self.seq_len].iter().map(|&t| t as i64));
             targets.extend(w[1..].iter().map(|&t| t as i64));
             which.push(s);
         }
-        (inputs, targets, which)
+        Ok((inputs, targets, which))
     }
 
     /// [`Mix::batch`] as `[n, seq_len]` int64 CPU tensors.
-    pub fn batch_tensors(&self, first_sample: u64, n: usize) -> (tch::Tensor, tch::Tensor, Vec<usize>) {
-        let (x, y, which) = self.batch(first_sample, n);
+    pub fn batch_tensors(&self, first_sample: u64, n: usize) -> Result<(tch::Tensor, tch::Tensor, Vec<usize>), Error> {
+        let (x, y, which) = self.batch(first_sample, n)?;
         let shape = [n as i64, self.seq_len as i64];
-        (tch::Tensor::from_slice(&x).view(shape), tch::Tensor::from_slice(&y).view(shape), which)
+        Ok((tch::Tensor::f_from_slice(&x)?.f_view(shape)?, tch::Tensor::f_from_slice(&y)?.f_view(shape)?, which))
     }
 
     /// Unigram entropy (nats/token) of the mixed stream: of the weighted mixture of the
     /// sources' token distributions, from up to the first 4M tokens of each source.
-    pub fn unigram_entropy(&self) -> f64 {
+    pub fn unigram_entropy(&self) -> Result<f64, Error> {
         const SAMPLE: u64 = 4 << 20;
         let mut p: HashMap<u32, f64> = HashMap::new();
         for (s, w) in self.sources.iter().zip(&self.weights) {
             let mut seen = Vec::new();
             for (b, len) in s.tokens.blocks().into_iter().enumerate() {
                 let take = len.min(SAMPLE - seen.len() as u64) as usize;
-                seen.extend_from_slice(&s.tokens.slice(b, 0, take));
+                seen.extend_from_slice(&s.tokens.slice(b, 0, take)?);
                 if seen.len() as u64 >= SAMPLE {
                     break;
                 }
@@ -387,7 +441,7 @@ impl Mix {
                 *p.entry(t).or_default() += share;
             }
         }
-        -p.values().map(|q| q * q.ln()).sum::<f64>()
+        Ok(-p.values().map(|q| q * q.ln()).sum::<f64>())
     }
 }
 
@@ -450,7 +504,7 @@ mod tests {
     #[test]
     fn proportions_track_weights_at_every_prefix() {
         let mix = Mix::new(four(), 8, 1).unwrap();
-        let (_, _, which) = mix.batch(0, 100_000);
+        let (_, _, which) = mix.batch(0, 100_000).unwrap();
         let mut counts = [0f64; 4];
         let mut worst = 0f64;
         for (n, s) in which.iter().enumerate() {
@@ -468,13 +522,13 @@ mod tests {
     #[test]
     fn batch_at_any_position_equals_iteration() {
         let mix = Mix::new(four(), 8, 7).unwrap();
-        let (x, y, which) = mix.batch(0, 30_000);
+        let (x, y, which) = mix.batch(0, 30_000).unwrap();
         for first in [0u64, 1, 4095, 4096, 4097, 12_345, 29_990] {
             let fresh = Mix::new(four(), 8, 7).unwrap();
-            let (bx, by, bw) = fresh.batch(first, 10);
+            let (bx, by, bw) = fresh.batch(first, 10).unwrap();
             let r = first as usize * 8..(first as usize + 10) * 8;
             assert_eq!((&bx[..], &by[..], &bw[..]), (&x[r.clone()], &y[r], &which[first as usize..first as usize + 10]));
-            let (s, toks) = fresh.sample(first);
+            let (s, toks) = fresh.sample(first).unwrap();
             assert_eq!(s, which[first as usize]);
             assert_eq!(toks[..8].iter().map(|&t| t as i64).collect::<Vec<_>>(), x[first as usize * 8..][..8]);
         }
@@ -487,7 +541,7 @@ mod tests {
         let n = 10_000_000u64;
         let start = Instant::now();
         let far = Mix::new(four(), 8, 5).unwrap();
-        let at_n = far.batch(n, 4);
+        let at_n = far.batch(n, 4).unwrap();
         eprintln!("positioned at sample {n} in {:.2?}", start.elapsed());
         let counts = far.counts_at(n);
         assert_eq!(counts.iter().sum::<u64>(), n);
@@ -496,7 +550,7 @@ mod tests {
         }
         // Reached from a nearby position of another instance: the same samples.
         let near = Mix::new(four(), 8, 5).unwrap();
-        let (x, y, which) = near.batch(n - 3, 7);
+        let (x, y, which) = near.batch(n - 3, 7).unwrap();
         assert_eq!((x[24..].to_vec(), y[24..].to_vec(), which[3..].to_vec()), at_n);
     }
 
@@ -504,7 +558,7 @@ mod tests {
     fn each_epoch_visits_every_window_once_in_a_new_order() {
         let mix = Mix::new(four(), 8, 3).unwrap();
         let n = mix.windows()[3] as usize; // mcq: 5 windows, 10% of samples
-        let (x, _, which) = mix.batch(0, 200);
+        let (x, _, which) = mix.batch(0, 200).unwrap();
         let firsts: Vec<i64> = which.iter().enumerate().filter(|(_, s)| **s == 3).map(|(i, _)| x[i * 8]).collect();
         let epochs: Vec<BTreeSet<i64>> = firsts.chunks(n).take(3).map(|c| c.iter().copied().collect()).collect();
         for e in &epochs {
@@ -513,10 +567,10 @@ mod tests {
         }
         // With seed-dependent orders, two seeds give different streams.
         let other = Mix::new(four(), 8, 4).unwrap();
-        assert_ne!(other.batch(0, 200).0, x);
+        assert_ne!(other.batch(0, 200).unwrap().0, x);
         // Validation reads windows in order.
         let val = Mix::validation(four(), 8).unwrap();
-        let (vx, _, vw) = val.batch(0, 50);
+        let (vx, _, vw) = val.batch(0, 50).unwrap();
         let textbook: Vec<i64> = vw.iter().enumerate().filter(|(_, s)| **s == 0).map(|(i, _)| vx[i * 8]).collect();
         assert_eq!(textbook, (0..textbook.len() as i64).map(|k| k * 9).collect::<Vec<_>>());
     }
@@ -552,7 +606,7 @@ mod tests {
         // but with windows straddling the 100 and 145 boundaries).
         let mix = Mix::new(vec![src], 8, 1).unwrap();
         assert_eq!(mix.windows(), &[25]);
-        let (x, y, _) = mix.batch(0, 50);
+        let (x, y, _) = mix.batch(0, 50).unwrap();
         let mut firsts = BTreeSet::new();
         for (i, row) in x.chunks(8).enumerate() {
             let first = row[0];
@@ -583,7 +637,7 @@ mod tests {
         assert_eq!(unigram_entropy(&[]), 0.0);
         assert!((unigram_entropy(&[1, 2, 3, 4]) - 4f64.ln()).abs() < 1e-12);
         let mix = Mix::new(vec![synthetic("a", 0.5, 90, 0), synthetic("b", 0.5, 90, 0)], 8, 0).unwrap();
-        assert!((mix.unigram_entropy() - 90f64.ln()).abs() < 1e-9);
+        assert!((mix.unigram_entropy().unwrap() - 90f64.ln()).abs() < 1e-9);
     }
 
     /// Held-out cross-entropy (nats/token) of an interpolated bigram model fitted on `train`.
@@ -655,7 +709,7 @@ mod tests {
             sources.push(SourceTokens { name: name.into(), weight, tokens: tokens.into() });
         }
         let mix = Mix::new(sources, 256, 0).unwrap();
-        eprintln!("mixed unigram entropy {:.3} nats", mix.unigram_entropy());
+        eprintln!("mixed unigram entropy {:.3} nats", mix.unigram_entropy().unwrap());
 
         // The tiny-local run's textbook share, through the on-disk cache.
         let cache = dir.0.join("cache");

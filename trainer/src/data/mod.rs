@@ -9,6 +9,7 @@ pub mod corpus;
 pub mod loader;
 pub mod mix;
 pub mod prepare;
+pub mod remote;
 pub mod shard;
 pub mod tokenizer;
 

@@ -277,10 +277,16 @@ impl Manifest {
         let text = std::fs::read_to_string(&path).map_err(|e| {
             shard_error(&path, format!("{e}; is this a `trainer prepare` output directory?"))
         })?;
+        Self::parse(&text, &path)
+    }
+
+    /// A manifest's text; errors name `origin`.
+    pub fn parse(text: &str, origin: &Path) -> Result<Manifest, Error> {
+        let path = origin;
         let m: Manifest =
-            serde_json::from_str(&text).map_err(|e| shard_error(&path, format!("not a shard manifest: {e}")))?;
+            serde_json::from_str(text).map_err(|e| shard_error(path, format!("not a shard manifest: {e}")))?;
         if m.format != MANIFEST_FORMAT || m.version != VERSION {
-            return Err(shard_error(&path, format!("format {:?} version {}; expected {MANIFEST_FORMAT:?} version {VERSION}", m.format, m.version)));
+            return Err(shard_error(path, format!("format {:?} version {}; expected {MANIFEST_FORMAT:?} version {VERSION}", m.format, m.version)));
         }
         Ok(m)
     }
