@@ -181,6 +181,16 @@ impl Tokens {
     }
 }
 
+/// Row-major `[n, seq_len]` inputs and targets, and each sample's source index.
+pub type Batch = (Vec<i64>, Vec<i64>, Vec<usize>);
+
+/// The blocks (shards) of a source in one epoch's reading order, with the first window
+/// of each in that order.
+struct BlockOrder {
+    blocks: Vec<usize>,
+    starts: Vec<u64>,
+}
+
 /// The deterministic weighted mix of token sources, cut into samples of
 /// `seq_len + 1` tokens (inputs and targets shifted by one).
 ///
@@ -197,7 +207,7 @@ pub struct Mix {
     /// Per source, the windows of each block.
     block_counts: Vec<Vec<u64>>,
     /// (source, epoch) → the blocks in that epoch's reading order, with prefix sums.
-    orders: Mutex<HashMap<(usize, u64), Arc<(Vec<usize>, Vec<u64>)>>>,
+    orders: Mutex<HashMap<(usize, u64), Arc<BlockOrder>>>,
     seq_len: usize,
     seed: u64,
     shuffle: bool,
@@ -345,7 +355,7 @@ impl Mix {
             return (0, permute(j, n, key));
         }
         let order = self.order(s, epoch, key);
-        let (blocks, starts) = (&order.0, &order.1);
+        let (blocks, starts) = (&order.blocks, &order.starts);
         let p = locate(starts, j);
         let b = blocks[p];
         let local = j - starts[p];
@@ -358,7 +368,7 @@ impl Mix {
     }
 
     /// The blocks of source `s` in the reading order of `epoch`, with prefix sums.
-    fn order(&self, s: usize, epoch: u64, key: u64) -> Arc<(Vec<usize>, Vec<u64>)> {
+    fn order(&self, s: usize, epoch: u64, key: u64) -> Arc<BlockOrder> {
         let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
         if orders.len() > 64 {
             orders.clear();
@@ -375,7 +385,7 @@ impl Mix {
                     starts.push(total);
                     total += counts[b];
                 }
-                Arc::new((blocks, starts))
+                Arc::new(BlockOrder { blocks, starts })
             })
             .clone()
     }
@@ -399,7 +409,7 @@ impl Mix {
 
     /// Global samples `first_sample..first_sample + n` as row-major `[n, seq_len]` inputs
     /// and targets (inputs shifted by one), with the source index of each sample.
-    pub fn batch(&self, first_sample: u64, n: usize) -> Result<(Vec<i64>, Vec<i64>, Vec<usize>), Error> {
+    pub fn batch(&self, first_sample: u64, n: usize) -> Result<Batch, Error> {
         let mut counts = self.counts_at(first_sample);
         let mut inputs = Vec::with_capacity(n * self.seq_len);
         let mut targets = Vec::with_capacity(n * self.seq_len);

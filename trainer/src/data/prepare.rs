@@ -183,8 +183,9 @@ pub fn medqa_json(r: &McqRecord) -> Value {
     })
 }
 
-/// Calls `f` with every document of `path` and the input bytes it consumed.
-fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Doc, u64) -> Result<(), Error>) -> Result<(), Error> {
+/// Calls `f` with every document of `path` and the input bytes it consumed, until it
+/// returns `false`.
+fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Doc, u64) -> Result<bool, Error>) -> Result<(), Error> {
     match format {
         InputFormat::Jsonl | InputFormat::Medqa => {
             let file = std::fs::File::open(path).map_err(io_err(path))?;
@@ -205,7 +206,9 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
                         None => return Err(at(format!("no field `{field}` (choose another with --field)"))),
                     }
                 };
-                f(doc, bytes)?;
+                if !f(doc, bytes)? {
+                    return Ok(());
+                }
             }
         }
         InputFormat::Parquet => {
@@ -229,7 +232,9 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
                 let row = row.map_err(|e| data_err(path, format!("row {n}: {e}")))?;
                 use parquet::record::RowAccessor;
                 let text = row.get_string(0).map_err(|e| data_err(path, format!("row {n}: column `{field}`: {e}")))?;
-                f(Doc::Text(text.clone()), per_row)?;
+                if !f(Doc::Text(text.clone()), per_row)? {
+                    return Ok(());
+                }
             }
         }
         InputFormat::Text | InputFormat::Auto => {
@@ -299,21 +304,15 @@ fn load_tokenizer(o: &PrepareOptions, files: &[(PathBuf, InputFormat)]) -> Resul
         TokenizerChoice::Train { vocab_size, sample_bytes } => {
             let mut sample = Vec::new();
             let mut bytes = 0usize;
-            'files: for (path, format) in files {
-                let mut done = false;
-                let r = read_docs(path, *format, &o.field, &mut |doc, _| {
+            for (path, format) in files {
+                read_docs(path, *format, &o.field, &mut |doc, _| {
                     let t = doc.text();
                     bytes += t.len();
                     sample.push(t);
-                    if bytes >= *sample_bytes {
-                        done = true;
-                        return Err(Error::Terminated { step: 0 });
-                    }
-                    Ok(())
-                });
-                match r {
-                    Err(Error::Terminated { .. }) if done => break 'files,
-                    other => other?,
+                    Ok(bytes < *sample_bytes)
+                })?;
+                if bytes >= *sample_bytes {
+                    break;
                 }
             }
             let start = Instant::now();
@@ -375,6 +374,7 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     let reader = std::thread::spawn(move || {
         let mut batch = Vec::new();
         let (mut batch_bytes, mut consumed) = (0usize, 0u64);
+        let mut closed = false;
         for (path, format) in &reader_files {
             let r = read_docs(path, *format, &field, &mut |doc, bytes| {
                 batch_bytes += match &doc { Doc::Text(t) => t.len(), Doc::Mcq(r) => r.question.len() + 64 };
@@ -382,11 +382,16 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
                 batch.push(doc);
                 if batch_bytes >= BATCH_BYTES {
                     let full = std::mem::take(&mut batch);
-                    tx.send(Ok((full, std::mem::take(&mut consumed)))).map_err(|_| Error::Terminated { step: 0 })?;
                     batch_bytes = 0;
+                    // A closed channel means the encoder stopped (with an error of its own).
+                    closed = tx.send(Ok((full, std::mem::take(&mut consumed)))).is_err();
+                    return Ok(!closed);
                 }
-                Ok(())
+                Ok(true)
             });
+            if closed {
+                return;
+            }
             if let Err(e) = r {
                 let _ = tx.send(Err(e));
                 return;
