@@ -69,6 +69,11 @@ fn rand_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The AWS environment a trainer process needs to reach the test server.
+fn s3_env(s: &Server) -> [(&'static str, String); 3] {
+    [("AWS_ENDPOINT_URL", s.endpoint.clone()), ("AWS_ACCESS_KEY_ID", KEY.into()), ("AWS_SECRET_ACCESS_KEY", SECRET.into())]
+}
+
 fn client(s: &Server, secret: &str) -> S3 {
     S3::with(&S3Options {
         endpoint: Some(s.endpoint.clone()),
@@ -127,9 +132,7 @@ fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
         .arg(&input)
         .args(["--output", "s3://datasets/web/v1"])
         .env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache"))
-        .env("AWS_ENDPOINT_URL", &server.endpoint)
-        .env("AWS_ACCESS_KEY_ID", KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .envs(s3_env(&server))
         .env("AWS_REGION", "us-east-1")
         .output()
         .unwrap();
@@ -266,9 +269,7 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
             .arg(&input)
             .args(["--output", output])
             .env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache"))
-            .env("AWS_ENDPOINT_URL", &server.endpoint)
-            .env("AWS_ACCESS_KEY_ID", KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .envs(s3_env(&server))
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -289,9 +290,7 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
             .arg(&manifest)
             .env("TRAINER_CACHE", cache_dir)
             .env("TRAINER_S3_CACHE_BYTES", "5000")
-            .env("AWS_ENDPOINT_URL", &server.endpoint)
-            .env("AWS_ACCESS_KEY_ID", KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .envs(s3_env(&server))
             .env("AWS_REGION", "us-east-1")
             .output()
             .unwrap();
@@ -324,9 +323,7 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
         .arg(server.root.join("missing"))
         .arg(&manifest)
         .env("TRAINER_CACHE", &cache)
-        .env("AWS_ENDPOINT_URL", &server.endpoint)
-        .env("AWS_ACCESS_KEY_ID", KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .envs(s3_env(&server))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(crds::contract::FailureReason::DataError.exit_code()));
