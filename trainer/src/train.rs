@@ -404,7 +404,8 @@ impl Trainer {
         reducer.finish()?;
         // The loss is averaged for reporting, and the stop flags ride along.
         let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
-        let stats = Tensor::f_stack(&[loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_from_slice(&[stop as f32])?.f_to_device(self.device)?.f_squeeze()?], 0)?;
+        let stop = Tensor::f_full([], stop, (Kind::Float, self.device))?;
+        let stats = Tensor::f_stack(&[loss.f_div_scalar(group.world_size() as f64)?, stop], 0)?;
         group.allreduce(&stats, ReduceOp::Sum)?.wait()?;
         self.stop_agreed = stats.f_double_value(&[1])? > 0.0;
         Ok(stats.f_get(0)?)
@@ -741,6 +742,16 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
     let data = cfg.data.as_ref().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
     let total_weight: f64 = data.mix.iter().map(|s| s.weight).sum();
     let sample = cfg.batch.seq_len as usize + 1;
+    // One S3 client (and its runtime) for every S3 source of the mix.
+    let store = std::cell::OnceCell::new();
+    let s3 = || -> Result<Arc<S3>, Error> {
+        if let Some(s) = store.get() {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(data_store(cfg)?);
+        let _ = store.set(Arc::clone(&s));
+        Ok(s)
+    };
     data.mix
         .iter()
         .map(|src| {
@@ -750,7 +761,7 @@ fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<Vec<S
                 Location::Pvc { claim, path } => {
                     return prepared_source(src, Path::new(&crds::contract::pvc_path(claim, path)), tok, split);
                 }
-                Location::S3 { bucket, prefix } => return remote_source(cfg, src, bucket, prefix, tok, split),
+                Location::S3 { bucket, prefix } => return remote_source(s3()?, src, bucket, prefix, tok, split),
             };
             let need = match split {
                 Split::Train => {
@@ -776,14 +787,13 @@ fn prepared_source(src: &ResolvedSource, dir: &Path, tok: &Tokenizer, split: Spl
 
 /// A source prepared to `s3://bucket/prefix`: shards fetched on demand into a bounded cache.
 fn remote_source(
-    cfg: &RunConfig,
+    s3: Arc<S3>,
     src: &ResolvedSource,
     bucket: &str,
     prefix: &str,
     tok: &Tokenizer,
     split: Split,
 ) -> Result<SourceTokens, Error> {
-    let s3 = Arc::new(data_store(cfg)?);
     let key = storage::join(prefix, MANIFEST);
     let text = s3.get_bytes(bucket, &key)?;
     let origin = storage::uri(bucket, &key);

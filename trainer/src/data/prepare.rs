@@ -71,17 +71,19 @@ pub struct PrepareReport {
     pub shards: usize,
 }
 
-enum Doc {
-    Text(String),
-    Mcq(McqRecord),
+/// One document: its text, and the structured record it came from (MedQA).
+struct Doc {
+    text: String,
+    record: Option<McqRecord>,
 }
 
 impl Doc {
-    fn text(&self) -> String {
-        match self {
-            Doc::Text(t) => t.clone(),
-            Doc::Mcq(r) => r.text(),
-        }
+    fn text(text: String) -> Doc {
+        Doc { text, record: None }
+    }
+
+    fn mcq(record: McqRecord) -> Doc {
+        Doc { text: record.text(), record: Some(record) }
     }
 }
 
@@ -196,12 +198,12 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
                     continue;
                 }
                 let at = |m: String| data_err(path, format!("line {}: {m}", n + 1));
-                let v: Value = serde_json::from_str(&line).map_err(|e| at(format!("not JSON: {e}")))?;
+                let mut v: Value = serde_json::from_str(&line).map_err(|e| at(format!("not JSON: {e}")))?;
                 let doc = if format == InputFormat::Medqa {
-                    Doc::Mcq(parse_medqa(&v).map_err(at)?)
+                    Doc::mcq(parse_medqa(&v).map_err(at)?)
                 } else {
-                    match v.get(field) {
-                        Some(Value::String(s)) => Doc::Text(s.clone()),
+                    match v.get_mut(field).map(Value::take) {
+                        Some(Value::String(s)) => Doc::text(s),
                         Some(_) => return Err(at(format!("field `{field}` is not a string"))),
                         None => return Err(at(format!("no field `{field}` (choose another with --field)"))),
                     }
@@ -232,7 +234,7 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
                 let row = row.map_err(|e| data_err(path, format!("row {n}: {e}")))?;
                 use parquet::record::RowAccessor;
                 let text = row.get_string(0).map_err(|e| data_err(path, format!("row {n}: column `{field}`: {e}")))?;
-                if !f(Doc::Text(text.clone()), per_row)? {
+                if !f(Doc::text(text.clone()), per_row)? {
                     return Ok(());
                 }
             }
@@ -242,7 +244,7 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
             let len = bytes.len() as u64;
             let text = String::from_utf8(bytes).map_err(|e| data_err(path, format!("not UTF-8 text: {e}")))?;
             if !text.trim().is_empty() {
-                f(Doc::Text(text), len)?;
+                f(Doc::text(text), len)?;
             }
         }
     }
@@ -306,9 +308,8 @@ fn load_tokenizer(o: &PrepareOptions, files: &[(PathBuf, InputFormat)]) -> Resul
             let mut bytes = 0usize;
             for (path, format) in files {
                 read_docs(path, *format, &o.field, &mut |doc, _| {
-                    let t = doc.text();
-                    bytes += t.len();
-                    sample.push(t);
+                    bytes += doc.text.len();
+                    sample.push(doc.text);
                     Ok(bytes < *sample_bytes)
                 })?;
                 if bytes >= *sample_bytes {
@@ -377,7 +378,7 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
         let mut closed = false;
         for (path, format) in &reader_files {
             let r = read_docs(path, *format, &field, &mut |doc, bytes| {
-                batch_bytes += match &doc { Doc::Text(t) => t.len(), Doc::Mcq(r) => r.question.len() + 64 };
+                batch_bytes += doc.text.len();
                 consumed += bytes;
                 batch.push(doc);
                 if batch_bytes >= BATCH_BYTES {
@@ -404,11 +405,11 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     let mut input_bytes = 0u64;
     for msg in rx {
         let (docs, bytes) = msg?;
-        let texts: Vec<String> = docs.iter().map(Doc::text).collect();
-        for (doc, ids) in docs.iter().zip(tok.encode_batch(&texts)) {
+        let (texts, mcq): (Vec<String>, Vec<Option<McqRecord>>) = docs.into_iter().map(|d| (d.text, d.record)).unzip();
+        for (record, ids) in mcq.iter().zip(tok.encode_batch(&texts)) {
             let validation = held_out(o.seed, documents, o.validation_fraction);
             if validation { val.push(&ids)? } else { train.push(&ids)? }
-            if let Doc::Mcq(r) = doc {
+            if let Some(r) = record {
                 records[validation as usize].push(medqa_json(r).to_string());
             }
             documents += 1;

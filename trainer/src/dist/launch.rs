@@ -76,7 +76,7 @@ pub fn launch(spec: &LaunchSpec, stop: Arc<AtomicBool>) -> Result<LaunchOutcome,
     std::fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;
     let world = spec.nnodes * spec.nproc_per_node;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) / spec.nproc_per_node as usize;
-    let mut workers = Vec::new();
+    let mut workers: Vec<Worker> = Vec::new();
     for local in 0..spec.nproc_per_node {
         let rank = spec.node_rank * spec.nproc_per_node + local;
         let termination = scratch.join(format!("termination-rank-{rank}"));
@@ -108,8 +108,7 @@ pub fn launch(spec: &LaunchSpec, stop: Arc<AtomicBool>) -> Result<LaunchOutcome,
         let child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                for w in &mut workers {
-                    let w: &mut Worker = w;
+                for w in workers.iter_mut() {
                     let _ = w.child.kill();
                     let _ = w.child.wait();
                 }

@@ -7,7 +7,6 @@ pub mod group;
 pub mod launch;
 pub mod reducer;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crds::contract::env;
@@ -138,10 +137,4 @@ pub fn check_parameters_agree(group: &ProcessGroup, params: &[Tensor], what: &st
         }
     }
     Ok(())
-}
-
-/// What a data-parallel rank holds: its group and the gradient reducer.
-pub struct DataParallel {
-    pub group: Arc<ProcessGroup>,
-    pub reducer: GradReducer,
 }
