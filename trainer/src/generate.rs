@@ -1,4 +1,5 @@
-//! Sampling: temperature, top-k and top-p (nucleus) over the full prefix.
+//! Sampling (temperature, top-k, top-p) and generation: batched incremental decoding
+//! with a KV cache, and the plain full-prefix loop it is checked and benchmarked against.
 
 use tch::{Kind, TchError, Tensor};
 
@@ -72,6 +73,68 @@ pub fn generate(model: &Model, prompt: &Tensor, max_new: usize, s: &Sampling, st
     })
 }
 
+/// Completions of `prompts` (token ids, any lengths), decoded together with a KV
+/// cache: the prompts are left-padded into one batch, and each step feeds one token
+/// per row. A row ends at `stop` (kept) or after `max_new` tokens; decoding ends when
+/// every row has. Prompt plus completion must fit the model's context.
+pub fn generate_cached(
+    model: &Model,
+    prompts: &[Vec<i64>],
+    max_new: usize,
+    s: &Sampling,
+    stop: Option<i64>,
+    device: tch::Device,
+) -> Result<Vec<Vec<i64>>, TchError> {
+    let b = prompts.len() as i64;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if b == 0 || prompts.iter().any(Vec::is_empty) {
+        return Err(TchError::Shape("generate_cached: every prompt needs at least one token".into()));
+    }
+    let ctx = model.config().max_seq_len as usize;
+    if longest + max_new > ctx {
+        return Err(TchError::Shape(format!(
+            "a prompt of {longest} tokens plus {max_new} new ones exceeds the model's context of {ctx}"
+        )));
+    }
+    let mut ids = Vec::with_capacity(prompts.len() * longest);
+    let mut real = Vec::with_capacity(ids.capacity());
+    for p in prompts {
+        let pad = longest - p.len();
+        ids.extend(std::iter::repeat_n(p[0], pad).chain(p.iter().copied()));
+        real.extend(std::iter::repeat_n(false, pad).chain(std::iter::repeat_n(true, p.len())));
+    }
+    let t = longest as i64;
+    tch::no_grad(|| {
+        let mut cache = model.new_cache(b, t + max_new as i64)?;
+        let mut x = Tensor::f_from_slice(&ids)?.f_view([b, t])?.f_to_device(device)?;
+        let mut r = Tensor::f_from_slice(&real)?.f_view([b, t])?.f_to_device(device)?;
+        let ones = Tensor::f_ones([b, 1], (Kind::Bool, device))?;
+        let mut done = Tensor::f_zeros([b], (Kind::Bool, device))?;
+        let mut out = Vec::with_capacity(max_new);
+        for _ in 0..max_new {
+            let logits = model.decode(&x, &r, &mut cache)?; // (B, V)
+            let next = sample_next(&logits, s)?; // (B)
+            out.push(next.shallow_clone());
+            if let Some(stop) = stop {
+                done = done.f_logical_or(&next.f_eq(stop)?)?;
+                if done.f_all()?.int64_value(&[]) != 0 {
+                    break;
+                }
+            }
+            x = next.f_unsqueeze(1)?;
+            r = ones.shallow_clone();
+        }
+        let out = Tensor::f_stack(&out, 1)?.f_to_device(tch::Device::Cpu)?; // (B, n)
+        (0..b)
+            .map(|row| {
+                let row = Vec::<i64>::try_from(out.f_get(row)?)?;
+                let end = stop.and_then(|s| row.iter().position(|&id| id == s)).map_or(row.len(), |i| i + 1);
+                Ok(row[..end].to_vec())
+            })
+            .collect()
+    })
+}
+
 /// `n` completions of `prompt`, each decoded up to its first end-of-text token.
 pub fn complete(
     model: &Model,
@@ -86,17 +149,13 @@ pub fn complete(
     if ids.is_empty() {
         return Err(Error::InvalidSpec("--prompt: encodes to no tokens".into()));
     }
-    let t = ids.len() as i64;
-    let x = Tensor::from_slice(&ids).f_to_device(device)?.f_unsqueeze(0)?.f_expand([n as i64, t], false)?.f_contiguous()?;
-    let out = generate(model, &x, max_new, s, Some(tok.eos_id() as i64))?;
-    let new = out.f_narrow(1, t, out.size()[1] - t)?.f_to_device(tch::Device::Cpu)?;
-    (0..n as i64)
-        .map(|row| {
-            let row = Vec::<i64>::try_from(new.f_get(row)?)?;
-            let row: Vec<u32> = row.into_iter().map(|id| id as u32).take_while(|&id| id != tok.eos_id()).collect();
-            Ok(tok.decode(&row))
-        })
-        .collect()
+    let ctx = model.config().max_seq_len as usize;
+    // Keep the end of a prompt too long for the context (the question's tail matters most).
+    let ids = ids[ids.len().saturating_sub(ctx.saturating_sub(max_new).max(1))..].to_vec();
+    let max_new = max_new.min(ctx - ids.len());
+    let eos = tok.eos_id();
+    let rows = generate_cached(model, &vec![ids; n], max_new, s, Some(eos as i64), device)?;
+    Ok(rows.iter().map(|row| tok.decode(&row.iter().map(|&id| id as u32).take_while(|&id| id != eos).collect::<Vec<_>>())).collect())
 }
 
 #[cfg(test)]
@@ -117,6 +176,58 @@ mod tests {
             c[p as usize] += 1;
         }
         c
+    }
+
+    /// Greedy decoding of prompts of different lengths, batched with the KV cache,
+    /// gives exactly the tokens of the full-prefix loop run on each prompt alone.
+    #[test]
+    fn kv_cache_greedy_equals_the_full_prefix_loop() {
+        use crds::presets::Arch;
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        for arch in [Arch::Llama, Arch::Qwen3, Arch::Gpt2] {
+            let cfg = crate::model::tests::small(arch, arch == Arch::Gpt2);
+            tch::manual_seed(7);
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            let model = Model::new(&vs.root(), &cfg, tch::Device::Cpu).unwrap();
+            let prompts: Vec<Vec<i64>> = vec![vec![5, 17, 3], vec![9], vec![40, 41, 42, 43, 44, 45, 46], vec![2, 2]];
+            let cached = generate_cached(&model, &prompts, 12, &greedy, None, tch::Device::Cpu).unwrap();
+            for (p, got) in prompts.iter().zip(&cached) {
+                let x = Tensor::from_slice(p).view([1, -1]);
+                let full = generate(&model, &x, 12, &greedy, None).unwrap();
+                let want = Vec::<i64>::try_from(full.get(0)).unwrap()[p.len()..].to_vec();
+                assert_eq!(got, &want, "{arch:?}, prompt {p:?}");
+            }
+            // The logits, not just their argmax, agree.
+            let mut cache = model.new_cache(2, 16).unwrap();
+            let x = Tensor::from_slice(&[1i64, 5, 17, 3, 8, 9, 10, 11]).view([2, 4]);
+            let real = Tensor::from_slice(&[false, true, true, true, true, true, true, true]).view([2, 4]);
+            let last = tch::no_grad(|| model.decode(&x, &real, &mut cache)).unwrap();
+            let alone = model.logits(&Tensor::from_slice(&[5i64, 17, 3]).view([1, 3])).unwrap().get(0).get(2);
+            assert!(f64::try_from(last.get(0).f_sub(&alone).unwrap().abs().max()).unwrap() < 1e-5, "{arch:?}");
+            let next = Tensor::from_slice(&[4i64, 4]).view([2, 1]);
+            let step = tch::no_grad(|| model.decode(&next, &Tensor::ones([2, 1], (Kind::Bool, tch::Device::Cpu)), &mut cache)).unwrap();
+            let alone = model.logits(&Tensor::from_slice(&[8i64, 9, 10, 11, 4]).view([1, 5])).unwrap().get(0).get(4);
+            assert!(f64::try_from(step.get(1).f_sub(&alone).unwrap().abs().max()).unwrap() < 1e-5, "{arch:?}");
+        }
+    }
+
+    /// A stop token ends its row (kept), and the other rows go on.
+    #[test]
+    fn rows_end_at_the_stop_token() {
+        let cfg = crate::model::tests::small(crds::presets::Arch::Llama, false);
+        tch::manual_seed(3);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let model = Model::new(&vs.root(), &cfg, tch::Device::Cpu).unwrap();
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        let prompts = vec![vec![1i64, 2, 3], vec![7, 8]];
+        let free = generate_cached(&model, &prompts, 10, &greedy, None, tch::Device::Cpu).unwrap();
+        let stop = free[0][3];
+        let cut = generate_cached(&model, &prompts, 10, &greedy, Some(stop), tch::Device::Cpu).unwrap();
+        let end = free[0].iter().position(|&t| t == stop).unwrap();
+        assert_eq!(cut[0], free[0][..=end]);
+        let end1 = free[1].iter().position(|&t| t == stop).map_or(free[1].len(), |i| i + 1);
+        assert_eq!(cut[1], free[1][..end1]);
+        assert!(generate_cached(&model, &[vec![1; 30]], 5, &greedy, None, tch::Device::Cpu).is_err(), "past the context");
     }
 
     #[test]

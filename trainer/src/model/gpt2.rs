@@ -5,6 +5,7 @@
 use tch::nn::Path;
 use tch::{TchError, Tensor};
 
+use super::cache::Step;
 use super::layers::{LayerNorm, Linear};
 use super::{Dims, INIT_STD};
 
@@ -26,14 +27,32 @@ impl Gpt2Attention {
         })
     }
 
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
+    /// q, k, v: 3 × (B, n_head, T, d_head).
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor), TchError> {
         let Dims { n_head: h, d_head: dh, .. } = self.dims;
         let (b, t) = (x.size()[0], x.size()[1]);
         let qkv = self.c_attn.forward(x)?.f_split(h * dh, 2)?; // 3 × (B, T, n_head·d_head)
         let heads = |z: &Tensor| z.f_view([b, t, h, dh])?.f_transpose(1, 2); // (B, n_head, T, d_head)
-        let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
+        Ok((heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?))
+    }
+
+    fn output(&self, y: &Tensor) -> Result<Tensor, TchError> {
+        let (b, t) = (y.size()[0], y.size()[2]);
+        self.c_proj.forward(&y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.n_head * self.dims.d_head])?)
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
+        let (q, k, v) = self.project(x)?;
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
-        self.c_proj.forward(&y.f_transpose(1, 2)?.f_reshape([b, t, h * dh])?)
+        self.output(&y)
+    }
+
+    /// Attention of new tokens over the cached keys and values, which it extends.
+    pub fn forward_cached(&self, x: &Tensor, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+        let (q, k, v) = self.project(x)?;
+        let (k, v) = super::cache::extend(kv, &k, &v, step.start)?;
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(step.mask), 0.0, false, None, false)?;
+        self.output(&y)
     }
 }
 
@@ -79,6 +98,12 @@ impl Gpt2Block {
     /// `x`: (B, T, d_model) → (B, T, d_model).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
         let x = x.f_add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.f_add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+
+    /// [`Self::forward`] for new tokens against the KV cache.
+    pub fn forward_cached(&self, x: &Tensor, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+        let x = x.f_add(&self.attn.forward_cached(&self.ln_1.forward(x)?, step, kv)?)?;
         x.f_add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
     }
 }

@@ -101,13 +101,29 @@ impl Rope {
 
     /// Rotates `x` of shape `(B, n_head, T, d_head)` by positions `offset..offset+T`.
     pub fn apply(&self, x: &Tensor, offset: i64) -> Result<Tensor, TchError> {
-        let (t, d) = (x.size()[2], x.size()[3]);
-        let kind = x.kind();
-        let cos = self.cos.f_narrow(0, offset, t)?.f_to_kind(kind)?; // (T, d_head)
-        let sin = self.sin.f_narrow(0, offset, t)?.f_to_kind(kind)?;
-        let x1 = x.f_narrow(-1, 0, d / 2)?;
-        let x2 = x.f_narrow(-1, d / 2, d / 2)?;
-        let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], -1)?;
-        x.f_mul(&cos)?.f_add(&rotated.f_mul(&sin)?)
+        let t = x.size()[2];
+        let cos = self.cos.f_narrow(0, offset, t)?; // (T, d_head)
+        let sin = self.sin.f_narrow(0, offset, t)?;
+        rotate(x, &cos, &sin)
     }
+
+    /// Rotates `x` `(B, n_head, T, d_head)` by per-row positions `(B, T)`.
+    pub fn apply_at(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor, TchError> {
+        let (b, t, d) = (x.size()[0], x.size()[2], x.size()[3]);
+        let flat = positions.f_reshape([-1])?;
+        let cos = self.cos.f_index_select(0, &flat)?.f_view([b, 1, t, d])?; // (B, 1, T, d_head)
+        let sin = self.sin.f_index_select(0, &flat)?.f_view([b, 1, t, d])?;
+        rotate(x, &cos, &sin)
+    }
+}
+
+/// The rotate-half RoPE of `x` with tables broadcastable to it.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, TchError> {
+    let d = *x.size().last().expect("x has a head dimension");
+    let kind = x.kind();
+    let (cos, sin) = (cos.f_to_kind(kind)?, sin.f_to_kind(kind)?);
+    let x1 = x.f_narrow(-1, 0, d / 2)?;
+    let x2 = x.f_narrow(-1, d / 2, d / 2)?;
+    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], -1)?;
+    x.f_mul(&cos)?.f_add(&rotated.f_mul(&sin)?)
 }

@@ -3,6 +3,7 @@
 use tch::nn::Path;
 use tch::{TchError, Tensor};
 
+use super::cache::Step;
 use super::layers::{Linear, RmsNorm, Rope};
 use super::{Dims, INIT_STD};
 
@@ -37,7 +38,8 @@ impl Attention {
         })
     }
 
-    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
+    /// q (B, T, n_head, d_head), k and v (B, T, n_kv_head, d_head), q/k normed (Qwen3).
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor), TchError> {
         let Dims { n_head: hq, n_kv_head: hk, d_head: dh, .. } = self.dims;
         let (b, t) = (x.size()[0], x.size()[1]);
         let mut q = self.q_proj.forward(x)?.f_view([b, t, hq, dh])?; // (B, T, n_head, d_head)
@@ -47,12 +49,35 @@ impl Attention {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
+        Ok((q, k, v))
+    }
+
+    /// (B, n_head, T, d_head) attention output → (B, T, d_model).
+    fn output(&self, y: &Tensor) -> Result<Tensor, TchError> {
+        let (b, t) = (y.size()[0], y.size()[2]);
+        let y = y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.n_head * self.dims.d_head])?; // (B, T, n_head·d_head)
+        self.o_proj.forward(&y)
+    }
+
+    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
+        let gqa = self.dims.n_kv_head != self.dims.n_head;
+        let (q, k, v) = self.project(x)?;
         let q = rope.apply(&q.f_transpose(1, 2)?, 0)?; // (B, n_head, T, d_head)
         let k = rope.apply(&k.f_transpose(1, 2)?, 0)?; // (B, n_kv_head, T, d_head)
         let v = v.f_transpose(1, 2)?;
-        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, hk != hq)?;
-        let y = y.f_transpose(1, 2)?.f_reshape([b, t, hq * dh])?; // (B, T, n_head·d_head)
-        self.o_proj.forward(&y)
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, gqa)?;
+        self.output(&y)
+    }
+
+    /// Attention of new tokens over the cached keys and values, which it extends.
+    pub fn forward_cached(&self, x: &Tensor, rope: &Rope, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+        let gqa = self.dims.n_kv_head != self.dims.n_head;
+        let (q, k, v) = self.project(x)?;
+        let q = rope.apply_at(&q.f_transpose(1, 2)?, step.positions)?;
+        let k = rope.apply_at(&k.f_transpose(1, 2)?, step.positions)?;
+        let (k, v) = super::cache::extend(kv, &k, &v.f_transpose(1, 2)?, step.start)?; // (B, n_kv_head, L, d_head)
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(step.mask), 0.0, false, None, gqa)?;
+        self.output(&y)
     }
 }
 
@@ -101,6 +126,12 @@ impl LlamaBlock {
     /// `x`: (B, T, d_model) → (B, T, d_model).
     pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
         let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope)?)?;
+        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+    }
+
+    /// [`Self::forward`] for new tokens against the KV cache.
+    pub fn forward_cached(&self, x: &Tensor, rope: &Rope, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+        let x = x.f_add(&self.self_attn.forward_cached(&self.input_layernorm.forward(x)?, rope, step, kv)?)?;
         x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
     }
 }

@@ -2,6 +2,7 @@
 //! Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`,
 //! `transformer.h.{i}.attn.c_attn.weight`, …), so a VarStore is a checkpoint.
 
+pub mod cache;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
@@ -10,6 +11,7 @@ use crds::presets::{Arch, ModelConfig};
 use tch::nn::Path;
 use tch::{Device, Kind, Reduction, TchError, Tensor};
 
+use cache::{KvCache, Step};
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm, Rope};
 use llama::LlamaBlock;
@@ -178,6 +180,33 @@ impl Model {
         self.head(&x)
     }
 
+    /// An empty KV cache for `batch` rows of up to `capacity` tokens, in the model's dtype.
+    pub fn new_cache(&self, batch: i64, capacity: i64) -> Result<KvCache, TchError> {
+        let w = &self.embed_tokens.weight;
+        KvCache::new(&self.dims, batch, capacity.min(self.dims.max_seq), w.kind(), w.device())
+    }
+
+    /// Incremental decoding: feeds `idx` (B, T) (`real` (B, T) false at left padding)
+    /// after the tokens already in `cache`, and returns the logits of the last new
+    /// position (B, vocab).
+    pub fn decode(&self, idx: &Tensor, real: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let t = idx.size()[1];
+        let (positions, mask) = cache.prepare(real)?;
+        let step = Step { positions: &positions, mask: &mask, start: cache.len() };
+        let mut x = self.embed_tokens.forward(idx)?;
+        if let Some(wpe) = &self.wpe {
+            x = x.f_add(&wpe.forward(&positions)?)?;
+        }
+        for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = match block {
+                Block::Llama(b) => b.forward_cached(&x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), &step, kv)?,
+                Block::Gpt2(b) => b.forward_cached(&x, &step, kv)?,
+            };
+        }
+        cache.commit(t);
+        self.head(&x.f_narrow(1, t - 1, 1)?)?.f_squeeze_dim(1)
+    }
+
     /// Mean next-token cross-entropy in f32.
     pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, TchError> {
         cross_entropy(&self.logits(idx)?, targets)
@@ -226,4 +255,4 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor, TchErr
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
