@@ -16,5 +16,6 @@ scripts/setup-pytools.sh
 scripts/setup-s3.sh
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
+"$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
 cargo build -q --locked -p operator
 "$PT_VENV_CPU/bin/python" scripts/validate-manifests.py --operator "$CARGO_TARGET_DIR/debug/operator"

@@ -8,6 +8,7 @@ pub mod dist;
 pub mod export;
 pub mod ffi;
 pub mod generate;
+pub mod grpo;
 pub mod local;
 pub mod metrics_log;
 pub mod mirror;

@@ -1,0 +1,6 @@
+//! GRPO fine-tuning on multiple-choice questions: prompts, rollouts with the KV cache,
+//! rewards, group-relative advantages and the clipped loss (TRL's formulas), and the
+//! accuracy evaluation.
+
+pub mod loss;
+pub mod reward;
