@@ -212,6 +212,13 @@ pub struct ResolvedGrpo {
     pub length_penalty: f64,
     pub loss_type: LossType,
     pub scale_rewards: ScaleRewards,
+    pub iterations: u32,
+    pub unbiased_kl: bool,
+    pub off_policy_mask_threshold: Option<f64>,
+    pub mask_truncated_completions: bool,
+    /// Held-out questions; `None`: the dataset's own validation split.
+    pub eval_dataset: Option<Location>,
+    pub eval_questions: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

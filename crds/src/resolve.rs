@@ -657,6 +657,23 @@ fn resolve_grpo(
     if !(g.length_penalty.is_finite() && g.length_penalty >= 0.0) {
         e.add("spec.grpo.lengthPenalty", format!("{} must be ≥ 0", g.length_penalty));
     }
+    if g.iterations == 0 {
+        e.add("spec.grpo.iterations", "must be at least 1");
+    } else if !spec.checkpoint.every_steps.is_multiple_of(g.iterations) {
+        e.add(
+            "spec.checkpoint.everySteps",
+            format!(
+                "{} is not a multiple of grpo.iterations {}: a checkpoint must fall between generated batches to resume exactly",
+                spec.checkpoint.every_steps, g.iterations
+            ),
+        );
+    }
+    if let Some(d) = g.off_policy_mask_threshold
+        && !(d.is_finite() && d >= 0.0)
+    {
+        e.add("spec.grpo.offPolicyMaskThreshold", format!("{d} must be ≥ 0"));
+    }
+    let eval_dataset = g.eval_dataset.as_ref().map(|d| parse_location(e, "spec.grpo.evalDataset", d));
     if e.0.len() != before {
         return None;
     }
@@ -675,6 +692,12 @@ fn resolve_grpo(
         length_penalty: g.length_penalty,
         loss_type: g.loss_type,
         scale_rewards: g.scale_rewards,
+        iterations: g.iterations,
+        unbiased_kl: g.unbiased_kl,
+        off_policy_mask_threshold: g.off_policy_mask_threshold,
+        mask_truncated_completions: g.mask_truncated_completions,
+        eval_dataset: eval_dataset.flatten(),
+        eval_questions: g.eval_questions,
     })
 }
 

@@ -611,6 +611,39 @@ pub struct GrpoSpec {
     /// Advantage scaling: `group` (by the group's std), `batch` (by the batch std) or `none`.
     #[serde(default)]
     pub scale_rewards: ScaleRewards,
+    /// Optimizer steps taken on each generated batch (μ). Above 1, later steps are
+    /// off-policy and the ratio clip and off-policy masking take effect;
+    /// checkpoint.everySteps must then be a multiple of it.
+    #[serde(default = "default_iterations")]
+    #[x_kube(validation = Rule::new("self >= 1").message("iterations must be at least 1"))]
+    pub iterations: u32,
+    /// Weight the KL term by the importance ratio π_θ/π_old, which keeps its gradient
+    /// unbiased when a batch is reused (DeepSeek-V3.2). Off: TRL's plain k3.
+    #[serde(default)]
+    pub unbiased_kl: bool,
+    /// Off-policy sequence masking (DeepSeek-V3.2): a completion with a negative
+    /// advantage whose mean log(π_old/π_θ) per token exceeds this is left out of the loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_policy_mask_threshold: Option<f64>,
+    /// Leave completions that hit maxNewTokens without ending out of the loss.
+    #[serde(default)]
+    pub mask_truncated_completions: bool,
+    /// Held-out questions for the accuracy evaluation before and after training:
+    /// MedQA jsonl at s3://, pvc:// or a path. Default: the dataset's validation split
+    /// (a prepared dataset's validation records; else one question in 64 by hash,
+    /// which training then skips).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_dataset: Option<String>,
+    /// Questions the evaluation scores (at most the held-out set's size); 0 skips it.
+    #[serde(default = "default_eval_questions")]
+    pub eval_questions: u32,
+}
+
+fn default_iterations() -> u32 {
+    1
+}
+fn default_eval_questions() -> u32 {
+    256
 }
 
 fn default_prompts() -> u32 {
@@ -654,6 +687,12 @@ impl GrpoSpec {
             length_penalty: default_length_penalty(),
             loss_type: LossType::default(),
             scale_rewards: ScaleRewards::default(),
+            iterations: default_iterations(),
+            unbiased_kl: false,
+            off_policy_mask_threshold: None,
+            mask_truncated_completions: false,
+            eval_dataset: None,
+            eval_questions: default_eval_questions(),
         }
     }
 }
@@ -845,6 +884,41 @@ pub struct RunMetrics {
     /// Current learning rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
+    /// GRPO: mean reward of the last step's completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    /// GRPO: fraction of the last step's completions that answered correctly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// GRPO: fraction of the last step's completions with no parseable answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unparsed_fraction: Option<f64>,
+    /// GRPO: mean KL to the reference model per completion token (k3 estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl: Option<f64>,
+    /// GRPO: fraction of completion tokens whose ratio was clipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_fraction: Option<f64>,
+    /// GRPO: mean completion length in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_length: Option<f64>,
+    /// GRPO: tokens generated per second while sampling, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_tokens_per_second: Option<u64>,
+    /// GRPO: prompt and completion tokens trained on per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_tokens_per_second: Option<u64>,
+    /// GRPO: held-out accuracy before training (greedy answer letter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_eval_accuracy: Option<f64>,
+    /// GRPO: held-out accuracy at the latest evaluation, by greedy generation of the
+    /// answer letter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// GRPO: held-out accuracy at the latest evaluation, by the log-likelihood of the
+    /// four answer letters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy_log_likelihood: Option<f64>,
 }
 
 /// A complete checkpoint.

@@ -343,12 +343,22 @@ fn grpo_rules() {
         (|g| g.clip_epsilon = 1.0, "spec.grpo.clipEpsilon", "(0, 1)"),
         (|g| g.length_penalty = -0.01, "spec.grpo.lengthPenalty", "≥ 0"),
         (|g| g.dataset = "http://x".into(), "spec.grpo.dataset", "unsupported scheme"),
+        (|g| g.iterations = 0, "spec.grpo.iterations", "at least 1"),
+        (|g| g.off_policy_mask_threshold = Some(-0.1), "spec.grpo.offPolicyMaskThreshold", "≥ 0"),
+        (|g| g.eval_dataset = Some("ftp://x".into()), "spec.grpo.evalDataset", "unsupported scheme"),
     ];
     for (edit, field, needle) in edits {
         let mut r = grpo_run();
         edit(r.spec.grpo.as_mut().unwrap());
         fails(&r, field, needle);
     }
+    // Reusing a batch for 3 steps: a checkpoint every 1000 steps would split a batch.
+    let mut r = grpo_run();
+    r.spec.grpo.as_mut().unwrap().iterations = 3;
+    fails(&r, "spec.checkpoint.everySteps", "not a multiple of grpo.iterations 3");
+    r.spec.checkpoint.every_steps = 999;
+    let g = ok(&r).grpo.unwrap();
+    assert_eq!((g.iterations, g.eval_questions, g.eval_dataset), (3, 256, None));
 }
 
 #[test]
