@@ -630,7 +630,7 @@ pub struct GrpoSpec {
     pub mask_truncated_completions: bool,
     /// Held-out questions for the accuracy evaluation before and after training:
     /// MedQA jsonl at s3://, pvc:// or a path. Default: the dataset's validation split
-    /// (a prepared dataset's validation records; else one question in 64 by hash,
+    /// (a prepared dataset's validation records; else one question in 8 by hash,
     /// which training then skips).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_dataset: Option<String>,

@@ -805,7 +805,7 @@ fn remote_source(
 
 /// The S3 client for data: the standard AWS chain, with the checkpoint mirror's endpoint
 /// and region as defaults (data and checkpoints usually share a store).
-fn data_store(cfg: &RunConfig) -> Result<S3, Error> {
+pub(crate) fn data_store(cfg: &RunConfig) -> Result<S3, Error> {
     let env_endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|v| std::env::var_os(v).is_some());
     let mirror = cfg.checkpoint.s3.as_ref();
     S3::with(&S3Options {

@@ -26,7 +26,7 @@ const WORLD_SEED: u64 = 0x05ee_d0f7_ac75;
 
 /// One in `VALIDATION_MODULUS` documents (by a hash of the text; for `mcq`, of the
 /// question) belongs to the validation split, so the splits never share a document.
-const VALIDATION_MODULUS: u64 = 8;
+pub const VALIDATION_MODULUS: u64 = 8;
 
 /// Which document stream. The splits use distinct random streams and partition the
 /// possible documents (`mcq`: questions) by hash, so they are disjoint.
@@ -657,7 +657,7 @@ fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
-fn split_of(text: &str) -> Split {
+pub(crate) fn split_of(text: &str) -> Split {
     if fnv1a(text).is_multiple_of(VALIDATION_MODULUS) { Split::Validation } else { Split::Train }
 }
 

@@ -459,7 +459,7 @@ impl Mix {
 /// A keyed pseudo-random permutation of `0..n` evaluated at `j` in O(1): a balanced
 /// four-round Feistel network on the smallest even-bit power of two ≥ n, cycle-walked
 /// back into range (at most 4 expected rounds trips).
-fn permute(j: u64, n: u64, key: u64) -> u64 {
+pub(crate) fn permute(j: u64, n: u64, key: u64) -> u64 {
     debug_assert!(j < n);
     let bits = (64 - (n - 1).leading_zeros()).max(2).div_ceil(2);
     let mask = (1u64 << bits) - 1;

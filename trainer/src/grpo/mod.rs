@@ -2,5 +2,7 @@
 //! rewards, group-relative advantages and the clipped loss (TRL's formulas), and the
 //! accuracy evaluation.
 
+pub mod data;
 pub mod loss;
 pub mod reward;
+pub mod step;

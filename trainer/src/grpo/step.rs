@@ -1,0 +1,384 @@
+//! One GRPO optimizer step on one rank: sample G completions of each of this rank's
+//! prompts with the KV cache, score them, turn rewards into group-relative advantages,
+//! then run forward and backward over the completions in micro-batches with the
+//! clipped loss. A generated batch serves `iterations` steps.
+
+use std::time::Instant;
+
+use crds::config::{ResolvedGrpo, RunConfig};
+use tch::{Device, Kind, Tensor};
+
+use super::data::Questions;
+use super::loss::{self, LossSettings, Normalizer};
+use super::reward;
+use crate::Error;
+use crate::data::tokenizer::Tokenizer;
+use crate::dist::{GradReducer, ProcessGroup, ReduceOp};
+use crate::generate::{self, Sampling};
+use crate::model::Model;
+
+/// What one step needs from the trainer.
+pub struct StepContext<'a> {
+    pub model: &'a Model,
+    pub tokenizer: &'a Tokenizer,
+    pub device: Device,
+    pub autocast: bool,
+    pub rank: u32,
+    pub world_size: u32,
+    pub group: Option<&'a ProcessGroup>,
+    pub reducer: Option<&'a GradReducer>,
+    /// The optimizer step being computed (1-based).
+    pub step: u64,
+    /// Multiplies the loss (NaN under fault injection).
+    pub scale: f64,
+}
+
+/// This rank's sums for the step's metrics, in [`Sums::LEN`] slots so that one
+/// all-reduce adds them over ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sums {
+    pub completions: f64,
+    pub reward: f64,
+    pub correct: f64,
+    pub unparsed: f64,
+    pub completion_tokens: f64,
+    pub kl: f64,
+    pub clipped: f64,
+    pub off_policy_masked: f64,
+    pub sampled_tokens: f64,
+    pub trained_tokens: f64,
+}
+
+impl Sums {
+    pub const LEN: usize = 10;
+
+    pub fn to_vec(self) -> Vec<f64> {
+        vec![
+            self.completions,
+            self.reward,
+            self.correct,
+            self.unparsed,
+            self.completion_tokens,
+            self.kl,
+            self.clipped,
+            self.off_policy_masked,
+            self.sampled_tokens,
+            self.trained_tokens,
+        ]
+    }
+
+    pub fn from_slice(v: &[f64]) -> Sums {
+        Sums {
+            completions: v[0],
+            reward: v[1],
+            correct: v[2],
+            unparsed: v[3],
+            completion_tokens: v[4],
+            kl: v[5],
+            clipped: v[6],
+            off_policy_masked: v[7],
+            sampled_tokens: v[8],
+            trained_tokens: v[9],
+        }
+    }
+}
+
+/// A step's GRPO metrics, over all ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GrpoStats {
+    pub reward: f64,
+    pub accuracy: f64,
+    pub unparsed_fraction: f64,
+    pub completion_length: f64,
+    pub kl: f64,
+    pub clip_fraction: f64,
+    /// Completions left out by off-policy masking.
+    pub off_policy_masked: f64,
+    pub sampling_tokens_per_second: f64,
+    pub training_tokens_per_second: f64,
+}
+
+impl GrpoStats {
+    /// From the sums over ranks and this rank's sampling and training seconds (the
+    /// ranks run in lockstep).
+    pub fn from_sums(s: &Sums, sampling_seconds: f64, training_seconds: f64) -> GrpoStats {
+        let per = |x: f64, n: f64| if n > 0.0 { x / n } else { 0.0 };
+        GrpoStats {
+            reward: per(s.reward, s.completions),
+            accuracy: per(s.correct, s.completions),
+            unparsed_fraction: per(s.unparsed, s.completions),
+            completion_length: per(s.completion_tokens, s.completions),
+            kl: per(s.kl, s.completion_tokens),
+            clip_fraction: per(s.clipped, s.completion_tokens),
+            off_policy_masked: s.off_policy_masked,
+            sampling_tokens_per_second: per(s.sampled_tokens, sampling_seconds),
+            training_tokens_per_second: per(s.trained_tokens, training_seconds),
+        }
+    }
+}
+
+/// Rows `prompt ++ completion` packed for a forward pass: inputs and targets (B, L−1),
+/// right-padded with `pad`, and a mask (B, L−1) f32 that is 1 where the target is a
+/// completion token.
+pub struct Packed {
+    pub inputs: Tensor,
+    pub targets: Tensor,
+    pub mask: Tensor,
+}
+
+pub fn pack(rows: &[(&[i64], &[i64])], pad: i64, device: Device) -> Result<Packed, Error> {
+    let width = rows.iter().map(|(p, c)| p.len() + c.len()).max().unwrap_or(2).max(2) - 1;
+    let (mut inputs, mut targets, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, c) in rows {
+        let full: Vec<i64> = p.iter().chain(c.iter()).copied().collect();
+        for j in 0..width {
+            inputs.push(full.get(j).copied().unwrap_or(pad));
+            targets.push(full.get(j + 1).copied().unwrap_or(pad));
+            let completion = j + 1 >= p.len() && j + 1 < full.len();
+            mask.push(if completion { 1.0f32 } else { 0.0 });
+        }
+    }
+    let b = rows.len() as i64;
+    let shape = [b, width as i64];
+    Ok(Packed {
+        inputs: Tensor::f_from_slice(&inputs)?.f_view(shape)?.f_to_device(device)?,
+        targets: Tensor::f_from_slice(&targets)?.f_view(shape)?.f_to_device(device)?,
+        mask: Tensor::f_from_slice(&mask)?.f_view(shape)?.f_to_device(device)?,
+    })
+}
+
+/// Per-token log-probabilities (B, L−1) of `packed`'s targets under `model`.
+pub fn packed_logps(model: &Model, packed: &Packed, temperature: f64, autocast: bool) -> Result<Tensor, Error> {
+    let logits = tch::autocast(autocast, || model.logits(&packed.inputs))?;
+    Ok(loss::token_logps(&logits, &packed.targets, temperature)?)
+}
+
+/// One micro-batch of a generated batch, ready for the loss.
+struct Micro {
+    packed: Packed,
+    adv: Tensor,
+    keep: Tensor,
+    old: Option<Tensor>,
+    reference: Option<Tensor>,
+}
+
+/// A generated, scored batch of this rank's completions.
+struct Rollout {
+    generation: u64,
+    micro: Vec<Micro>,
+    norm: Normalizer,
+    sums: Sums,
+    sampling_seconds: f64,
+}
+
+/// GRPO state across steps: questions, the frozen reference model, the batch in use.
+pub struct Grpo {
+    g: ResolvedGrpo,
+    seed: u64,
+    seq_len: usize,
+    micro_batch: usize,
+    questions: Questions,
+    reference: Option<Model>,
+    /// Keeps the reference model's parameters alive.
+    _reference_store: Option<tch::nn::VarStore>,
+    batch: Option<Rollout>,
+    settings: LossSettings,
+}
+
+impl Grpo {
+    /// `reference`: the frozen initial policy, present exactly when β > 0.
+    pub fn new(cfg: &RunConfig, questions: Questions, reference: Option<(tch::nn::VarStore, Model)>) -> Result<Grpo, Error> {
+        let g = cfg.grpo.clone().ok_or_else(|| Error::InvalidSpec("spec.grpo is required for phase grpo".into()))?;
+        let settings = LossSettings {
+            epsilon_low: g.clip_epsilon_low,
+            epsilon_high: g.clip_epsilon_high,
+            beta: g.beta,
+            loss_type: g.loss_type,
+            unbiased_kl: g.unbiased_kl,
+            off_policy_threshold: g.off_policy_mask_threshold,
+            max_completion_length: g.max_new_tokens as i64,
+        };
+        let (store, reference) = reference.map_or((None, None), |(vs, m)| (Some(vs), Some(m)));
+        Ok(Grpo {
+            seed: cfg.seed,
+            seq_len: cfg.batch.seq_len as usize,
+            micro_batch: cfg.batch.micro_batch as usize,
+            questions,
+            reference,
+            _reference_store: store,
+            batch: None,
+            settings,
+            g,
+        })
+    }
+
+    pub fn questions(&self) -> &Questions {
+        &self.questions
+    }
+
+    /// Prompts handed out after `step` optimizer steps (the checkpoint's data position).
+    pub fn prompts_consumed(&self, step: u64) -> u64 {
+        step.div_ceil(self.g.iterations as u64) * self.g.prompts_per_step as u64
+    }
+
+    /// Whether a run may stop (and checkpoint) after `step`: between generated batches.
+    pub fn at_boundary(&self, step: u64) -> bool {
+        step.is_multiple_of(self.g.iterations as u64)
+    }
+
+    /// The longest prompt, in tokens: the rest of seqLength is for the completion.
+    pub fn max_prompt_tokens(&self) -> usize {
+        self.seq_len - self.g.max_new_tokens as usize
+    }
+
+    /// Accumulates this step's gradients into the model's parameters and returns this
+    /// rank's loss (0-dim, detached) and metric sums, and the seconds spent sampling
+    /// (0 on a step that reuses its batch) and training.
+    pub fn gradients(&mut self, ctx: &StepContext) -> Result<(Tensor, Sums, f64, f64), Error> {
+        let generation = (ctx.step - 1) / self.g.iterations as u64;
+        if self.batch.as_ref().map(|b| b.generation) != Some(generation) {
+            self.batch = None;
+            self.batch = Some(self.rollout(ctx, generation)?);
+        }
+        let fresh = self.batch.as_ref().is_some_and(|b| b.generation * self.g.iterations as u64 + 1 == ctx.step);
+        let started = Instant::now();
+        let batch = self.batch.as_ref().expect("generated above");
+        let mut total = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
+        let mut kl = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
+        let mut clipped = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
+        let mut masked = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
+        let mut trained = 0.0;
+        for (i, m) in batch.micro.iter().enumerate() {
+            if i + 1 == batch.micro.len()
+                && let Some(r) = ctx.reducer
+            {
+                r.prepare()?;
+            }
+            let logp = packed_logps(ctx.model, &m.packed, self.g.temperature, ctx.autocast)?;
+            let parts = loss::policy_loss(
+                &logp,
+                m.old.as_ref(),
+                m.reference.as_ref(),
+                &m.adv,
+                &m.packed.mask,
+                &m.keep,
+                &self.settings,
+                batch.norm,
+            )?;
+            parts.loss.f_mul_scalar(ctx.scale)?.f_backward()?;
+            total = total.f_add(&parts.loss.f_detach()?)?;
+            kl = kl.f_add(&parts.kl_sum)?;
+            clipped = clipped.f_add(&parts.clipped_low.f_add(&parts.clipped_high)?)?;
+            masked = masked.f_add(&parts.off_policy_masked)?;
+            trained += m.packed.inputs.numel() as f64;
+        }
+        let mut sums = Sums {
+            kl: kl.f_double_value(&[])?,
+            clipped: clipped.f_double_value(&[])?,
+            off_policy_masked: masked.f_double_value(&[])?,
+            trained_tokens: trained,
+            ..batch.sums
+        };
+        if !fresh {
+            sums.sampled_tokens = 0.0;
+        }
+        let sampling = if fresh { batch.sampling_seconds } else { 0.0 };
+        Ok((total, sums, sampling, started.elapsed().as_secs_f64()))
+    }
+
+    /// Samples, scores and packs this rank's share of generated batch `generation`.
+    fn rollout(&self, ctx: &StepContext, generation: u64) -> Result<Rollout, Error> {
+        let started = Instant::now();
+        let g = &self.g;
+        let group = g.generations_per_prompt as usize;
+        let tok = ctx.tokenizer;
+        let eos = tok.eos_id() as i64;
+        let first = generation * g.prompts_per_step as u64 + ctx.rank as u64 * g.prompts_per_rank as u64;
+        let records: Vec<_> = (0..g.prompts_per_rank as u64).map(|k| self.questions.nth(first + k, self.seed)).collect();
+        let max_prompt = self.max_prompt_tokens();
+        let prompts: Vec<Vec<i64>> = records
+            .iter()
+            .map(|r| {
+                let ids = tok.encode(&r.prompt());
+                // A long question keeps its end: the options and "Answer:".
+                ids[ids.len().saturating_sub(max_prompt)..].iter().map(|&t| t as i64).collect()
+            })
+            .collect();
+        let rows: Vec<Vec<i64>> = prompts.iter().flat_map(|p| std::iter::repeat_n(p.clone(), group)).collect();
+        let sampling = Sampling { temperature: g.temperature, top_k: 0, top_p: g.top_p };
+        let completions = {
+            let _rng = crate::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            let key = crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
+            tch::manual_seed((key >> 1) as i64);
+            tch::autocast(ctx.autocast, || {
+                generate::generate_cached(ctx.model, &rows, g.max_new_tokens as usize, &sampling, Some(eos), ctx.device)
+            })?
+        };
+        let sampling_seconds = started.elapsed().as_secs_f64();
+
+        let mut sums = Sums::default();
+        let mut rewards = Vec::with_capacity(rows.len());
+        let mut truncated = Vec::with_capacity(rows.len());
+        for (i, c) in completions.iter().enumerate() {
+            let ended = c.last() == Some(&eos);
+            let text_ids: Vec<u32> = c.iter().take_while(|&&t| t != eos).map(|&t| t as u32).collect();
+            let scored = reward::mcq_reward(&tok.decode(&text_ids), records[i / group].answer, text_ids.len(), g.length_penalty);
+            rewards.push(scored.reward);
+            truncated.push(!ended);
+            sums.completions += 1.0;
+            sums.reward += scored.reward;
+            sums.correct += f64::from(u8::from(scored.correct));
+            sums.unparsed += f64::from(u8::from(scored.unparsed));
+            sums.completion_tokens += c.len() as f64;
+            sums.sampled_tokens += c.len() as f64;
+        }
+        // Over every rank: the reward spread (for batch scaling) and the completion
+        // tokens (so that bnpo divides by the global count).
+        let mut global = [rewards.iter().sum::<f64>(), rewards.iter().map(|r| r * r).sum(), rewards.len() as f64, sums.completion_tokens];
+        if let Some(grp) = ctx.group {
+            let t = Tensor::f_from_slice(&global)?.f_to_device(ctx.device)?;
+            grp.allreduce(&t, ReduceOp::Sum)?.wait()?;
+            global.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);
+        }
+        let [sum, sum_sq, n, tokens] = global;
+        let batch_std = if n > 1.0 { ((sum_sq - sum * sum / n) / (n - 1.0)).max(0.0).sqrt() } else { 0.0 };
+        let (adv, flat) = loss::advantages(&rewards, group, g.scale_rewards, batch_std);
+        let keep: Vec<f64> = flat
+            .iter()
+            .zip(&truncated)
+            .map(|(&flat, &cut)| if flat || (cut && g.mask_truncated_completions) { 0.0 } else { 1.0 })
+            .collect();
+        let norm = Normalizer { sequences: rows.len() as f64, tokens: tokens / ctx.world_size as f64 };
+
+        let mut micro = Vec::new();
+        for start in (0..rows.len()).step_by(self.micro_batch) {
+            let end = (start + self.micro_batch).min(rows.len());
+            let pairs: Vec<(&[i64], &[i64])> = (start..end).map(|i| (rows[i].as_slice(), completions[i].as_slice())).collect();
+            let packed = pack(&pairs, eos, ctx.device)?;
+            let floats = |v: &[f64]| -> Result<Tensor, Error> { Ok(Tensor::f_from_slice(v)?.f_to_kind(Kind::Float)?.f_to_device(ctx.device)?) };
+            let (old, reference) = tch::no_grad(|| -> Result<_, Error> {
+                let old = if g.iterations > 1 { Some(packed_logps(ctx.model, &packed, g.temperature, ctx.autocast)?) } else { None };
+                let reference = match &self.reference {
+                    Some(r) => Some(packed_logps(r, &packed, g.temperature, ctx.autocast)?),
+                    None => None,
+                };
+                Ok((old, reference))
+            })?;
+            micro.push(Micro { adv: floats(&adv[start..end])?, keep: floats(&keep[start..end])?, packed, old, reference });
+        }
+        Ok(Rollout { generation, micro, norm, sums, sampling_seconds })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_marks_exactly_the_completion_targets() {
+        let p = pack(&[(&[1, 2, 3], &[4, 5]), (&[6], &[7, 8, 9])], 0, Device::Cpu).unwrap();
+        assert_eq!(Vec::<i64>::try_from(p.inputs.view([-1])).unwrap(), [1, 2, 3, 4, 6, 7, 8, 9]);
+        assert_eq!(Vec::<i64>::try_from(p.targets.view([-1])).unwrap(), [2, 3, 4, 5, 7, 8, 9, 0]);
+        assert_eq!(Vec::<f32>::try_from(p.mask.view([-1])).unwrap(), [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
+    }
+}
