@@ -12,6 +12,10 @@ use crate::types::*;
 
 /// Names of the corpora compiled into the trainer (`embedded:<name>`).
 pub const EMBEDDED_SOURCES: &[&str] = &["textbook", "facts", "arithmetic", "mcq"];
+/// Embedded GRPO question sets: `mcq-rules` (questions that name their answer's position,
+/// which a small model learns from reward alone) and `mcq` (the pretraining `mcq`
+/// source's questions: those plus questions about the synthetic world).
+pub const EMBEDDED_QUESTION_SETS: &[&str] = &["mcq-rules", "mcq"];
 
 /// Longest TrainingRun name: children append suffixes such as `-a12-3` and pod
 /// hostnames must stay within 63 characters.
@@ -605,7 +609,17 @@ fn resolve_grpo(
         (Phase::Pretrain, None) => return None,
     };
     let before = e.0.len();
-    let dataset = parse_location(e, "spec.grpo.dataset", &g.dataset);
+    let dataset = match g.dataset.strip_prefix("embedded:") {
+        Some(name) if EMBEDDED_QUESTION_SETS.contains(&name) => Some(Location::Embedded { name: name.into() }),
+        Some(name) => {
+            e.add(
+                "spec.grpo.dataset",
+                format!("no embedded question set named {name:?}; embedded question sets: {}", EMBEDDED_QUESTION_SETS.join(", ")),
+            );
+            None
+        }
+        None => parse_location(e, "spec.grpo.dataset", &g.dataset),
+    };
     if g.prompts_per_step == 0 {
         e.add("spec.grpo.promptsPerStep", "must be at least 1");
     }

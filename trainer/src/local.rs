@@ -198,16 +198,25 @@ fn train_and_report(cfg: &RunConfig, mut opts: RunOptions, stop: Arc<AtomicBool>
     let first = outcome.losses.first().map(|l| l.1);
     let last = outcome.losses.last().map(|l| l.1);
     println!(
-        "{}: {} steps, {} tokens in {:.0} s; loss {} → {} (unigram entropy {:.3}){}",
+        "{}: {} steps, {} tokens in {:.0} s; loss {} → {}{}{}",
         cfg.name,
         outcome.step,
         crate::progress::human_count(outcome.tokens as f64),
         started.elapsed().as_secs_f64(),
         first.map_or("-".into(), |l| format!("{l:.3}")),
         last.map_or("-".into(), |l| format!("{l:.3}")),
-        outcome.unigram_entropy,
+        outcome.unigram_entropy.map_or(String::new(), |h| format!(" (unigram entropy {h:.3})")),
         outcome.val_loss.map_or(String::new(), |v| format!(", val loss {v:.3}")),
     );
+    if let Some((before, after)) = &outcome.accuracy {
+        let before = before.map_or("-".into(), |b| format!("{:.1}%", 100.0 * b.greedy));
+        println!(
+            "held-out accuracy (greedy answer letter): {before} → {:.1}% ({:.1}% by log-likelihood) on {} questions",
+            100.0 * after.greedy,
+            100.0 * after.log_likelihood,
+            after.questions
+        );
+    }
     if let Some(c) = &outcome.last_checkpoint {
         println!("checkpoint: {}", c.uri);
     }

@@ -36,6 +36,8 @@ pub enum Record {
     Checkpoint(CheckpointRecord),
     /// Text generated from the model, to watch it learn.
     Sample(SampleRecord),
+    /// Multiple-choice accuracy on held-out questions (GRPO).
+    Accuracy(AccuracyRecord),
 }
 
 impl Record {
@@ -48,6 +50,7 @@ impl Record {
             Record::Eval(r) => r.step,
             Record::Checkpoint(r) => r.step,
             Record::Sample(r) => r.step,
+            Record::Accuracy(r) => r.step,
         }
     }
 }
@@ -113,6 +116,22 @@ pub struct StepRecord {
     pub time: f64,
     /// Wall-clock seconds spent training, summed over attempts.
     pub elapsed_seconds: f64,
+    /// GRPO's metrics of the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpo: Option<crate::grpo::step::GrpoStats>,
+}
+
+/// `kind: "accuracy"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccuracyRecord {
+    /// Step evaluated at (0: the initial policy).
+    pub step: u64,
+    pub tokens: u64,
+    #[serde(flatten)]
+    pub score: crate::grpo::eval::McqScore,
+    /// Unix time, seconds.
+    pub time: f64,
 }
 
 impl StepRecord {
@@ -128,6 +147,7 @@ impl StepRecord {
             mfu: report.mfu,
             time,
             elapsed_seconds,
+            grpo: report.grpo,
         }
     }
 }
@@ -384,6 +404,11 @@ impl MetricsLog {
         self.append(&Record::Checkpoint(record))
     }
 
+    /// Appends an `accuracy` record.
+    pub fn accuracy(&mut self, step: u64, tokens: u64, score: &crate::grpo::eval::McqScore) -> Result<(), Error> {
+        self.append(&Record::Accuracy(AccuracyRecord { step, tokens, score: *score, time: unix_now() }))
+    }
+
     /// Appends a `sample` record of generated text.
     pub fn sample(&mut self, step: u64, tokens: u64, prompt: Option<&str>, text: &str) -> Result<(), Error> {
         let record =
@@ -412,6 +437,7 @@ mod tests {
             grad_norm: 0.5,
             tokens_per_second: 2048.0,
             mfu: None,
+            grpo: None,
         }
     }
 
@@ -452,6 +478,7 @@ mod tests {
                 Record::Eval(_) => "eval",
                 Record::Checkpoint(_) => "checkpoint",
                 Record::Sample(_) => "sample",
+                Record::Accuracy(_) => "accuracy",
             })
             .collect();
         assert_eq!(kinds, ["start", "step", "step", "step", "step", "step", "eval", "checkpoint", "step", "sample"]);

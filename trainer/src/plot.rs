@@ -201,6 +201,7 @@ mod tests {
                 grad_norm: 1.0,
                 tokens_per_second: 1e4,
                 mfu: None,
+                grpo: None,
             };
             log.step(&report).unwrap();
             if step % 50 == 0 {

@@ -268,6 +268,7 @@ mod tests {
             grad_norm: 1.0,
             tokens_per_second: 1000.0,
             mfu: Some(0.5),
+            grpo: None,
         }
     }
 

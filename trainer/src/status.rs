@@ -87,6 +87,8 @@ pub struct StepReport {
     pub tokens_per_second: f64,
     /// Model FLOPs utilization (0-1), where a peak is known for the device.
     pub mfu: Option<f64>,
+    /// GRPO's reward, accuracy, KL, clipping and throughput split.
+    pub grpo: Option<crate::grpo::step::GrpoStats>,
 }
 
 impl StepReport {
@@ -225,10 +227,34 @@ impl SharedStatus {
         status.metrics.lr = finite(report.lr);
         status.metrics.tokens_per_second = finite(report.tokens_per_second).map(|t| t.max(0.0).round() as u64);
         status.metrics.mfu = report.mfu.and_then(finite);
+        if let Some(g) = &report.grpo {
+            let m = &mut status.metrics;
+            m.reward = finite(g.reward);
+            m.accuracy = finite(g.accuracy);
+            m.unparsed_fraction = finite(g.unparsed_fraction);
+            m.kl = finite(g.kl);
+            m.clip_fraction = finite(g.clip_fraction);
+            m.completion_length = finite(g.completion_length);
+            let rate = |v: f64| finite(v).filter(|v| *v > 0.0).map(|v| v.round() as u64);
+            // A step that reuses its batch samples nothing: keep the last sampling rate.
+            m.sampling_tokens_per_second = rate(g.sampling_tokens_per_second).or(m.sampling_tokens_per_second);
+            m.training_tokens_per_second = rate(g.training_tokens_per_second);
+        }
         state.last_step_time = Some(now);
         if report.is_nonfinite() {
             state.nonfinite_events += 1;
         }
+    }
+
+    /// Records a held-out multiple-choice evaluation; `initial` before any GRPO step.
+    pub fn record_accuracy(&self, score: &crate::grpo::eval::McqScore, initial: bool) {
+        let mut state = self.write();
+        let m = &mut state.status.metrics;
+        if initial {
+            m.initial_eval_accuracy = Some(score.greedy);
+        }
+        m.eval_accuracy = Some(score.greedy);
+        m.eval_accuracy_log_likelihood = Some(score.log_likelihood);
     }
 
     /// Records how many tokens each data source has given so far.
@@ -324,6 +350,35 @@ fn metrics_registry(state: &StatusState) -> Registry {
         m.tokens_per_second.map(|t| t as f64),
     );
     gauge("trainer_mfu", "Model FLOPs utilization (0-1) against the device's bf16 peak.", m.mfu);
+    gauge("trainer_grpo_reward", "GRPO: mean reward of the last step's completions.", m.reward);
+    gauge("trainer_grpo_accuracy", "GRPO: fraction of the last step's completions answering correctly.", m.accuracy);
+    gauge("trainer_grpo_unparsed_fraction", "GRPO: fraction of the last step's completions with no answer letter.", m.unparsed_fraction);
+    gauge("trainer_grpo_kl", "GRPO: mean k3 KL to the reference model per completion token.", m.kl);
+    gauge("trainer_grpo_clip_fraction", "GRPO: fraction of completion tokens whose ratio was clipped.", m.clip_fraction);
+    gauge("trainer_grpo_completion_tokens", "GRPO: mean completion length in tokens.", m.completion_length);
+    gauge(
+        "trainer_grpo_sampling_tokens_per_second",
+        "GRPO: tokens generated per second while sampling, all ranks together.",
+        m.sampling_tokens_per_second.map(|t| t as f64),
+    );
+    gauge(
+        "trainer_grpo_training_tokens_per_second",
+        "GRPO: tokens trained on per second, all ranks together.",
+        m.training_tokens_per_second.map(|t| t as f64),
+    );
+    if m.eval_accuracy.is_some() {
+        let acc = GaugeVec::new(
+            Opts::new("trainer_eval_accuracy", "Held-out multiple-choice accuracy (0-1) by method, at the latest evaluation."),
+            &["method"],
+        )
+        .expect("valid metric");
+        for (method, v) in [("greedy", m.eval_accuracy), ("log_likelihood", m.eval_accuracy_log_likelihood), ("initial_greedy", m.initial_eval_accuracy)] {
+            if let Some(v) = v {
+                acc.with_label_values(&[method]).set(v);
+            }
+        }
+        add(Box::new(acc));
+    }
     gauge(
         "trainer_last_checkpoint_step",
         "Optimizer step of the newest complete checkpoint.",
@@ -547,6 +602,7 @@ mod tests {
             grad_norm: 0.75,
             tokens_per_second: 4096.4,
             mfu: Some(0.125),
+            grpo: None,
         }
     }
 

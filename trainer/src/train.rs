@@ -27,6 +27,8 @@ use crate::data::shard::{MANIFEST, Manifest, ShardEntry, ShardSet};
 use crate::storage::{self, S3, S3Options};
 use crate::data::tokenizer::Tokenizer;
 use crate::generate::{self, Sampling};
+use crate::grpo::eval::{EvalOptions, McqScore};
+use crate::grpo::step::{Grpo, GrpoStats, StepContext, Sums};
 use crate::metrics_log::MetricsLog;
 use crate::mirror::{self, Mirror};
 use crate::model::Model;
@@ -83,8 +85,11 @@ pub struct Outcome {
     pub val_loss: Option<f64>,
     pub last_checkpoint: Option<CheckpointRef>,
     /// Entropy of the training stream's unigram distribution, nats/token: the loss
-    /// of a model that learned only token frequencies.
-    pub unigram_entropy: f64,
+    /// of a model that learned only token frequencies (pretraining).
+    pub unigram_entropy: Option<f64>,
+    /// GRPO: held-out accuracy before and after this run's training (the first when
+    /// the run started from step 0).
+    pub accuracy: Option<(Option<McqScore>, McqScore)>,
     /// Step the run resumed from, if it did.
     pub resumed_from: Option<u64>,
 }
@@ -111,7 +116,12 @@ pub struct Trainer {
     vs: VarStore,
     model: Model,
     opt: AdamW,
-    train: Arc<Mix>,
+    /// The pretraining mix (`None` in phase grpo).
+    train: Option<Arc<Mix>>,
+    /// Phase grpo's questions, reference model and generated batch.
+    grpo: Option<Grpo>,
+    /// The last GRPO step's metrics, for its report.
+    last_grpo: Option<GrpoStats>,
     loader: Option<Loader>,
     /// The epoch each training source is in (for the log line when one wraps).
     source_epochs: Vec<u64>,
@@ -179,7 +189,10 @@ impl Trainer {
         };
 
         let tokenizer = load_tokenizer(cfg)?;
-        let train = Arc::new(Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?);
+        let train = match cfg.grpo {
+            Some(_) => None,
+            None => Some(Arc::new(Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?)),
+        };
         let eval_every = cfg.data.as_ref().map_or(0, |d| d.eval_every_steps);
         let val = if eval_every > 0 { validation_mixes(cfg, &tokenizer)? } else { Vec::new() };
 
@@ -204,8 +217,10 @@ impl Trainer {
             vs,
             model,
             opt,
-            source_epochs: vec![0; train.sources().len()],
+            source_epochs: vec![0; train.as_ref().map_or(0, |t| t.sources().len())],
             train,
+            grpo: None,
+            last_grpo: None,
             loader: None,
             val,
             tokenizer,
@@ -223,7 +238,17 @@ impl Trainer {
         };
         trainer.check_attention(kind)?;
         let loaded = trainer.restore(group.as_deref())?;
-        trainer.source_epochs = trainer.epochs(&trainer.train.counts_at(trainer.data_position));
+        if let Some(t) = &trainer.train {
+            trainer.source_epochs = trainer.epochs(&t.counts_at(trainer.data_position));
+        }
+        if let Some(g) = &cfg.grpo {
+            let questions = crate::grpo::data::load(cfg, g)?;
+            if p.rank == 0 {
+                tracing::info!("GRPO: {} training questions, {} held out", questions.train.len(), questions.held_out.len());
+            }
+            let reference = if g.beta > 0.0 { Some(trainer.reference_model(kind)?) } else { None };
+            trainer.grpo = Some(Grpo::new(cfg, questions, reference)?);
+        }
         if let Some(group) = group {
             // Definition order: the reducer buckets it in reverse, as backward runs.
             let params = trainer.vs.trainable_variables();
@@ -293,6 +318,17 @@ impl Trainer {
             }
             return Ok(Some(loaded.dir.display().to_string()));
         }
+        let Some(source) = self.init_source()? else { return Ok(None) };
+        let weights = checkpoint::load_weights(&source)?;
+        copy_weights(&self.vs, &weights, &source)?;
+        if self.rank0() {
+            tracing::info!("initial weights from {}", source.display());
+        }
+        Ok(Some(source.display().to_string()))
+    }
+
+    /// Where `spec.initFrom`'s weights are on this machine.
+    fn init_source(&self) -> Result<Option<PathBuf>, Error> {
         let source = match &self.cfg.init_from {
             None => return Ok(None),
             Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
@@ -307,12 +343,25 @@ impl Trainer {
                 });
             }
         };
-        let weights = checkpoint::load_weights(&source)?;
-        copy_weights(&self.vs, &weights, &source)?;
-        if self.rank0() {
-            tracing::info!("initial weights from {}", source.display());
+        Ok(Some(source))
+    }
+
+    /// GRPO's frozen reference policy: `spec.initFrom`'s weights, whatever the policy
+    /// resumed from.
+    fn reference_model(&self, kind: Kind) -> Result<(VarStore, Model), Error> {
+        let source = self.init_source()?.ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
+        let mut vs = VarStore::new(Device::Cpu);
+        let model = {
+            let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            Model::new(&vs.root(), &self.cfg.model, self.device)?
+        };
+        copy_weights(&vs, &checkpoint::load_weights(&source)?, &source)?;
+        if kind == Kind::BFloat16 {
+            vs.bfloat16();
         }
-        Ok(Some(source.display().to_string()))
+        vs.set_device(self.device);
+        vs.freeze();
+        Ok((vs, model))
     }
 
     fn batch_plan(&self) -> BatchPlan {
@@ -329,7 +378,8 @@ impl Trainer {
     fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
         if self.loader.is_none() {
             let depth = 2 * self.cfg.batch.grad_accum as usize;
-            self.loader = Some(Loader::start(self.train.clone(), self.batch_plan(), self.data_position, self.device, depth)?);
+            let train = self.train.clone().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
+            self.loader = Some(Loader::start(train, self.batch_plan(), self.data_position, self.device, depth)?);
         }
         let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
         // From pinned memory the copies run asynchronously with respect to the host.
@@ -339,27 +389,29 @@ impl Trainer {
 
     /// The epoch of each source after it gave `counts` samples.
     fn epochs(&self, counts: &[u64]) -> Vec<u64> {
-        counts.iter().enumerate().map(|(s, &k)| if k == 0 { 0 } else { self.train.epoch_of(s, k - 1) }).collect()
+        let Some(train) = &self.train else { return Vec::new() };
+        counts.iter().enumerate().map(|(s, &k)| if k == 0 { 0 } else { train.epoch_of(s, k - 1) }).collect()
     }
 
     /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
     fn track_sources(&mut self) {
-        let counts = self.train.counts_at(self.data_position);
+        let Some(train) = self.train.clone() else { return };
+        let counts = train.counts_at(self.data_position);
         let seq = self.cfg.batch.seq_len as u64;
         for (s, epoch) in self.epochs(&counts).into_iter().enumerate() {
             if epoch > self.source_epochs[s] {
                 self.source_epochs[s] = epoch;
                 if self.rank0() {
                     tracing::info!(
-                        source = %self.train.sources()[s].name,
+                        source = %train.sources()[s].name,
                         epoch = epoch + 1,
-                        samples_per_epoch = self.train.windows()[s],
+                        samples_per_epoch = train.windows()[s],
                         "data source ran out; starting a new epoch in a new order"
                     );
                 }
             }
         }
-        let names = self.train.sources().iter().map(|s| s.name.clone());
+        let names = train.sources().iter().map(|s| s.name.clone());
         self.status.record_source_tokens(names.zip(counts.iter().map(|c| c * seq)));
     }
 
@@ -379,9 +431,61 @@ impl Trainer {
             // SAFETY: raise(3) on this process; SIGKILL cannot be caught.
             unsafe { libc::raise(libc::SIGKILL) };
         }
-        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         // An injected NaN enters through the loss scale, so every gradient is NaN.
-        let scale = if self.inject_nan == Some(step) { f64::NAN } else { 1.0 / accum as f64 };
+        let nan = self.inject_nan == Some(step);
+        let (loss, grpo) = if self.grpo.is_some() {
+            let (loss, sums, sampling, training) = self.grpo_gradients(step, if nan { f64::NAN } else { 1.0 })?;
+            (loss, Some((sums, sampling, training)))
+        } else {
+            (self.pretrain_gradients(if nan { f64::NAN } else { 1.0 / accum as f64 })?, None)
+        };
+        let Some((group, reducer)) = &self.ddp else {
+            self.last_grpo = grpo.map(|(sums, s, t)| GrpoStats::from_sums(&sums, s, t));
+            return Ok(loss);
+        };
+        reducer.finish()?;
+        // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along.
+        let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
+        let mut head = vec![loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_full([], stop, (Kind::Float, self.device))?];
+        if let Some((sums, _, _)) = &grpo {
+            head.push(Tensor::f_from_slice(&sums.to_vec())?.f_to_kind(Kind::Float)?.f_to_device(self.device)?);
+        }
+        let stats = Tensor::f_cat(&head.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>()?, 0)?;
+        group.allreduce(&stats, ReduceOp::Sum)?.wait()?;
+        self.stop_agreed = stats.f_double_value(&[1])? > 0.0;
+        if let Some((_, sampling, training)) = grpo {
+            let all = Vec::<f64>::try_from(stats.f_narrow(0, 2, Sums::LEN as i64)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+            self.last_grpo = Some(GrpoStats::from_sums(&Sums::from_slice(&all), sampling, training));
+        }
+        Ok(stats.f_get(0)?)
+    }
+
+    /// GRPO's step on this rank: this rank's loss, metric sums, and sampling and
+    /// training seconds.
+    fn grpo_gradients(&mut self, step: u64, scale: f64) -> Result<(Tensor, Sums, f64, f64), Error> {
+        let mut grpo = self.grpo.take().expect("phase grpo");
+        let ctx = StepContext {
+            model: &self.model,
+            tokenizer: &self.tokenizer,
+            device: self.device,
+            autocast: self.autocast,
+            rank: self.opts.placement.rank,
+            world_size: self.cfg.topology.world_size,
+            group: self.ddp.as_ref().map(|(g, _)| g.as_ref()),
+            reducer: self.ddp.as_ref().map(|(_, r)| r),
+            step,
+            scale,
+        };
+        let out = grpo.gradients(&ctx);
+        self.grpo = Some(grpo);
+        out
+    }
+
+    /// Pretraining's forward and backward passes over this rank's micro-batches, with
+    /// the loss scaled by `scale`; returns this rank's mean loss.
+    fn pretrain_gradients(&mut self, scale: f64) -> Result<Tensor, Error> {
+        let accum = self.cfg.batch.grad_accum;
+        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for m in 0..accum {
             if m + 1 == accum
                 && let Some((_, reducer)) = &self.ddp
@@ -399,16 +503,7 @@ impl Trainer {
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
         }
-        let loss = loss_sum.f_div_scalar(accum as f64)?;
-        let Some((group, reducer)) = &self.ddp else { return Ok(loss) };
-        reducer.finish()?;
-        // The loss is averaged for reporting, and the stop flags ride along.
-        let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
-        let stop = Tensor::f_full([], stop, (Kind::Float, self.device))?;
-        let stats = Tensor::f_stack(&[loss.f_div_scalar(group.world_size() as f64)?, stop], 0)?;
-        group.allreduce(&stats, ReduceOp::Sum)?.wait()?;
-        self.stop_agreed = stats.f_double_value(&[1])? > 0.0;
-        Ok(stats.f_get(0)?)
+        Ok(loss_sum.f_div_scalar(accum as f64)?)
     }
 
     /// Every parameter's gradient by name (copies), as [`Self::compute_gradients`] left them.
@@ -439,7 +534,10 @@ impl Trainer {
         self.opt.zero_grad()?;
         self.step = step;
         self.tokens += self.cfg.batch.tokens_per_step;
-        self.data_position += self.cfg.batch.global_sequences;
+        self.data_position = match &self.grpo {
+            Some(g) => g.prompts_consumed(step),
+            None => self.data_position + self.cfg.batch.global_sequences,
+        };
         self.track_sources();
         let seconds = started.elapsed().as_secs_f64();
         let tokens_per_second = self.cfg.batch.tokens_per_step as f64 / seconds;
@@ -447,7 +545,7 @@ impl Trainer {
             let per_gpu = tokens_per_second / self.cfg.topology.world_size as f64;
             self.cfg.model.mfu(self.cfg.batch.seq_len, per_gpu, H100_PEAK_BF16_FLOPS)
         });
-        Ok(StepReport { step, tokens: self.tokens, loss, lr, grad_norm, tokens_per_second, mfu })
+        Ok(StepReport { step, tokens: self.tokens, loss, lr, grad_norm, tokens_per_second, mfu, grpo: self.last_grpo.take() })
     }
 
     /// Validation loss per source over `evalTokens`, and their mix-weighted mean.
@@ -499,7 +597,11 @@ impl Trainer {
         let rank0 = self.rank0();
         self.stop = stop;
         let total_steps = self.cfg.schedule.total_steps;
-        let last_step = self.opts.stop_after_steps.map_or(total_steps, |s| s.min(total_steps));
+        let mut last_step = self.opts.stop_after_steps.map_or(total_steps, |s| s.min(total_steps));
+        if let Some(g) = &self.grpo {
+            // A generated batch is never split by a stop: resuming must regenerate it.
+            last_step = g.boundary_at_or_after(last_step).min(total_steps);
+        }
         let mut log = if rank0 {
             Some(MetricsLog::open(self.checkpoint_dir(), self.step, self.tokens, Some(&self.cfg.name), self.cfg.attempt)?)
         } else {
@@ -518,15 +620,23 @@ impl Trainer {
             Some(s3) if rank0 => Some(Mirror::start(s3)?),
             _ => None,
         };
-        let unigram_entropy = self.train.unigram_entropy()?;
+        let unigram_entropy = match &self.train {
+            Some(t) => Some(t.unigram_entropy()?),
+            None => None,
+        };
         self.status.update(|s| {
             s.step = self.step;
             s.tokens = self.tokens;
         });
         let mut progress = rank0.then(|| Progress::new(total_steps, self.cfg.schedule.total_tokens, self.step, self.opts.tty));
         if let Some(p) = progress.as_mut() {
+            let data = match (unigram_entropy, &self.grpo) {
+                (Some(h), _) => format!("unigram entropy of the data {h:.3} nats/token"),
+                (None, Some(g)) => format!("GRPO on {} questions", g.questions().train.len()),
+                (None, None) => String::new(),
+            };
             p.println(format!(
-                "{}: {} ({} params) on {}, {} steps of {} tokens; unigram entropy of the data {unigram_entropy:.3} nats/token",
+                "{}: {} ({} params) on {}, {} steps of {} tokens; {data}",
                 self.cfg.name,
                 self.cfg.model.preset,
                 crate::progress::human_count(self.cfg.params.total as f64),
@@ -535,6 +645,8 @@ impl Trainer {
                 self.cfg.batch.tokens_per_step,
             ));
         }
+        // GRPO measures the policy it starts from, to compare with the one it ends with.
+        let initial = if self.step == 0 { self.report_accuracy(log.as_mut(), progress.as_mut(), true)? } else { None };
         self.status.set_phase(TrainerPhase::Training);
         let mut losses = Vec::new();
         let mut val_loss = None;
@@ -542,7 +654,7 @@ impl Trainer {
         let mut last_loss = None;
         let every = self.cfg.checkpoint.every_steps as u64;
         let eval_every = self.cfg.data.as_ref().map_or(0, |d| d.eval_every_steps) as u64;
-        while self.step < last_step && !self.stopping() {
+        while self.step < last_step && !self.may_stop() {
             let report = match self.train_step() {
                 Ok(report) => report,
                 Err(e) => {
@@ -576,7 +688,7 @@ impl Trainer {
                 }
                 self.status.set_phase(TrainerPhase::Training);
             }
-            let stopping = self.step == last_step || self.stopping();
+            let stopping = self.step == last_step || self.may_stop();
             if every > 0 && self.step.is_multiple_of(every) && !stopping {
                 // Training goes on while the background thread writes.
                 if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
@@ -604,7 +716,12 @@ impl Trainer {
             // The last checkpoint must reach S3 before the run reports success.
             m.finish()?;
         }
-        let interrupted = self.stopping() && self.step < last_step;
+        let interrupted = self.may_stop() && self.step < last_step;
+        let accuracy = if interrupted || self.step < total_steps {
+            None
+        } else {
+            self.report_accuracy(log.as_mut(), progress.as_mut(), false)?.map(|last| (initial, last))
+        };
         if rank0 && self.opts.sample && !interrupted {
             let (prompt, text) = self.sample()?;
             if let Some(log) = log.as_mut() {
@@ -628,8 +745,52 @@ impl Trainer {
             val_loss,
             last_checkpoint,
             unigram_entropy,
+            accuracy,
             resumed_from: self.resumed_from,
         })
+    }
+
+    /// GRPO: scores the policy on the held-out questions (every rank takes part) and
+    /// reports it to status, the log and the progress display.
+    fn report_accuracy(&self, log: Option<&mut MetricsLog>, progress: Option<&mut Progress>, initial: bool) -> Result<Option<McqScore>, Error> {
+        let Some(g) = &self.grpo else { return Ok(None) };
+        let settings = self.cfg.grpo.as_ref().expect("phase grpo");
+        let n = (settings.eval_questions as usize).min(g.questions().held_out.len());
+        if n == 0 {
+            return Ok(None);
+        }
+        self.status.set_phase(TrainerPhase::Evaluating);
+        let options = EvalOptions {
+            max_prompt_tokens: g.max_prompt_tokens(),
+            max_new_tokens: settings.max_new_tokens as usize,
+            batch: (self.cfg.batch.micro_batch as usize).max(8),
+            device: self.device,
+            autocast: self.autocast,
+        };
+        let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
+        let score = crate::grpo::eval::evaluate(&self.model, &self.tokenizer, &g.questions().held_out[..n], &options, group)?;
+        self.status.record_accuracy(&score, initial);
+        if let Some(log) = log {
+            log.accuracy(self.step, self.tokens, &score)?;
+        }
+        if let Some(p) = progress {
+            p.println(format!(
+                "{} accuracy on {} held-out questions after {} steps: {:.1}% greedy, {:.1}% by log-likelihood ({:.1}% unanswered; chance 25%)",
+                if initial { "initial" } else { "final" },
+                score.questions,
+                self.step,
+                100.0 * score.greedy,
+                100.0 * score.log_likelihood,
+                100.0 * score.unparsed,
+            ));
+        }
+        self.status.set_phase(TrainerPhase::Training);
+        Ok(Some(score))
+    }
+
+    /// Whether to stop now: [`Self::stopping`], and for GRPO only between generated batches.
+    fn may_stop(&self) -> bool {
+        self.stopping() && self.grpo.as_ref().is_none_or(|g| g.at_boundary(self.step))
     }
 
     /// Whether to stop: SIGTERM here, or (with several ranks) on any rank, as agreed

@@ -15,7 +15,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use crate::Error;
 
 /// Version of the generators' output; part of every cache key derived from the corpus.
-pub const CORPUS_VERSION: u32 = 1;
+pub const CORPUS_VERSION: u32 = 2;
 
 /// Names of the sources, in the order of `crds::resolve::EMBEDDED_SOURCES`.
 pub const SOURCES: [&str; 4] = ["textbook", "facts", "arithmetic", "mcq"];
@@ -25,11 +25,12 @@ pub const SOURCES: [&str; 4] = ["textbook", "facts", "arithmetic", "mcq"];
 const WORLD_SEED: u64 = 0x05ee_d0f7_ac75;
 
 /// One in `VALIDATION_MODULUS` documents (by a hash of the text; for `mcq`, of the
-/// question) belongs to the validation split, so the splits never share a document.
+/// question and its answer) belongs to the validation split, so the splits never share
+/// a document.
 pub const VALIDATION_MODULUS: u64 = 8;
 
 /// Which document stream. The splits use distinct random streams and partition the
-/// possible documents (`mcq`: questions) by hash, so they are disjoint.
+/// possible documents (`mcq`: question-answer pairs) by hash, so they are disjoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Split {
     /// The training stream.
@@ -97,7 +98,7 @@ impl Iterator for DocStream {
     fn next(&mut self) -> Option<String> {
         let w = world();
         if self.kind == 3 {
-            return Some(mcq_record(&mut self.rng, w, self.split).text());
+            return Some(mcq_record(&mut self.rng, w, self.split, false).text());
         }
         loop {
             let doc = match self.kind {
@@ -135,6 +136,11 @@ impl McqRecord {
         format!("Question: {}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", self.question, o[0], o[1], o[2], o[3])
     }
 
+    /// The split this question belongs to, by a hash of the question and its answer.
+    pub fn split(&self) -> Split {
+        split_of(&format!("{}\n{}", self.question, self.options[self.answer]))
+    }
+
     /// The full document: the prompt, a space and the gold letter.
     pub fn text(&self) -> String {
         format!("{} {}", self.prompt(), Self::letter(self.answer))
@@ -145,7 +151,14 @@ impl McqRecord {
 /// (the same records, as text, that `documents("mcq", seed, split, ..)` yields).
 pub fn mcq_records(seed: u64, n: usize, split: Split) -> Vec<McqRecord> {
     let mut rng = Rng::new(seed, 3 * 2 + split.index());
-    (0..n).map(|_| mcq_record(&mut rng, world(), split)).collect()
+    (0..n).map(|_| mcq_record(&mut rng, world(), split, false)).collect()
+}
+
+/// The first `n` rule questions for `seed` and `split` (the `mcq-rules` GRPO task): each
+/// names its answer's position, as a fifth of the `mcq` stream's questions do.
+pub fn mcq_rule_records(seed: u64, n: usize, split: Split) -> Vec<McqRecord> {
+    let mut rng = Rng::new(seed, 4 * 2 + split.index());
+    (0..n).map(|_| mcq_record(&mut rng, world(), split, true)).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -657,14 +670,41 @@ fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
-pub(crate) fn split_of(text: &str) -> Split {
+fn split_of(text: &str) -> Split {
     if fnv1a(text).is_multiple_of(VALIDATION_MODULUS) { Split::Validation } else { Split::Train }
 }
 
-/// A question with its gold answer and a pool of wrong answers (at least three, distinct).
-fn mcq_candidate(rng: &mut Rng, w: &World) -> (String, String, Vec<String>) {
+/// A rule question: it names its answer's position ("Which option comes after B?"),
+/// so a small model learns it from reward alone, without the world's facts.
+fn rule_candidate(rng: &mut Rng) -> (String, String, Vec<String>, Option<usize>) {
+    let kind = rng.below(3);
+    let at = match kind {
+        0 => rng.below(3) + 1,
+        1 => rng.below(3),
+        _ => rng.below(4),
+    };
+    let words: Vec<String> = PROFESSIONS.iter().chain(PRODUCTS).map(|s| s.to_string()).collect();
+    let gold = rng.pick(&words).clone();
+    let question = match kind {
+        0 => format!("Which option comes after {}?", McqRecord::letter(at - 1)),
+        1 => format!("Which option comes before {}?", McqRecord::letter(at + 1)),
+        _ => format!("Which option is {}?", McqRecord::letter(at)),
+    };
+    let wrong = words.into_iter().filter(|x| *x != gold).collect();
+    (question, gold, wrong, Some(at))
+}
+
+/// A question with its gold answer, a pool of wrong answers (at least three, distinct)
+/// and, for a question that names its answer's position, that position.
+fn mcq_candidate(rng: &mut Rng, w: &World) -> (String, String, Vec<String>, Option<usize>) {
     let pool = |xs: Vec<String>, gold: &str| xs.into_iter().filter(|x| x != gold).collect::<Vec<_>>();
-    match rng.below(10) {
+    let (question, gold, wrong) = match rng.below(14) {
+        10..=12 => return rule_candidate(rng),
+        13 => {
+            let gold = rng.pick(COLORS).to_string();
+            let words = PROFESSIONS.iter().chain(PRODUCTS).map(|s| s.to_string()).collect();
+            (String::from("Which of these is a color?"), gold, words)
+        }
         0 => {
             let c = &w.countries[rng.below(N_COUNTRIES)];
             let gold = w.towns[c.capital].name.clone();
@@ -743,19 +783,20 @@ fn mcq_candidate(rng: &mut Rng, w: &World) -> (String, String, Vec<String>) {
                 .collect();
             (format!("Which of these is {} {}?", article(k.name), k.name), capitalize(&gold), wrong)
         }
-    }
+    };
+    (question, gold, wrong, None)
 }
 
-fn mcq_record(rng: &mut Rng, w: &World, split: Split) -> McqRecord {
+fn mcq_record(rng: &mut Rng, w: &World, split: Split, rules_only: bool) -> McqRecord {
     loop {
-        let (question, gold, mut wrong) = mcq_candidate(rng, w);
-        if split_of(&question) != split {
+        let (question, gold, mut wrong, at) = if rules_only { rule_candidate(rng) } else { mcq_candidate(rng, w) };
+        if split_of(&format!("{question}\n{gold}")) != split {
             continue;
         }
         wrong.sort();
         wrong.dedup();
         let picks = rng.distinct(wrong.len(), 3);
-        let answer = rng.below(4);
+        let answer = at.unwrap_or_else(|| rng.below(4));
         let mut others = picks.into_iter().map(|i| capitalize_like(&wrong[i], &gold));
         let options = std::array::from_fn(|i| if i == answer { gold.clone() } else { others.next().expect("three distractors") });
         return McqRecord { question, options, answer };
@@ -788,7 +829,7 @@ mod tests {
             ("textbook", "0d9dc09c4b064aee"),
             ("facts", "bd2ec585162c754b"),
             ("arithmetic", "3a997764dabad000"),
-            ("mcq", "01da93b236059137"),
+            ("mcq", "b4d6f890ec4f1785"),
         ].map(|(s, h)| (s, h.to_string()));
         assert_eq!(got, want, "the corpus output changed");
     }
@@ -822,8 +863,10 @@ mod tests {
             assert_ne!(other_seed[..], documents(s, 0, Split::Train, 5_000).unwrap()[..], "{s}");
             assert!(val.iter().all(|d| !train.contains(d)), "{s}: a validation document is in train");
         }
-        let train: BTreeSet<String> = mcq_records(0, 2000, Split::Train).into_iter().map(|r| r.question).collect();
-        assert!(mcq_records(0, 500, Split::Validation).iter().all(|r| !train.contains(&r.question)));
+        let key = |r: &McqRecord| format!("{}\n{}", r.question, r.options[r.answer]);
+        let train: BTreeSet<String> = mcq_records(0, 2000, Split::Train).iter().map(key).collect();
+        let val = mcq_records(0, 500, Split::Validation);
+        assert!(val.iter().all(|r| !train.contains(&key(r)) && r.split() == Split::Validation));
     }
 
     #[test]

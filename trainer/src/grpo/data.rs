@@ -34,14 +34,20 @@ impl Questions {
 pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
     let needed = (cfg.schedule.total_steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
     let (train, held_out) = match &g.dataset {
-        Location::Embedded { name } if name == "mcq" => (
-            corpus::mcq_records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train),
-            corpus::mcq_records(cfg.seed, g.eval_questions as usize, Split::Validation),
-        ),
+        Location::Embedded { name } if name == "mcq" || name == "mcq-rules" => {
+            let records = if name == "mcq" { corpus::mcq_records } else { corpus::mcq_rule_records };
+            (
+                records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train),
+                records(cfg.seed, g.eval_questions as usize, Split::Validation),
+            )
+        }
         Location::Embedded { name } => {
             return Err(Error::Data {
                 name: "spec.grpo.dataset".into(),
-                message: format!("embedded:{name} is not a question set; the embedded one is embedded:mcq"),
+                message: format!(
+                    "embedded:{name} is not a question set; the embedded ones are embedded:mcq-rules \
+                     (questions a small model learns from reward) and embedded:mcq (those plus questions about the synthetic world)"
+                ),
             });
         }
         other => {
@@ -88,7 +94,7 @@ fn read(cfg: &RunConfig, loc: &Location, split: bool) -> Result<(Vec<McqRecord>,
     if !split {
         return Ok((all, Vec::new()));
     }
-    Ok(all.into_iter().partition(|r| corpus::split_of(&r.question) == Split::Train))
+    Ok(all.into_iter().partition(|r| r.split() == Split::Train))
 }
 
 /// Downloads an S3 question set (a `.jsonl` object, or a prepared prefix's manifest and

@@ -3,6 +3,7 @@
 //! accuracy evaluation.
 
 pub mod data;
+pub mod eval;
 pub mod loss;
 pub mod reward;
 pub mod step;

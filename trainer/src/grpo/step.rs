@@ -84,7 +84,8 @@ impl Sums {
 }
 
 /// A step's GRPO metrics, over all ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct GrpoStats {
     pub reward: f64,
     pub accuracy: f64,
@@ -224,6 +225,11 @@ impl Grpo {
     /// Whether a run may stop (and checkpoint) after `step`: between generated batches.
     pub fn at_boundary(&self, step: u64) -> bool {
         step.is_multiple_of(self.g.iterations as u64)
+    }
+
+    /// The first step at or after `step` that ends a generated batch.
+    pub fn boundary_at_or_after(&self, step: u64) -> u64 {
+        step.next_multiple_of(self.g.iterations as u64)
     }
 
     /// The longest prompt, in tokens: the rest of seqLength is for the completion.
