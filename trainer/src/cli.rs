@@ -46,11 +46,10 @@ pub enum Command {
     /// column), plain text files and directories, or MedQA-USMLE jsonl. Writes
     /// train/validation shards, manifest.json and tokenizer.json to the output directory.
     Prepare(PrepareArgs),
-    /// Validation loss and perplexity of a checkpoint, per data source.
-    Eval {
-        /// A run's output directory or one checkpoint directory.
-        checkpoint: PathBuf,
-    },
+    /// Validation loss and perplexity of a checkpoint per data source (`--task loss`), or
+    /// its multiple-choice accuracy on held-out questions (`--task mcq`): greedy answer
+    /// letter and log-likelihood of the four letters.
+    Eval(EvalArgs),
     /// Sample text from a checkpoint.
     Generate(GenerateArgs),
     /// Write a checkpoint as a Hugging Face model directory.
@@ -81,6 +80,38 @@ pub enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+}
+
+/// What `trainer eval` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalTask {
+    /// Validation loss and perplexity per data source (a pretraining run).
+    Loss,
+    /// Multiple-choice accuracy.
+    Mcq,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// A run's output directory or one checkpoint directory.
+    pub checkpoint: PathBuf,
+    #[arg(long, value_enum, default_value = "loss")]
+    pub task: EvalTask,
+    /// Questions for `--task mcq`: embedded:mcq-rules, embedded:mcq (their held-out
+    /// questions), a MedQA jsonl file (all of it), or a prepared directory (its
+    /// validation records), as a path, pvc:// or s3:// URI [default: the GRPO run's
+    /// held-out questions, else embedded:mcq].
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Score at most this many questions.
+    #[arg(long, default_value_t = 256)]
+    pub questions: usize,
+    /// Tokens generated for the greedy answer.
+    #[arg(long, default_value_t = 16)]
+    pub max_new_tokens: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -304,7 +335,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Worker(args) => crate::local::worker(&args),
         Command::Prepare(args) => prepare(args),
-        Command::Eval { checkpoint } => crate::local::eval(&checkpoint),
+        Command::Eval(args) => crate::local::eval(&args),
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
         Command::Bench(args) => {

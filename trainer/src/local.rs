@@ -251,14 +251,64 @@ fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> 
     Ok((cfg, vs, model))
 }
 
-pub fn eval(checkpoint: &Path) -> Result<(), Error> {
-    let (cfg, _vs, model) = load_model(checkpoint)?;
+pub fn eval(args: &crate::cli::EvalArgs) -> Result<(), Error> {
+    if args.task == crate::cli::EvalTask::Mcq {
+        return eval_mcq(args);
+    }
+    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
     let val = train::validation_mixes(&cfg, &train::load_tokenizer(&cfg)?)?;
     let (mean, per_source) = train::evaluate(&model, &cfg, &val, Device::Cpu, false, None)?;
     for (name, loss) in &per_source {
         println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
     }
     println!("{:<16} val loss {mean:.4}  perplexity {:.2}", "mix", mean.exp());
+    Ok(())
+}
+
+/// `trainer eval --task mcq`.
+fn eval_mcq(args: &crate::cli::EvalArgs) -> Result<(), Error> {
+    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
+    let tokenizer = train::load_tokenizer(&cfg)?;
+    let location = match (&args.dataset, &cfg.grpo) {
+        (Some(uri), _) => match uri.strip_prefix("embedded:") {
+            Some(name) => crds::config::Location::Embedded { name: name.into() },
+            None => crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?,
+        },
+        (None, Some(g)) => g.eval_dataset.clone().unwrap_or_else(|| g.dataset.clone()),
+        (None, None) => crds::config::Location::Embedded { name: "mcq".into() },
+    };
+    let records = match (&args.dataset, &cfg.grpo) {
+        // The run's own held-out split, exactly as it evaluated itself.
+        (None, Some(g)) => {
+            let mut held_out = crate::grpo::data::load(&cfg, g)?.held_out;
+            held_out.truncate(args.questions);
+            held_out
+        }
+        _ => crate::grpo::data::eval_set(&cfg, &location, args.questions)?,
+    };
+    if records.is_empty() {
+        return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });
+    }
+    let ctx = cfg.model.max_seq_len as usize;
+    let options = crate::grpo::eval::EvalOptions {
+        max_prompt_tokens: ctx.saturating_sub(args.max_new_tokens).max(1),
+        max_new_tokens: args.max_new_tokens.min(ctx - 1),
+        batch: 16,
+        device: Device::Cpu,
+        autocast: false,
+    };
+    let score = crate::grpo::eval::evaluate(&model, &tokenizer, &records, &options, None)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&score).expect("McqScore serializes"));
+    } else {
+        println!(
+            "{} questions: {:.1}% greedy answer letter, {:.1}% by log-likelihood, {:.1}% unanswered (chance 25%)",
+            score.questions,
+            100.0 * score.greedy,
+            100.0 * score.log_likelihood,
+            100.0 * score.unparsed
+        );
+    }
     Ok(())
 }
 

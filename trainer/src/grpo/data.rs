@@ -35,7 +35,7 @@ pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
     let needed = (cfg.schedule.total_steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
     let (train, held_out) = match &g.dataset {
         Location::Embedded { name } if name == "mcq" || name == "mcq-rules" => {
-            let records = if name == "mcq" { corpus::mcq_records } else { corpus::mcq_rule_records };
+            let records = embedded(name);
             (
                 records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train),
                 records(cfg.seed, g.eval_questions as usize, Split::Validation),
@@ -68,18 +68,51 @@ pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
     Ok(Questions { train, held_out })
 }
 
+/// The generator of an embedded question set.
+fn embedded(name: &str) -> fn(u64, usize, Split) -> Vec<McqRecord> {
+    if name == "mcq" { corpus::mcq_records } else { corpus::mcq_rule_records }
+}
+
+/// Questions to evaluate on from `loc` (at most `n`): an embedded set's held-out
+/// questions, a prepared directory's validation records, or every question of a file.
+pub fn eval_set(cfg: &RunConfig, loc: &Location, n: usize) -> Result<Vec<McqRecord>, Error> {
+    let mut all = match loc {
+        Location::Embedded { name } if crds::resolve::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
+            embedded(name)(cfg.seed, n, Split::Validation)
+        }
+        _ => {
+            let local = fetch(cfg, loc)?;
+            if local.is_dir() { read_local(&local, true)?.1 } else { read_local(&local, false)?.0 }
+        }
+    };
+    all.truncate(n);
+    Ok(all)
+}
+
 /// A question set at `loc`: a MedQA jsonl file, or a `trainer prepare` directory with
 /// record files. With `split`, a jsonl file's questions are divided by hash into
 /// training and held-out ones; without, all are returned first.
 fn read(cfg: &RunConfig, loc: &Location, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecord>), Error> {
-    let local = match loc {
+    read_local(&fetch(cfg, loc)?, split)
+}
+
+/// Where `loc` is on this machine (S3 objects are downloaded into the cache).
+fn fetch(cfg: &RunConfig, loc: &Location) -> Result<PathBuf, Error> {
+    Ok(match loc {
         Location::Path { path } => PathBuf::from(path),
         Location::Pvc { claim, path } => PathBuf::from(crds::contract::pvc_path(claim, path)),
         Location::S3 { bucket, prefix } => fetch_s3(cfg, bucket, prefix)?,
         Location::Embedded { name } => {
-            return Err(Error::Data { name: format!("embedded:{name}"), message: "only spec.grpo.dataset may be embedded".into() });
+            return Err(Error::Data {
+                name: format!("embedded:{name}"),
+                message: format!("not a question set; the embedded ones are {}", crds::resolve::EMBEDDED_QUESTION_SETS.join(", ")),
+            });
         }
-    };
+    })
+}
+
+fn read_local(local: &Path, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecord>), Error> {
+    let local = local.to_path_buf();
     if local.is_dir() {
         let manifest = Manifest::read(&local)?;
         let files = manifest.records.ok_or_else(|| Error::Data {
