@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job: `trainer run examples/tiny-local.yaml`, a local training run of the
-# nano preset on the embedded corpus with two data-parallel CPU ranks (Gloo), a
-# few minutes on 2 CPU cores. Installs
+# The main job, the seeds' two phases on a laptop: `trainer run examples/tiny-local.yaml`
+# pretrains the nano preset on the embedded corpus with two data-parallel CPU ranks
+# (Gloo), then `trainer run examples/tiny-grpo-local.yaml` fine-tunes its checkpoint
+# with GRPO on the embedded rule questions; a few minutes on 2 CPU cores. Installs
 # PyTorch 2.11.0 (CPU) on first use and builds the trainer. Checkpoints and
-# metrics.jsonl go to runs/tiny-local/; a rerun resumes from the newest checkpoint.
+# metrics.jsonl go to runs/tiny-local/ and runs/tiny-grpo-local/; a rerun resumes each
+# phase from its newest checkpoint.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
@@ -14,3 +16,4 @@ cargo build --release -p trainer --locked
 trainer="$CARGO_TARGET_DIR/release/trainer"
 "$trainer" run examples/tiny-local.yaml "$@"
 "$trainer" plot runs/tiny-local/metrics.jsonl
+"$trainer" run examples/tiny-grpo-local.yaml

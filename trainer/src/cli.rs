@@ -71,6 +71,9 @@ pub enum Command {
     /// How fast one core serves training batches from mmap shards through the mix
     /// (synthetic 45/25/20/10 shards unless --data is given).
     BenchData(BenchDataArgs),
+    /// GRPO's sampler: batched decoding with the KV cache against the full-prefix loop,
+    /// greedy, same model and prompts (random weights of the preset).
+    BenchGenerate(BenchGenerateArgs),
     /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
     /// validation loss, and the learning rate, against tokens.
     Plot {
@@ -261,6 +264,22 @@ pub struct BenchDataArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct BenchGenerateArgs {
+    #[arg(long, default_value = "nano")]
+    pub preset: String,
+    /// Rows decoded together (GRPO: prompts per rank × generationsPerPrompt).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 48)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 192)]
+    pub new_tokens: usize,
+    /// cpu or cuda [default: cuda when available].
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct BenchDdpArgs {
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
@@ -342,12 +361,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             let model = crds::presets::preset(&args.preset).map(ModelConfig::from).ok_or_else(|| {
                 Error::InvalidSpec(format!("--preset {}: unknown; one of {}", args.preset, crds::presets::preset_names().join(", ")))
             })?;
-            let device = match args.device.as_deref() {
-                None if tch::Cuda::is_available() => tch::Device::Cuda(0),
-                None | Some("cpu") => tch::Device::Cpu,
-                Some("cuda") => tch::Device::Cuda(0),
-                Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
-            };
+            let device = bench_device(args.device.as_deref())?;
             let opts = crate::bench::BenchOptions {
                 model,
                 micro_batch: args.micro_batch,
@@ -373,6 +387,22 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                     .map_err(|e| Error::InvalidSpec(format!("--synthetic-tokens {}: {e}", a.synthetic_tokens)))?,
             };
             println!("{}", crate::data::bench::run(&opts)?);
+            Ok(())
+        }
+        Command::BenchGenerate(a) => {
+            let model = crds::presets::preset(&a.preset).map(ModelConfig::from).ok_or_else(|| {
+                Error::InvalidSpec(format!("--preset {}: unknown; one of {}", a.preset, crds::presets::preset_names().join(", ")))
+            })?;
+            let device = bench_device(a.device.as_deref())?;
+            let opts = crate::grpo::bench::GenerateBenchOptions {
+                model,
+                device,
+                batch: a.batch,
+                prompt_tokens: a.prompt_tokens,
+                new_tokens: a.new_tokens,
+                bf16: device.is_cuda(),
+            };
+            println!("{}", crate::grpo::bench::run(&opts)?);
             Ok(())
         }
         Command::BenchDdp(a) => {
@@ -504,4 +534,14 @@ fn presets(json: bool) {
             H100_PEAK_BF16_FLOPS / 1e12
         );
     }
+}
+
+/// `--device` of the benchmarks: cpu or cuda, by default cuda when there is one.
+fn bench_device(arg: Option<&str>) -> Result<tch::Device, Error> {
+    Ok(match arg {
+        None if tch::Cuda::is_available() => tch::Device::Cuda(0),
+        None | Some("cpu") => tch::Device::Cpu,
+        Some("cuda") => tch::Device::Cuda(0),
+        Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
+    })
 }
