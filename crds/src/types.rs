@@ -588,7 +588,9 @@ pub struct GrpoSpec {
     /// Sampling temperature; log-probabilities are taken from logits / temperature.
     #[serde(default = "default_temperature")]
     pub temperature: f64,
-    /// Nucleus sampling threshold.
+    /// Nucleus sampling threshold. Below 1, the loss's log-probabilities (policy and
+    /// reference) are renormalized over the tokens the sampler could draw (the
+    /// keep-sampling mask of DeepSeek-V3.2), so both see the same action space.
     #[serde(default = "default_top_p")]
     pub top_p: f64,
     /// KL coefficient β against the frozen reference model (k3 estimator). 0 skips the

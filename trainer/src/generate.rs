@@ -36,15 +36,19 @@ pub fn sample_next(logits: &Tensor, s: &Sampling) -> Result<Tensor, TchError> {
         logits = logits.f_masked_fill(&logits.f_lt_tensor(&threshold)?, f64::NEG_INFINITY)?;
     }
     if s.top_p < 1.0 {
-        let (sorted, order) = logits.f_sort(-1, true)?;
-        let cumulative = sorted.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
-        // Drop a token when the tokens before it already reach top_p; the first always stays.
-        let before = cumulative.f_sub(&sorted.f_softmax(-1, Kind::Float)?)?;
-        let drop_sorted = before.f_ge(s.top_p)?;
-        let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
-        logits = logits.f_masked_fill(&drop, f64::NEG_INFINITY)?;
+        logits = logits.f_masked_fill(&nucleus_drop(&logits, s.top_p)?, f64::NEG_INFINITY)?;
     }
     logits.f_softmax(-1, Kind::Float)?.f_multinomial(1, false)?.f_squeeze_dim(-1)
+}
+
+/// The tokens top-p sampling leaves out of temperature-scaled `logits` (…, V): a token
+/// goes when the more likely ones before it already reach `top_p`; the first stays.
+pub fn nucleus_drop(logits: &Tensor, top_p: f64) -> Result<Tensor, TchError> {
+    let (sorted, order) = logits.f_sort(-1, true)?;
+    let probs = sorted.f_softmax(-1, Kind::Float)?;
+    let before = probs.f_cumsum(-1, Kind::Float)?.f_sub(&probs)?;
+    let drop_sorted = before.f_ge(top_p)?;
+    drop_sorted.f_scatter(-1, &order, &drop_sorted)
 }
 
 /// Extends `prompt` (B, T) by up to `max_new` tokens, stopping early when every row

@@ -60,7 +60,8 @@ spec:
 "#;
 
 /// GRPO on `embedded:mcq-rules` from `base`: 4 prompts × 4 completions of up to 8
-/// tokens per step, 6 steps, a reference model (β > 0).
+/// tokens per step with top-p 0.9 (so the keep-sampling mask acts), 6 steps, a
+/// reference model (β > 0).
 fn grpo_yaml(nodes: u32, micro_batch: u32, iterations: u32) -> String {
     format!(
         r#"
@@ -77,6 +78,7 @@ spec:
     promptsPerStep: 4
     generationsPerPrompt: 4
     maxNewTokens: 8
+    topP: 0.9
     beta: 0.04
     iterations: {iterations}
     evalQuestions: 16

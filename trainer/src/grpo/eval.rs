@@ -76,7 +76,7 @@ pub fn evaluate(
             let rows: Vec<(&[i64], &[i64])> =
                 prompts.iter().flat_map(|p| letters.iter().map(move |l| (p.as_slice(), l.as_slice()))).collect();
             let packed = pack(&rows, eos as i64, o.device)?;
-            let logps = packed_logps(model, &packed, 1.0, o.autocast)?;
+            let logps = packed_logps(model, &packed, 1.0, o.autocast, None)?;
             let per_option = logps.f_mul(&packed.mask)?.f_sum_dim_intlist(1, false, Kind::Float)?.f_view([-1, 4])?;
             let best = Vec::<i64>::try_from(per_option.f_argmax(1, false)?.f_to_device(Device::Cpu)?)?;
             totals[2] += chunk.iter().zip(best).filter(|(r, b)| r.answer as i64 == *b).count() as f64;

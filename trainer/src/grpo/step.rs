@@ -148,10 +148,35 @@ pub fn pack(rows: &[(&[i64], &[i64])], pad: i64, device: Device) -> Result<Packe
     })
 }
 
-/// Per-token log-probabilities (B, L−1) of `packed`'s targets under `model`.
-pub fn packed_logps(model: &Model, packed: &Packed, temperature: f64, autocast: bool) -> Result<Tensor, Error> {
+/// Per-token log-probabilities (B, L−1) of `packed`'s targets under `model`, over the
+/// sampler's support when `keep` (B, L−1, V) is given.
+pub fn packed_logps(model: &Model, packed: &Packed, temperature: f64, autocast: bool, keep: Option<&Tensor>) -> Result<Tensor, Error> {
     let logits = tch::autocast(autocast, || model.logits(&packed.inputs))?;
-    Ok(loss::token_logps(&logits, &packed.targets, temperature)?)
+    support_logps(&logits, &packed.targets, temperature, keep)
+}
+
+/// [`loss::token_logps`] renormalized over `keep` (B, L−1, V) when given.
+fn support_logps(logits: &Tensor, targets: &Tensor, temperature: f64, keep: Option<&Tensor>) -> Result<Tensor, Error> {
+    let masked;
+    let logits = match keep {
+        Some(k) => {
+            masked = logits.f_to_kind(Kind::Float)?.f_masked_fill(&k.f_logical_not()?, f64::NEG_INFINITY)?;
+            &masked
+        }
+        None => logits,
+    };
+    Ok(loss::token_logps(logits, targets, temperature)?)
+}
+
+/// The keep-sampling mask (DeepSeek-V3.2): for each position, the tokens top-p sampling
+/// could have drawn from the sampling policy's `logits` (B, L−1, V), plus the target
+/// itself (which the sampler drew; recomputed logits may round it out of the set).
+fn keep_mask(logits: &Tensor, targets: &Tensor, temperature: f64, top_p: f64) -> Result<Tensor, Error> {
+    let scaled = logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?;
+    let keep = generate::nucleus_drop(&scaled, top_p)?.f_logical_not()?;
+    let own = targets.f_unsqueeze(-1)?;
+    let ones = Tensor::f_ones(own.size(), (Kind::Bool, keep.device()))?;
+    Ok(keep.f_scatter(-1, &own, &ones)?)
 }
 
 /// One micro-batch of a generated batch, ready for the loss.
@@ -161,6 +186,8 @@ struct Micro {
     keep: Tensor,
     old: Option<Tensor>,
     reference: Option<Tensor>,
+    /// The keep-sampling mask (B, L−1, V) when sampling truncates (topP < 1).
+    support: Option<Tensor>,
 }
 
 /// A generated, scored batch of this rank's completions.
@@ -260,7 +287,7 @@ impl Grpo {
             {
                 r.prepare()?;
             }
-            let logp = packed_logps(ctx.model, &m.packed, self.g.temperature, ctx.autocast)?;
+            let logp = packed_logps(ctx.model, &m.packed, self.g.temperature, ctx.autocast, m.support.as_ref())?;
             let parts = loss::policy_loss(
                 &logp,
                 m.old.as_ref(),
@@ -362,15 +389,29 @@ impl Grpo {
             let pairs: Vec<(&[i64], &[i64])> = (start..end).map(|i| (rows[i].as_slice(), completions[i].as_slice())).collect();
             let packed = pack(&pairs, eos, ctx.device)?;
             let floats = |v: &[f64]| -> Result<Tensor, Error> { Ok(Tensor::f_from_slice(v)?.f_to_kind(Kind::Float)?.f_to_device(ctx.device)?) };
-            let (old, reference) = tch::no_grad(|| -> Result<_, Error> {
-                let old = if g.iterations > 1 { Some(packed_logps(ctx.model, &packed, g.temperature, ctx.autocast)?) } else { None };
+            let (old, reference, support) = tch::no_grad(|| -> Result<_, Error> {
+                let truncated = g.top_p < 1.0;
+                // The sampling policy's view of the batch: its support and, when the batch
+                // serves several steps, its log-probabilities.
+                let (old, support) = if g.iterations > 1 || truncated {
+                    let logits = tch::autocast(ctx.autocast, || ctx.model.logits(&packed.inputs))?;
+                    let support = if truncated { Some(keep_mask(&logits, &packed.targets, g.temperature, g.top_p)?) } else { None };
+                    let old = if g.iterations > 1 {
+                        Some(support_logps(&logits, &packed.targets, g.temperature, support.as_ref())?)
+                    } else {
+                        None
+                    };
+                    (old, support)
+                } else {
+                    (None, None)
+                };
                 let reference = match &self.reference {
-                    Some(r) => Some(packed_logps(r, &packed, g.temperature, ctx.autocast)?),
+                    Some(r) => Some(packed_logps(r, &packed, g.temperature, ctx.autocast, support.as_ref())?),
                     None => None,
                 };
-                Ok((old, reference))
+                Ok((old, reference, support))
             })?;
-            micro.push(Micro { adv: floats(&adv[start..end])?, keep: floats(&keep[start..end])?, packed, old, reference });
+            micro.push(Micro { adv: floats(&adv[start..end])?, keep: floats(&keep[start..end])?, packed, old, reference, support });
         }
         Ok(Rollout { generation, micro, norm, sums, sampling_seconds })
     }
@@ -379,6 +420,19 @@ impl Grpo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Top-p 0.8 over probabilities (0.5, 0.3, 0.15, 0.05) keeps the first two; a target
+    /// outside the set joins it; log-probabilities renormalize over the kept tokens.
+    #[test]
+    fn keep_sampling_mask_renormalizes_over_the_sampler_support() {
+        let logits = Tensor::from_slice(&[0.5f32, 0.3, 0.15, 0.05]).log().view([1, 1, 4]).repeat([1, 2, 1]);
+        let targets = Tensor::from_slice(&[0i64, 3]).view([1, 2]);
+        let keep = keep_mask(&logits, &targets, 1.0, 0.8).unwrap();
+        assert_eq!(Vec::<bool>::try_from(keep.view([-1])).unwrap(), [true, true, false, false, true, true, false, true]);
+        let got = Vec::<f64>::try_from(support_logps(&logits, &targets, 1.0, Some(&keep)).unwrap().view([-1]).to_kind(Kind::Double)).unwrap();
+        let want = [(0.5f64 / 0.8).ln(), (0.05f64 / 0.85).ln()];
+        assert!((got[0] - want[0]).abs() < 1e-6 && (got[1] - want[1]).abs() < 1e-6, "{got:?} vs {want:?}");
+    }
 
     #[test]
     fn packing_marks_exactly_the_completion_targets() {
