@@ -330,3 +330,68 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("s3://datasets/nope/manifest.json") && stderr.contains("no such object"), "{stderr}");
 }
+
+/// GRPO's questions from S3: a MedQA jsonl object and a `trainer prepare --format medqa`
+/// prefix (its validation records), scored by `trainer eval --task mcq`, and a GRPO run
+/// that trains on the object.
+#[test]
+fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
+    use trainer::data::corpus::{Split, mcq_rule_records};
+    let server = start(&["datasets"]);
+    // 100 questions that hash to training and 20 that hash to the held-out split.
+    let records = [mcq_rule_records(11, 100, Split::Train), mcq_rule_records(11, 20, Split::Validation)].concat();
+    let lines: Vec<String> = records.iter().map(|r| trainer::data::prepare::medqa_json(r).to_string()).collect();
+    std::fs::create_dir_all(server.root.join("datasets/medqa")).unwrap();
+    std::fs::write(server.root.join("datasets/medqa/train.jsonl"), lines.join("\n")).unwrap();
+    let bin = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+        c.env("TRAINER_CACHE", std::env::temp_dir().join(format!("trainer-s3-grpo-cache-{}", std::process::id())))
+            .envs(s3_env(&server))
+            .env("AWS_REGION", "us-east-1")
+            .env("RUST_LOG", "warn");
+        c
+    };
+    let ok = |out: std::process::Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let prep = bin()
+        .args(["prepare", "--format", "medqa", "--tokenizer", "embedded", "--validation-fraction", "0.25", "--input"])
+        .arg(server.root.join("datasets/medqa/train.jsonl"))
+        .args(["--output", "s3://datasets/medqa-prepared"])
+        .output()
+        .unwrap();
+    ok(prep);
+
+    // A checkpoint to evaluate and start from.
+    let dir = server.root.join("runs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {name: base}\nspec:\n  model: {preset: nano, tokenizer: embedded}\n  tokens: \"2048\"\n  data:\n    mix: [{name: mcq, weight: 1.0, uri: \"embedded:mcq\"}]\n    validation: {everySteps: 100, tokens: \"1K\"}\n  topology: {nodes: 1, gpusPerNode: 0}\n  batch: {globalTokens: 1024, microBatch: 8, seqLength: 128}\n  optimizer: {lr: 3.0e-3, warmupTokens: \"1K\"}\n  precision: f32\n  checkpoint: {everySteps: 2, keepLast: 1}\n";
+    std::fs::write(dir.join("base.yaml"), base).unwrap();
+    ok(bin().args(["run", "--no-sample", "-o"]).arg(dir.join("base")).arg(dir.join("base.yaml")).output().unwrap());
+
+    let score = |dataset: &str| -> serde_json::Value {
+        let out = bin().args(["eval", "--task", "mcq", "--json", "--questions", "500", "--dataset", dataset]).arg(dir.join("base")).output().unwrap();
+        serde_json::from_str(&ok(out)).unwrap()
+    };
+    assert_eq!(score("s3://datasets/medqa/train.jsonl")["questions"], 120, "a jsonl file is scored whole");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&client(&server, SECRET).get_bytes("datasets", "medqa-prepared/manifest.json").unwrap()).unwrap();
+    let file = manifest["records"]["validation"].as_str().unwrap();
+    let held_out = std::fs::read_to_string(server.root.join("datasets/medqa-prepared").join(file)).unwrap().lines().count();
+    assert!(held_out > 10 && held_out < 60, "{held_out}");
+    assert_eq!(score("s3://datasets/medqa-prepared")["questions"], held_out as u64, "a prepared prefix gives its validation records");
+    let missing = bin().args(["eval", "--task", "mcq", "--dataset", "s3://datasets/none.jsonl"]).arg(dir.join("base")).output().unwrap();
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("none.jsonl"));
+
+    // GRPO on the object: one in 8 questions by hash is held out and scored before and after.
+    let grpo = "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {name: g}\nspec:\n  phase: grpo\n  model: {preset: nano, tokenizer: embedded}\n  tokens: \"4096\"\n  initFrom: {trainingRun: base}\n  grpo: {dataset: \"s3://datasets/medqa/train.jsonl\", promptsPerStep: 4, generationsPerPrompt: 4, maxNewTokens: 8}\n  topology: {nodes: 1, gpusPerNode: 0}\n  batch: {microBatch: 8, seqLength: 128}\n  optimizer: {lr: 1.0e-3, schedule: constant, warmupTokens: \"1\"}\n  precision: f32\n  checkpoint: {everySteps: 2, keepLast: 1}\n";
+    std::fs::write(dir.join("g.yaml"), grpo).unwrap();
+    ok(bin().args(["run", "--no-sample", "-o"]).arg(dir.join("g")).arg(dir.join("g.yaml")).output().unwrap());
+    let log = trainer::metrics_log::read(&dir.join("g/metrics.jsonl")).unwrap();
+    let evals: Vec<u64> = log
+        .iter()
+        .filter_map(|r| if let trainer::metrics_log::Record::Accuracy(a) = r { Some(a.score.questions) } else { None })
+        .collect();
+    assert_eq!(evals, vec![20, 20]);
+}

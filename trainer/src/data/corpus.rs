@@ -875,6 +875,27 @@ mod tests {
         assert!(e.contains("poems") && SOURCES.iter().all(|s| e.contains(s)), "{e}");
     }
 
+    /// Rule questions name their answer's position, and every position occurs.
+    #[test]
+    fn rule_questions_answer_the_position_they_name() {
+        let mut seen = [0; 4];
+        for r in mcq_rule_records(2, 600, Split::Train) {
+            let named = (r.question.as_bytes()[r.question.len() - 2] - b'A') as usize;
+            let want = if r.question.contains("after") {
+                named + 1
+            } else if r.question.contains("before") {
+                named - 1
+            } else {
+                named
+            };
+            assert_eq!(r.answer, want, "{}", r.text());
+            seen[r.answer] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 100), "{seen:?}");
+        let val = mcq_rule_records(2, 50, Split::Validation);
+        assert!(val.iter().all(|r| r.split() == Split::Validation));
+    }
+
     #[test]
     fn mcq_format_answers_and_letters() {
         let recs = mcq_records(3, 4000, Split::Train);
