@@ -2,10 +2,17 @@
 # Installs the Debian packages the build needs, when they are missing:
 #   libgloo-dev  the Gloo headers c10d's ProcessGroupGloo.hpp includes (the torch
 #                wheel ships none; every Gloo symbol resolves from libtorch_cpu).
+# With --test also what the tests need:
+#   prometheus   promtool, for the alert rules' unit tests.
+#   lua5.1       Argo CD's Lua dialect, for the health check's tests.
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 missing=()
 [ -f /usr/include/gloo/config.h ] || [ -n "${GLOO_INCLUDE_DIR:-}" ] || missing+=(libgloo-dev)
+if [ "${1:-}" = --test ]; then
+  command -v promtool >/dev/null || missing+=(prometheus)
+  command -v lua5.1 >/dev/null || missing+=(lua5.1)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs PyTorch 2.11.0 (CPU libtorch for the
 # build, the full wheel plus transformers for the proofs against PyTorch) and the
-# Python validators into ~/.cache/puretransformer, then runs the Rust tests, checks
-# the golden files against PyTorch, and validates the CRD and the examples.
+# Python validators into ~/.cache/puretransformer (and promtool and Lua 5.1 from
+# Debian), then runs the Rust tests, checks the golden files against PyTorch,
+# validates the CRD and the examples, and checks the Helm chart, the alert rules and
+# the Argo CD health check.
 # `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
-scripts/setup-debian.sh
+scripts/setup-debian.sh --test
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
@@ -19,3 +21,8 @@ cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
 cargo build -q --locked -p operator
 "$PT_VENV_CPU/bin/python" scripts/validate-manifests.py --operator "$CARGO_TARGET_DIR/debug/operator"
+# Packaging: the Helm chart, the alerts, the Argo CD health check.
+"$PT_VENV_CPU/bin/python" scripts/check-chart.py
+promtool check rules charts/trainingrun-operator/files/alerts.yaml
+promtool test rules charts/trainingrun-operator/files/alerts_test.yaml
+lua5.1 deploy/argocd/health_test.lua

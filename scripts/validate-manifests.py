@@ -64,7 +64,7 @@ def main():
         failed = True
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     validator = jsonschema.Draft4Validator(schema)
-    examples = sorted(glob.glob("examples/*.yaml"))
+    examples = sorted(glob.glob("examples/*.yaml")) + sorted(glob.glob("deploy/argocd/runs/*.yaml"))
     if not examples:
         print("FAIL no examples found")
         failed = True

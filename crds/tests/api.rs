@@ -64,6 +64,15 @@ fn committed_crd_is_fresh() {
 }
 
 #[test]
+fn the_helm_chart_ships_the_same_crd() {
+    let chart = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/trainingrun-operator/crds/trainingruns.yaml")).unwrap();
+    assert!(
+        chart == crds::manifest::crd_yaml(),
+        "charts/trainingrun-operator/crds/trainingruns.yaml differs from the CRD: run `make crds`"
+    );
+}
+
+#[test]
 fn crd_names_scope_and_subresource() {
     let crd = TrainingRun::crd();
     assert_eq!(crd.metadata.name.as_deref(), Some("trainingruns.training.puretransformer.dev"));

@@ -78,6 +78,7 @@ const KNOWN_KINDS: &[(&str, &str)] = &[
     ("secrets", "Secret"),
     ("nodes", "Node"),
     ("namespaces", "Namespace"),
+    ("networkpolicies", "NetworkPolicy"),
     ("endpoints", "Endpoints"),
     ("serviceaccounts", "ServiceAccount"),
     ("deployments", "Deployment"),

@@ -81,27 +81,34 @@ struct Harness {
     metrics: Arc<Metrics>,
     ctx: Arc<Context>,
     rank0: Rank0,
+    /// `--network-policy` (the operator's namespace) when set.
+    network_policy: Option<String>,
 }
 
 impl Harness {
     fn new() -> Harness {
+        Self::with_network_policy(None)
+    }
+
+    fn with_network_policy(network_policy: Option<&str>) -> Harness {
         let fake = FakeApi::new();
         fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
         let clock = ManualClock::new("2026-01-01T00:00:00Z".parse().unwrap());
         let rank0 = Rank0::start();
         let metrics = Arc::new(Metrics::new().unwrap());
-        let ctx = Self::context(&fake, &clock, &metrics, &rank0);
-        Harness { fake, clock, metrics, ctx, rank0 }
+        let network_policy = network_policy.map(str::to_string);
+        let ctx = Self::context(&fake, &clock, &metrics, &rank0, network_policy.clone());
+        Harness { fake, clock, metrics, ctx, rank0, network_policy }
     }
 
-    fn context(fake: &FakeApi, clock: &ManualClock, metrics: &Arc<Metrics>, rank0: &Rank0) -> Arc<Context> {
-        let settings = Settings { status_url: format!("http://127.0.0.1:{}/status", rank0.port), ..Settings::default() };
+    fn context(fake: &FakeApi, clock: &ManualClock, metrics: &Arc<Metrics>, rank0: &Rank0, network_policy: Option<String>) -> Arc<Context> {
+        let settings = Settings { status_url: format!("http://127.0.0.1:{}/status", rank0.port), network_policy, ..Settings::default() };
         Context::new(fake.client(), settings, metrics.clone(), Arc::new(clock.clone()))
     }
 
     /// A new operator process: same cluster, fresh memory.
     fn restart_operator(&mut self) {
-        self.ctx = Self::context(&self.fake, &self.clock, &self.metrics, &self.rank0);
+        self.ctx = Self::context(&self.fake, &self.clock, &self.metrics, &self.rank0, self.network_policy.clone());
     }
 
     /// `kubectl apply` of a TrainingRun.
@@ -456,6 +463,38 @@ async fn kueue_suspension_is_left_to_kueue() {
     h.start_pods("q-a1", "Running");
     h.settle("q").await;
     assert_eq!(h.status("q").phase, Some(RunPhase::Running));
+    // Kueue preempts it: the Job is suspended again and its pods go. The operator waits
+    // for Kueue, counts no restart and starts no new attempt.
+    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(true)).unwrap();
+    for pod in h.pods() {
+        h.fake.delete("v1", "Pod", Some(NS), &pod).unwrap();
+    }
+    h.settle("q").await;
+    let s = h.status("q");
+    assert_eq!((s.phase, s.reason.as_deref(), s.attempt, s.restarts), (Some(RunPhase::Pending), Some("WaitingForQueue"), 1, 0));
+    assert_eq!(h.job("q-a1").unwrap().spec.unwrap().suspend, Some(true), "still Kueue's to admit");
+    assert_eq!(h.jobs(), vec!["q-a1".to_string()]);
+    // Re-admitted, it runs again (resuming from its checkpoint).
+    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(false)).unwrap();
+    h.start_pods("q-a1", "Running");
+    h.settle("q").await;
+    assert_eq!(h.status("q").phase, Some(RunPhase::Running));
+}
+
+#[tokio::test]
+async fn network_policies_only_with_the_setting() {
+    let h = Harness::with_network_policy(Some("trainingrun-system"));
+    h.apply("llm", SPEC);
+    h.settle("llm").await;
+    let np = h.fake.get("networking.k8s.io/v1", "NetworkPolicy", Some(NS), "llm").expect("the run's NetworkPolicy");
+    let uid = h.fake.get(TR, "TrainingRun", Some(NS), "llm").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(np["metadata"]["ownerReferences"][0]["uid"], uid);
+    assert_eq!(np["spec"]["podSelector"]["matchLabels"]["training.puretransformer.dev/run"], "llm");
+    assert_eq!(np["spec"]["ingress"][1]["ports"][0]["port"], 8080);
+    let plain = Harness::new();
+    plain.apply("llm", SPEC);
+    plain.settle("llm").await;
+    assert!(plain.fake.get("networking.k8s.io/v1", "NetworkPolicy", Some(NS), "llm").is_none());
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -153,6 +154,10 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
         apply::ensure(&Api::<Service>::namespaced(ctx.client.clone(), &ns), resources::service(&inputs)).await?;
         apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), resources::pvc(&inputs)).await?;
+        if let Some(operator_ns) = &s.network_policy {
+            let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
+            apply::ensure(&policies, resources::network_policy(&inputs, operator_ns)).await?;
+        }
     }
 
     // 4. observe
@@ -234,7 +239,9 @@ async fn finish(ctx: &Context, runs: &Api<TrainingRun>, run: &TrainingRun, d: De
     for note in &d.notes {
         ctx.publish(run, note.warning, &note.reason, &note.message).await;
     }
-    ctx.metrics.observe_run(&ns, &name, &d.status);
+    let checkpoint_every_tokens =
+        crds::resolve(run).ok().map(|c| u64::from(c.checkpoint.every_steps) * c.batch.tokens_per_step);
+    ctx.metrics.observe_run(&ns, &name, &d.status, checkpoint_every_tokens);
     let requeue = match d.status.phase {
         Some(RunPhase::Running) => s.status_poll_interval,
         Some(RunPhase::Succeeded | RunPhase::Failed) if is_terminal(&d.status) => s.requeue_interval,

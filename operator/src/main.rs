@@ -60,6 +60,10 @@ struct Args {
     /// Elect a leader through a Lease, so only one replica reconciles.
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
+    /// Give every run a NetworkPolicy: its pods accept traffic only from the run's own
+    /// pods and, on the status port, from the operator's pods.
+    #[arg(long, env = "NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
+    network_policy: bool,
     /// Name of the leader-election Lease.
     #[arg(long, env = "LEASE_NAME", default_value = "trainingrun-operator")]
     lease_name: String,
@@ -122,6 +126,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
         requeue_interval: args.requeue_interval,
         pending_timeout: args.pending_timeout,
         concurrency: args.concurrency,
+        network_policy: args.network_policy.then(|| args.lease_namespace.clone()),
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new()?);

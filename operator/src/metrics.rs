@@ -32,6 +32,9 @@ pub struct Metrics {
     attempt: IntGaugeVec,
     condition: IntGaugeVec,
     last_checkpoint: GaugeVec,
+    mfu: GaugeVec,
+    checkpoint_every_tokens: GaugeVec,
+    eval_accuracy: GaugeVec,
     /// Condition label sets exported per run, so stale ones can be removed.
     conditions: Mutex<HashMap<RunKey, BTreeSet<[String; 3]>>>,
 }
@@ -73,6 +76,18 @@ impl Metrics {
                 Opts::new("trainingrun_last_checkpoint_timestamp_seconds", "Unix time of the newest complete checkpoint."),
                 run,
             )?,
+            mfu: GaugeVec::new(Opts::new("trainingrun_mfu", "Model FLOPs utilization (0-1) last reported by rank 0."), run)?,
+            checkpoint_every_tokens: GaugeVec::new(
+                Opts::new(
+                    "trainingrun_checkpoint_every_tokens",
+                    "Tokens between periodic checkpoints (checkpoint.everySteps × tokens per step); over trainingrun_tokens_per_second, the expected checkpoint interval.",
+                ),
+                run,
+            )?,
+            eval_accuracy: GaugeVec::new(
+                Opts::new("trainingrun_eval_accuracy", "GRPO: held-out multiple-choice accuracy (0-1) by method and time (initial or latest)."),
+                &["namespace", "name", "method", "when"],
+            )?,
             conditions: Mutex::new(HashMap::new()),
             registry,
         };
@@ -86,6 +101,9 @@ impl Metrics {
         m.registry.register(Box::new(m.attempt.clone()))?;
         m.registry.register(Box::new(m.condition.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint.clone()))?;
+        m.registry.register(Box::new(m.mfu.clone()))?;
+        m.registry.register(Box::new(m.checkpoint_every_tokens.clone()))?;
+        m.registry.register(Box::new(m.eval_accuracy.clone()))?;
         Ok(m)
     }
 
@@ -95,8 +113,9 @@ impl Metrics {
         self.reconcile_seconds.with_label_values(&[result]).observe(seconds);
     }
 
-    /// Sets every per-run gauge from the run's status.
-    pub fn observe_run(&self, ns: &str, name: &str, s: &TrainingRunStatus) {
+    /// Sets every per-run gauge from the run's status; `checkpoint_every_tokens` comes
+    /// from the resolved spec (absent when it does not resolve).
+    pub fn observe_run(&self, ns: &str, name: &str, s: &TrainingRunStatus, checkpoint_every_tokens: Option<u64>) {
         let run = [ns, name];
         for p in PHASES {
             self.phase.with_label_values(&[ns, name, phase_name(p)]).set(i64::from(s.phase == Some(p)));
@@ -112,6 +131,22 @@ impl Metrics {
         match metrics.tokens_per_second {
             Some(t) => self.tokens_per_second.with_label_values(&run).set(t as f64),
             None => drop(self.tokens_per_second.remove_label_values(&run)),
+        }
+        match metrics.mfu {
+            Some(v) => self.mfu.with_label_values(&run).set(v),
+            None => drop(self.mfu.remove_label_values(&run)),
+        }
+        if let Some(t) = checkpoint_every_tokens {
+            self.checkpoint_every_tokens.with_label_values(&run).set(t as f64);
+        }
+        for (method, when, v) in [
+            ("greedy", "latest", metrics.eval_accuracy),
+            ("log_likelihood", "latest", metrics.eval_accuracy_log_likelihood),
+            ("greedy", "initial", metrics.initial_eval_accuracy),
+        ] {
+            if let Some(v) = v {
+                self.eval_accuracy.with_label_values(&[ns, name, method, when]).set(v);
+            }
         }
         self.restarts.with_label_values(&run).set(i64::from(s.restarts));
         self.attempt.with_label_values(&run).set(i64::from(s.attempt));
@@ -138,8 +173,11 @@ impl Metrics {
         for p in PHASES {
             let _ = self.phase.remove_label_values(&[ns, name, phase_name(p)]);
         }
-        for g in [&self.progress, &self.loss, &self.tokens_per_second, &self.last_checkpoint] {
+        for g in [&self.progress, &self.loss, &self.tokens_per_second, &self.last_checkpoint, &self.mfu, &self.checkpoint_every_tokens] {
             let _ = g.remove_label_values(&run);
+        }
+        for (method, when) in [("greedy", "latest"), ("log_likelihood", "latest"), ("greedy", "initial")] {
+            let _ = self.eval_accuracy.remove_label_values(&[ns, name, method, when]);
         }
         let _ = self.restarts.remove_label_values(&run);
         let _ = self.attempt.remove_label_values(&run);
@@ -178,18 +216,27 @@ mod tests {
     fn per_run_series_follow_the_status_and_go_with_the_run() {
         let m = Metrics::new().unwrap();
         let mut s = TrainingRunStatus { phase: Some(RunPhase::Running), restarts: 1, attempt: 2, ..Default::default() };
-        s.metrics = Some(crds::types::RunMetrics { loss: Some(2.5), tokens_per_second: Some(1200), ..Default::default() });
+        s.metrics = Some(crds::types::RunMetrics {
+            loss: Some(2.5),
+            tokens_per_second: Some(1200),
+            mfu: Some(0.41),
+            eval_accuracy: Some(0.5),
+            ..Default::default()
+        });
         s.conditions = vec![cond("Stalled", "NoProgress", "True")];
-        m.observe_run("ml", "llm", &s);
+        m.observe_run("ml", "llm", &s, Some(819200));
         let text = m.render();
         assert!(text.contains(r#"trainingrun_phase{name="llm",namespace="ml",phase="Running"} 1"#), "{text}");
         assert!(text.contains(r#"trainingrun_phase{name="llm",namespace="ml",phase="Failed"} 0"#));
         assert!(text.contains(r#"trainingrun_loss{name="llm",namespace="ml"} 2.5"#));
         assert!(text.contains(r#"trainingrun_tokens_per_second{name="llm",namespace="ml"} 1200"#));
         assert!(text.contains(r#"trainingrun_restarts{name="llm",namespace="ml"} 1"#));
+        assert!(text.contains(r#"trainingrun_mfu{name="llm",namespace="ml"} 0.41"#));
+        assert!(text.contains(r#"trainingrun_checkpoint_every_tokens{name="llm",namespace="ml"} 819200"#));
+        assert!(text.contains(r#"trainingrun_eval_accuracy{method="greedy",name="llm",namespace="ml",when="latest"} 0.5"#));
         assert!(text.contains(r#"trainingrun_condition{name="llm",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#));
         s.conditions = vec![cond("Stalled", "Progressing", "False")];
-        m.observe_run("ml", "llm", &s);
+        m.observe_run("ml", "llm", &s, Some(819200));
         let text = m.render();
         assert!(!text.contains("NoProgress"), "stale condition series must go: {text}");
         m.forget_run("ml", "llm");

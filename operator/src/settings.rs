@@ -25,6 +25,9 @@ pub struct Settings {
     pub status_timeout: Duration,
     /// Reconciles in flight at once; bounds memory with thousands of runs.
     pub concurrency: u16,
+    /// Give every run a NetworkPolicy admitting only its own pods and, on the status
+    /// port, the operator's pods in this namespace.
+    pub network_policy: Option<String>,
 }
 
 pub const DEFAULT_STATUS_URL: &str = "http://{job}-0.{service}.{namespace}.svc:{port}/status";
@@ -41,6 +44,7 @@ impl Default for Settings {
             lost_node_timeout: Duration::from_secs(60),
             status_timeout: Duration::from_secs(5),
             concurrency: 16,
+            network_policy: None,
         }
     }
 }

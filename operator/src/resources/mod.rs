@@ -3,6 +3,7 @@
 
 pub mod configmap;
 pub mod job;
+pub mod networkpolicy;
 pub mod pvc;
 pub mod service;
 
@@ -14,6 +15,7 @@ use kube::{Resource, ResourceExt};
 
 pub use configmap::configmap;
 pub use job::job;
+pub use networkpolicy::network_policy;
 pub use pvc::pvc;
 pub use service::service;
 

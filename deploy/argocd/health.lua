@@ -1,0 +1,70 @@
+-- Argo CD health check for training.puretransformer.dev/TrainingRun.
+-- Add it to argocd-cm as resource.customizations.health.training.puretransformer.dev_TrainingRun
+-- (see deploy/argocd/README.md). Runs under Lua 5.1, as Argo CD does.
+local hs = { status = "Progressing", message = "Waiting for the operator to report status" }
+
+local function condition(status, type_)
+  if status.conditions == nil then
+    return nil
+  end
+  for _, c in ipairs(status.conditions) do
+    if c.type == type_ then
+      return c
+    end
+  end
+  return nil
+end
+
+local function progress(status)
+  local p = status.progress
+  if p ~= nil and p.percent ~= nil then
+    return string.format(" (%.1f%% of the token budget)", p.percent)
+  end
+  return ""
+end
+
+if obj.status == nil then
+  return hs
+end
+local status = obj.status
+
+-- A status older than the spec says nothing about the spec yet.
+local generation = obj.metadata and obj.metadata.generation
+if generation ~= nil and (status.observedGeneration == nil or status.observedGeneration < generation) then
+  hs.message = "The operator has not yet observed generation " .. tostring(generation)
+  return hs
+end
+
+local phase = status.phase
+if phase == "Failed" then
+  hs.status = "Degraded"
+  local failed = condition(status, "Failed")
+  if failed ~= nil and failed.message ~= nil and failed.message ~= "" then
+    hs.message = failed.message
+  else
+    hs.message = "Failed: " .. tostring(status.reason or "unknown reason")
+  end
+  return hs
+end
+if phase == "Succeeded" then
+  hs.status = "Healthy"
+  local done = condition(status, "Succeeded")
+  hs.message = (done and done.message ~= "" and done.message) or "Training completed"
+  return hs
+end
+if phase == "Suspended" then
+  hs.status = "Suspended"
+  hs.message = "Suspended" .. progress(status)
+  return hs
+end
+local stalled = condition(status, "Stalled")
+if phase == "Running" and stalled ~= nil and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = (stalled.message ~= nil and stalled.message ~= "" and stalled.message) or "No training progress"
+  return hs
+end
+hs.message = tostring(phase or "Pending") .. progress(status)
+if status.reason ~= nil and status.reason ~= "" then
+  hs.message = hs.message .. ": " .. status.reason
+end
+return hs
