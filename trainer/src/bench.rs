@@ -33,6 +33,8 @@ pub struct BenchOptions {
     /// Run each step through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU)
     /// and the data-parallel gradient reducer, after checking a bf16 all-reduce.
     pub ddp: bool,
+    /// Tokens per lm_head + loss chunk; 0: the full logits at once.
+    pub loss_chunk: i64,
 }
 
 /// Peak resident memory of this process (VmHWM), GiB; Linux only.
@@ -93,6 +95,9 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             if o.gradient_checkpointing {
                 Ok(model.backward_checkpointed(&x, &y, 1.0)?)
             } else {
+                if o.loss_chunk > 0 {
+                    return Ok(model.backward_chunked(&x, &y, 1.0, o.loss_chunk)?);
+                }
                 let loss = model.loss(&x, &y)?;
                 loss.f_backward()?;
                 Ok(loss)
@@ -148,6 +153,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
+        "loss_chunk": o.loss_chunk,
         "threads": tch::get_num_threads(),
         "ddp": ddp.as_ref().map(|(g, r)| json!({
             "backend": format!("{:?}", g.backend()).to_lowercase(),

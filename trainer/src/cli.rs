@@ -326,6 +326,10 @@ pub struct BenchArgs {
     /// data-parallel gradient reducer, after checking a bf16 all-reduce.
     #[arg(long)]
     pub ddp: bool,
+    /// Tokens per chunk of the lm_head + cross-entropy; 0 computes the full logits at
+    /// once (the reference's way), to measure what chunking costs or saves.
+    #[arg(long, default_value_t = crate::model::LOSS_CHUNK_TOKENS)]
+    pub loss_chunk: i64,
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -373,6 +377,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 device,
                 gradient_checkpointing: args.gradient_checkpointing,
                 ddp: args.ddp,
+                loss_chunk: args.loss_chunk,
             };
             println!("{}", crate::bench::run(&opts)?);
             Ok(())

@@ -497,9 +497,7 @@ impl Trainer {
                 if self.cfg.gradient_checkpointing {
                     return Ok(self.model.backward_checkpointed(&x, &y, scale)?);
                 }
-                let loss = self.model.loss(&x, &y)?;
-                loss.f_mul_scalar(scale)?.f_backward()?;
-                Ok(loss.f_detach()?)
+                Ok(self.model.backward_chunked(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS)?)
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
         }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU throughput, one job: the trainer against ../shared/reference/torch_reference.py
+# (PyTorch eager and torch.compile) on the same GPU, presets, micro-batch and sequence,
+# back to back, with a correctness check first. Prints a table of tokens/s, MFU and peak
+# memory with the ratios of issue 10 (≥ 1.2× eager, ≥ 1.0× compile, MFU ≥ 50% on xlarge)
+# and writes every JSON line to $OUT/gpu-bench.jsonl when $OUT is set.
+#
+#   bench/gpu.sh                          # builds the cuda trainer here (scripts/build-cuda.sh)
+#   TRAINER=path/to/trainer bench/gpu.sh  # a prebuilt one (LD_LIBRARY_PATH to torch/lib)
+#   PRESETS="medium-large:8 xlarge:8" SEQ=2048 STEPS=20 bench/gpu.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
+SEQ="${SEQ:-2048}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}"
+PYTHON="${PYTHON:-python3}"
+REFERENCE="${TORCH_REFERENCE:-../shared/reference/torch_reference.py}"
+if [ -z "${TRAINER:-}" ]; then
+  TRAINER="$(scripts/build-cuda.sh --release)"
+fi
+torch_lib="$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+"$PYTHON" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(), "torch", torch.__version__)'
+
+run() { # label, command...
+  local label="$1"; shift
+  echo "== $label: $*" >&2
+  local line
+  if line="$("$@" | tail -n 1)"; then
+    echo "$line" | "$PYTHON" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["label"]=sys.argv[1]; print(json.dumps(d))' "$label" >> "$results"
+  else
+    echo "{\"label\": \"$label\", \"failed\": true}" >> "$results"
+  fi
+}
+
+# Correctness: both sides train a small model on random tokens to a similar loss.
+run check-trainer "$TRAINER" bench --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2 --precision bf16-mixed
+run check-reference "$PYTHON" "$REFERENCE" --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2
+
+for pm in $PRESETS; do
+  preset="${pm%%:*}" mb="${pm##*:}"
+  common=(--preset "$preset" --micro-batch "$mb" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP")
+  run "$preset trainer" "$TRAINER" bench "${common[@]}" --precision bf16-mixed
+  run "$preset eager" "$PYTHON" "$REFERENCE" "${common[@]}"
+  run "$preset compile" "$PYTHON" "$REFERENCE" "${common[@]}" --compile
+done
+
+if [ -n "${OUT:-}" ]; then
+  cp "$results" "$OUT/gpu-bench.jsonl"
+fi
+"$PYTHON" - "$results" <<'PY'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by = {r["label"]: r for r in rows}
+ok = True
+a, b = by.get("check-trainer", {}), by.get("check-reference", {})
+if a.get("failed") or b.get("failed") or not all(math.isfinite(x.get("final_loss", float("nan"))) for x in (a, b)):
+    print("correctness check FAILED: a run failed or its loss is not finite"); ok = False
+elif abs(a["final_loss"] - b["final_loss"]) > 0.5:
+    print(f"correctness check FAILED: losses {a['final_loss']:.3f} vs {b['final_loss']:.3f}"); ok = False
+else:
+    print(f"correctness: tiny on random tokens, final loss {a['final_loss']:.3f} (trainer) vs {b['final_loss']:.3f} (eager)")
+print(f"{'preset':<14}{'impl':<10}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}{'backend':>12}")
+presets = [l.split()[0] for l in by if l.endswith(" trainer")]
+for p in presets:
+    for impl in ("trainer", "eager", "compile"):
+        r = by.get(f"{p} {impl}", {})
+        if r.get("failed") or not r:
+            print(f"{p:<14}{impl:<10}{'failed':>12}"); ok = False; continue
+        print(f"{p:<14}{impl:<10}{r['tokens_per_s']:>12,.0f}{100*r['mfu']:>7.1f}%{(r.get('peak_mem_gib') or 0):>10.2f}{r.get('attention_backend', ''):>12}")
+    t, e, c = (by.get(f"{p} {i}", {}) for i in ("trainer", "eager", "compile"))
+    if all(x and not x.get("failed") for x in (t, e, c)):
+        print(f"{'':<14}trainer / eager {t['tokens_per_s']/e['tokens_per_s']:.3f} (goal ≥ 1.2), "
+              f"/ compile {t['tokens_per_s']/c['tokens_per_s']:.3f} (goal ≥ 1.0), "
+              f"peak memory {t['peak_mem_gib']:.2f} vs {e['peak_mem_gib']:.2f} GiB (goal ≤ eager)")
+sys.exit(0 if ok else 1)
+PY
