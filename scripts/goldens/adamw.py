@@ -107,29 +107,34 @@ def max_diff(a, b, path="") -> float:
     return 0.0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help=f"compare with {OUT.name} instead of writing it")
+def write_or_check(out: pathlib.Path, doc: dict, atol: float, description: str) -> int:
+    """The golden scripts' command line: write `doc` to `out`, or with --check compare
+    it with the committed file (numbers within `atol`, everything else equal)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help=f"compare with {out.name} instead of writing it")
     args = ap.parse_args()
-    doc = generate()
     if not args.check:
-        OUT.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {OUT}")
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {out}")
         return 0
-    committed = json.loads(OUT.read_text())
+    committed = json.loads(out.read_text())
     # The torch version string may differ between the CPU and CUDA wheels; the numbers may not.
     committed.pop("torch", None)
     doc.pop("torch", None)
     try:
         diff = max_diff(committed, doc)
     except ValueError as e:
-        print(f"{OUT}: structure differs from torch's output: {e}", file=sys.stderr)
+        print(f"{out}: structure differs from torch's output: {e}", file=sys.stderr)
         return 1
-    if diff > CHECK_ATOL:
-        print(f"{OUT}: differs from torch {torch.__version__} by {diff:.3g} (> {CHECK_ATOL}); regenerate", file=sys.stderr)
+    if diff > atol:
+        print(f"{out}: differs from torch {torch.__version__} by {diff:.3g} (> {atol}); regenerate", file=sys.stderr)
         return 1
-    print(f"{OUT.name} matches torch {torch.__version__} (max abs diff {diff:.3g})")
+    print(f"{out.name} matches torch {torch.__version__} (max abs diff {diff:.3g})")
     return 0
+
+
+def main() -> int:
+    return write_or_check(OUT, generate(), CHECK_ATOL, __doc__)
 
 
 if __name__ == "__main__":

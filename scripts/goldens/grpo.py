@@ -12,8 +12,6 @@ summed KL and the clipped-token counts. Writes trainer/tests/goldens/grpo.json.
     python scripts/goldens/grpo.py --check   # exit 1 if torch disagrees with it
 """
 
-import argparse
-import json
 import math
 import pathlib
 import sys
@@ -21,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from adamw import max_diff  # noqa: E402
+from adamw import write_or_check  # noqa: E402
 
 OUT = pathlib.Path(__file__).resolve().parents[2] / "trainer/tests/goldens/grpo.json"
 CHECK_ATOL = 1e-6
@@ -140,27 +138,7 @@ def generate():
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help=f"compare with {OUT.name} instead of writing it")
-    args = ap.parse_args()
-    doc = generate()
-    if not args.check:
-        OUT.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {OUT}")
-        return 0
-    committed = json.loads(OUT.read_text())
-    committed.pop("torch", None)
-    doc.pop("torch", None)
-    try:
-        diff = max_diff(committed, doc)
-    except ValueError as e:
-        print(f"{OUT}: structure differs from torch's output: {e}", file=sys.stderr)
-        return 1
-    if diff > CHECK_ATOL:
-        print(f"{OUT}: differs from torch {torch.__version__} by {diff:.3g} (> {CHECK_ATOL}); regenerate", file=sys.stderr)
-        return 1
-    print(f"{OUT.name} matches torch {torch.__version__} (max abs diff {diff:.3g})")
-    return 0
+    return write_or_check(OUT, generate(), CHECK_ATOL, __doc__)
 
 
 if __name__ == "__main__":

@@ -362,9 +362,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
         Command::Bench(args) => {
-            let model = crds::presets::preset(&args.preset).map(ModelConfig::from).ok_or_else(|| {
-                Error::InvalidSpec(format!("--preset {}: unknown; one of {}", args.preset, crds::presets::preset_names().join(", ")))
-            })?;
+            let model = preset_arg(&args.preset)?;
             let device = bench_device(args.device.as_deref())?;
             let opts = crate::bench::BenchOptions {
                 model,
@@ -395,9 +393,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::BenchGenerate(a) => {
-            let model = crds::presets::preset(&a.preset).map(ModelConfig::from).ok_or_else(|| {
-                Error::InvalidSpec(format!("--preset {}: unknown; one of {}", a.preset, crds::presets::preset_names().join(", ")))
-            })?;
+            let model = preset_arg(&a.preset)?;
             let device = bench_device(a.device.as_deref())?;
             let opts = crate::grpo::bench::GenerateBenchOptions {
                 model,
@@ -539,6 +535,13 @@ fn presets(json: bool) {
             H100_PEAK_BF16_FLOPS / 1e12
         );
     }
+}
+
+/// `--preset` of the benchmarks.
+fn preset_arg(name: &str) -> Result<ModelConfig, Error> {
+    crds::presets::preset(name).map(ModelConfig::from).ok_or_else(|| {
+        Error::InvalidSpec(format!("--preset {name}: unknown; one of {}", crds::presets::preset_names().join(", ")))
+    })
 }
 
 /// `--device` of the benchmarks: cpu or cuda, by default cuda when there is one.
