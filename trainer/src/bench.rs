@@ -71,7 +71,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = Model::new(&vs.root(), &model_cfg, o.device)?;
+    let mut model = Model::new(&vs.root(), &model_cfg, o.device)?;
+    model.set_attention(o.attention);
     if kind == Kind::BFloat16 {
         vs.bfloat16();
     }

@@ -197,11 +197,12 @@ impl Trainer {
         let val = if eval_every > 0 { validation_mixes(cfg, &tokenizer)? } else { Vec::new() };
 
         let mut vs = VarStore::new(Device::Cpu);
-        let model = {
+        let mut model = {
             let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             tch::manual_seed(cfg.seed as i64);
             Model::new(&vs.root(), &cfg.model, device)?
         };
+        model.set_attention(cfg.attention);
         if kind == Kind::BFloat16 {
             vs.bfloat16();
         }
@@ -351,10 +352,11 @@ impl Trainer {
     fn reference_model(&self, kind: Kind) -> Result<(VarStore, Model), Error> {
         let source = self.init_source()?.ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
         let mut vs = VarStore::new(Device::Cpu);
-        let model = {
+        let mut model = {
             let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             Model::new(&vs.root(), &self.cfg.model, self.device)?
         };
+        model.set_attention(self.cfg.attention);
         copy_weights(&vs, &checkpoint::load_weights(&source)?, &source)?;
         if kind == Kind::BFloat16 {
             vs.bfloat16();
@@ -1008,8 +1010,11 @@ pub fn attention_backend(
     device: Device,
 ) -> Result<optim::SdpBackend, Error> {
     let q = Tensor::f_zeros([micro_batch, m.n_head as i64, seq, m.d_head as i64], (kind, device))?;
-    let k = Tensor::f_zeros([micro_batch, m.n_kv_head as i64, seq, m.d_head as i64], (kind, device))?;
-    optim::check_sdp_backend(attention, &q, &k, &k, true, m.n_kv_head != m.n_head)
+    // Expanded K/V (cuDNN) have a head per query head and need no GQA path.
+    let expand = crate::model::expands_kv(attention, m);
+    let kv_heads = if expand { m.n_head } else { m.n_kv_head };
+    let k = Tensor::f_zeros([micro_batch, kv_heads as i64, seq, m.d_head as i64], (kind, device))?;
+    optim::check_sdp_backend(attention, &q, &k, &k, true, !expand && m.n_kv_head != m.n_head)
 }
 
 /// Variables by name, sorted, so every rank and every checkpoint sees one order.

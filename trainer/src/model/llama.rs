@@ -60,13 +60,23 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
-        let gqa = self.dims.n_kv_head != self.dims.n_head;
+        let Dims { n_head: hq, n_kv_head: hk, .. } = self.dims;
         let (q, k, v) = self.project(x)?;
         let q = rope.apply(&q.f_transpose(1, 2)?, 0)?; // (B, n_head, T, d_head)
-        let k = rope.apply(&k.f_transpose(1, 2)?, 0)?; // (B, n_kv_head, T, d_head)
-        let v = v.f_transpose(1, 2)?;
+        let mut k = rope.apply(&k.f_transpose(1, 2)?, 0)?; // (B, n_kv_head, T, d_head)
+        let mut v = v.f_transpose(1, 2)?;
+        let mut gqa = hk != hq;
+        if gqa && self.dims.expand_kv {
+            k = k.f_repeat_interleave_self_int(hq / hk, 1, None)?; // (B, n_head, T, d_head)
+            v = v.f_repeat_interleave_self_int(hq / hk, 1, None)?;
+            gqa = false;
+        }
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, gqa)?;
         self.output(&y)
+    }
+
+    pub fn set_expand_kv(&mut self, expand: bool) {
+        self.dims.expand_kv = expand;
     }
 
     /// Attention of new tokens over the cached keys and values, which it extends.
@@ -121,6 +131,10 @@ impl LlamaBlock {
             post_attention_layernorm: RmsNorm::new(&p / "post_attention_layernorm", dims.d_model, dims.eps)?,
             mlp: Mlp::new(&p / "mlp", dims)?,
         })
+    }
+
+    pub fn set_expand_kv(&mut self, expand: bool) {
+        self.self_attn.set_expand_kv(expand);
     }
 
     /// `x`: (B, T, d_model) → (B, T, d_model).

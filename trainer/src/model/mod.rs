@@ -35,6 +35,9 @@ pub struct Dims {
     pub vocab: i64,
     pub max_seq: i64,
     pub eps: f64,
+    /// Repeat K/V to every query head before SDPA instead of passing `enable_gqa`:
+    /// cuDNN attention runs only on expanded K/V.
+    pub expand_kv: bool,
 }
 
 impl Dims {
@@ -49,6 +52,7 @@ impl Dims {
             vocab: cfg.vocab_size.into(),
             max_seq: cfg.max_seq_len.into(),
             eps: cfg.norm_eps,
+            expand_kv: false,
         }
     }
 
@@ -137,6 +141,18 @@ impl Model {
 
     pub fn n_layer(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Repeats K/V per query head in training attention when `attention` is cuDNN and the
+    /// model has grouped-query attention (see [`expands_kv`]).
+    pub fn set_attention(&mut self, attention: crds::types::Attention) {
+        let expand = expands_kv(attention, &self.cfg);
+        self.dims.expand_kv = expand;
+        for b in &mut self.blocks {
+            if let Block::Llama(b) = b {
+                b.set_expand_kv(expand);
+            }
+        }
     }
 
     /// `idx`: (B, T) token ids → (B, T, d_model).
@@ -282,6 +298,12 @@ impl Model {
         emb.f_mul(&grad)?.f_sum(None)?.f_backward()?;
         Ok(loss)
     }
+}
+
+/// Whether training attention repeats K/V per query head: for cuDNN SDPA (which has no
+/// grouped-query path) on a model with fewer K/V heads than query heads.
+pub fn expands_kv(attention: crds::types::Attention, cfg: &ModelConfig) -> bool {
+    attention == crds::types::Attention::Cudnn && cfg.n_kv_head != cfg.n_head
 }
 
 /// Mean cross-entropy of logits (B, T, V) against targets (B, T), in f32.

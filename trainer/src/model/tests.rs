@@ -171,6 +171,30 @@ fn checkpointed_backward_gives_the_same_gradients() {
     }
 }
 
+/// Attention with K/V repeated per query head (the cuDNN path) equals SDPA's grouped
+/// path, for the logits and the gradients.
+#[test]
+fn expanded_kv_equals_grouped_query_attention() {
+    let cfg = small(Arch::Llama, false);
+    assert_ne!(cfg.n_kv_head, cfg.n_head);
+    let (vs, mut model) = build(&cfg, 6);
+    let idx = Tensor::randint(97, [2, 12], (Kind::Int64, Device::Cpu));
+    let tgt = Tensor::randint(97, [2, 12], (Kind::Int64, Device::Cpu));
+    let grouped_logits = model.logits(&idx).unwrap();
+    model.loss(&idx, &tgt).unwrap().backward();
+    let grouped = grads(&vs);
+    model.set_attention(crds::types::Attention::Cudnn);
+    vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+    let expanded_logits = model.logits(&idx).unwrap();
+    model.loss(&idx, &tgt).unwrap().backward();
+    let d = (&grouped_logits - &expanded_logits).abs().max().double_value(&[]);
+    assert!(d < 1e-6, "logits differ by {d}");
+    let diff = max_diff(&grouped, &grads(&vs));
+    assert!(diff < 1e-6, "gradients differ by {diff}");
+    assert!(!crate::model::expands_kv(crds::types::Attention::Flash, &cfg));
+    assert!(!crate::model::expands_kv(crds::types::Attention::Cudnn, &small(Arch::Gpt2, false)));
+}
+
 /// The chunked lm_head + cross-entropy gives the full loss and every gradient within
 /// 1e-5 (f32, CPU), with a chunk that does not divide the tokens and ignored targets.
 #[test]
