@@ -307,7 +307,19 @@ impl Trainer {
             found = checkpoint::latest_valid(self.checkpoint_dir())?;
         }
         if let Some(loaded) = found {
-            checkpoint::check_resumable(&loaded.state, &self.cfg.fingerprint(), self.cfg.topology.world_size)?;
+            let fingerprint = resume_fingerprint(&self.cfg);
+            if loaded.state.config_hash != fingerprint && !loaded.state.config_hash.contains("-corpus") && fingerprint.contains("-corpus") {
+                return Err(Error::IncompatibleCheckpoint {
+                    step: loaded.state.step,
+                    message: format!(
+                        "{} was trained on an older embedded corpus (this trainer's is version {}); \
+                         remove the directory (or pass another --output) to train again",
+                        loaded.dir.display(),
+                        corpus::CORPUS_VERSION
+                    ),
+                });
+            }
+            checkpoint::check_resumable(&loaded.state, &fingerprint, self.cfg.topology.world_size)?;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
             self.opt.load_state(&loaded.optimizer)?;
             self.step = loaded.state.step;
@@ -568,7 +580,7 @@ impl Trainer {
                 data_position: self.data_position,
                 // Data order is a pure function of (seed, position); nothing else draws.
                 rng: serde_json::json!({"seed": self.cfg.seed}),
-                config_hash: self.cfg.fingerprint(),
+                config_hash: resume_fingerprint(&self.cfg),
                 world_size: self.cfg.topology.world_size,
                 attempt: self.cfg.attempt,
                 preset: self.cfg.model.preset.clone(),
@@ -1040,6 +1052,17 @@ pub fn copy_weights(vs: &VarStore, weights: &HashMap<String, Tensor>, origin: &P
     })
 }
 
+/// What a checkpoint must match to be resumed: the resolved run's fingerprint, plus the
+/// embedded corpus version when the run reads embedded data or the embedded tokenizer
+/// (a checkpoint of an older corpus would resume at a position in different data).
+pub fn resume_fingerprint(cfg: &RunConfig) -> String {
+    let embedded = |l: &Location| matches!(l, Location::Embedded { .. });
+    let uses_embedded = embedded(&cfg.tokenizer)
+        || cfg.data.as_ref().is_some_and(|d| d.mix.iter().any(|s| embedded(&s.location)))
+        || cfg.grpo.as_ref().is_some_and(|g| embedded(&g.dataset));
+    if uses_embedded { format!("{}-corpus{}", cfg.fingerprint(), corpus::CORPUS_VERSION) } else { cfg.fingerprint() }
+}
+
 /// The step of a fault injection knob, if it applies to `rank`.
 fn injected(name: &str, rank: u32) -> Option<u64> {
     let for_rank = std::env::var(INJECT_RANK_ENV).ok().and_then(|r| r.parse::<u32>().ok());
@@ -1047,4 +1070,23 @@ fn injected(name: &str, rank: u32) -> Option<u64> {
         return None;
     }
     std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(yaml: &str) -> RunConfig {
+        crds::resolve(&crds::manifest::from_yaml(yaml, "test").unwrap()).unwrap()
+    }
+
+    /// A new embedded corpus makes old checkpoints of embedded runs incompatible, and
+    /// leaves runs on prepared data alone.
+    #[test]
+    fn the_embedded_corpus_version_is_part_of_the_resume_fingerprint() {
+        let embedded = resolved(include_str!("../../examples/tiny-local.yaml"));
+        assert_eq!(resume_fingerprint(&embedded), format!("{}-corpus{}", embedded.fingerprint(), corpus::CORPUS_VERSION));
+        let prepared = resolved(include_str!("../../examples/seed002-medium-large-pretrain.yaml"));
+        assert_eq!(resume_fingerprint(&prepared), prepared.fingerprint());
+    }
 }
