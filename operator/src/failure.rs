@@ -234,9 +234,11 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         return Verdict::Restart { reason: "JobFailed".into(), message: format!("Job failed ({reason}): {message}"), counts: true };
     }
     let nodes = cfg.topology.nodes as usize;
+    // A node that finished before the others is done, not pending: the Job is
+    // Complete only once every index has succeeded.
     let mut running: Vec<u32> = pods
         .iter()
-        .filter(|p| phase(p) == "Running" && p.metadata.deletion_timestamp.is_none())
+        .filter(|p| matches!(phase(p), "Running" | "Succeeded") && p.metadata.deletion_timestamp.is_none())
         .filter_map(completion_index)
         .collect();
     running.sort();
@@ -313,6 +315,8 @@ pub(crate) mod tests {
         assert_eq!(verdict(&job(json!([])), &[running(0), running(1)]), Verdict::Running);
         assert_eq!(verdict(&job(json!([])), &[running(0)]), Verdict::Pending { stuck: None });
         assert_eq!(verdict(&job(json!([])), &[]), Verdict::Pending { stuck: None });
+        // The last step's all-reduce done, node 1 exits a moment before node 0.
+        assert_eq!(verdict(&job(json!([])), &[running(0), exited(1, 0, "Completed", "")]), Verdict::Running);
     }
 
     #[test]

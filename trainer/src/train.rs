@@ -346,9 +346,7 @@ impl Trainer {
             None => return Ok(None),
             Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
             Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
-            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => {
-                Path::new(crds::contract::INIT_MOUNT).join(path)
-            }
+            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => self.opts.init_dir.join(path),
             Some(ResolvedInit::Checkpoint { uri, .. }) => {
                 return Err(Error::Data {
                     name: "spec.initFrom.uri".into(),

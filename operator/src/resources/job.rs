@@ -132,14 +132,17 @@ fn volumes(i: &Inputs) -> (Vec<Volume>, Vec<VolumeMount>) {
         mount("dshm", "/dev/shm", false),
         mount("tmp", "/tmp", false),
     ];
-    let init_claim = match &i.cfg.init_from {
-        Some(ResolvedInit::TrainingRun { name }) => Some(pvc_name(name)),
-        Some(ResolvedInit::Checkpoint { location: Location::Pvc { claim, .. }, .. }) => Some(claim.clone()),
+    // The trainer reads a run's checkpoints at `INIT_MOUNT/<run>` and a claim's path
+    // under `INIT_MOUNT`, as `trainer run` reads `runs/<run>` locally.
+    let init = match &i.cfg.init_from {
+        Some(ResolvedInit::TrainingRun { name }) => Some((pvc_name(name), format!("{INIT_MOUNT}/{name}"))),
+        Some(ResolvedInit::Checkpoint { location: Location::Pvc { claim, .. }, .. }) => Some((claim.clone(), INIT_MOUNT.to_string())),
         _ => None,
     };
-    if let Some(c) = &init_claim {
-        volumes.push(Volume { name: "init".into(), persistent_volume_claim: Some(claim(c.clone(), true)), ..Default::default() });
-        mounts.push(mount("init", INIT_MOUNT, true));
+    let init_claim = init.as_ref().map(|(c, _)| c.clone());
+    if let Some((c, path)) = init {
+        volumes.push(Volume { name: "init".into(), persistent_volume_claim: Some(claim(c, true)), ..Default::default() });
+        mounts.push(mount("init", &path, true));
     }
     let data_claims = i.cfg.pvc_claims().into_iter().filter(|c| Some(c) != init_claim.as_ref());
     for (n, c) in data_claims.enumerate() {
@@ -470,6 +473,6 @@ mod tests {
         let init = vols["init"].persistent_volume_claim.clone().unwrap();
         assert_eq!((init.claim_name.as_str(), init.read_only), ("base-checkpoints", Some(true)));
         let m = p.containers[0].volume_mounts.clone().unwrap().into_iter().find(|m| m.name == "init").unwrap();
-        assert_eq!((m.mount_path.as_str(), m.read_only), ("/init", Some(true)));
+        assert_eq!((m.mount_path.as_str(), m.read_only), ("/init/base", Some(true)), "where the trainer reads <init-dir>/<run>");
     }
 }

@@ -1,0 +1,524 @@
+//! The real operator (its kube-runtime Controller) and the real trainer (`trainer
+//! launch` from the operator's pod templates) together, with only the API server
+//! (`e2e::fake_api`) and the job controller, kubelet and pod network
+//! (`e2e::cluster`) simulated. Each test is one cluster; each scenario asserts
+//! status, conditions, events, metrics and the files on the checkpoint "PVC".
+//!
+//! Needs the trainer binary: `cargo test --workspace` builds it; otherwise set
+//! `TRAINER_BIN` or run `cargo build -p trainer` first.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crds::types::{RunPhase, TrainingRunStatus};
+use crds::TrainingRun;
+use e2e::cluster::{Options, SimulatedCluster};
+use e2e::fake_api::FakeApi;
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::CustomResourceExt;
+use operator::clock::SystemClock;
+use operator::controller::{self, Context};
+use operator::metrics::Metrics;
+use operator::settings::Settings;
+use serde_json::{Value, json};
+
+const NS: &str = "ml";
+const TR: &str = "training.puretransformer.dev/v1alpha1";
+
+/// nano on the embedded corpus, 2 nodes × 1 process, 64-token sequences:
+/// 40 steps of 1,024 tokens, a checkpoint every 8.
+const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
+  tokens: 40960
+  data:
+    mix:
+      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
+      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
+      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+  topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 30s}
+  batch: {globalTokens: 1024, microBatch: 4, seqLength: 64}
+  optimizer: {lr: 3.0e-3, warmupTokens: 1K}
+  precision: f32
+  checkpoint: {everySteps: 8, keepLast: 3}
+"#;
+
+fn trainer_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TRAINER_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<this test> → target/<profile>/trainer
+    let exe = std::env::current_exe().expect("test executable");
+    let bin = exe.parent().and_then(|d| d.parent()).expect("target dir").join("trainer");
+    assert!(bin.exists(), "{} is missing: run `cargo build -p trainer` (or `cargo test --workspace`), or set TRAINER_BIN", bin.display());
+    bin
+}
+
+struct Operator {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// One simulated cluster with the operator running in it.
+struct Sim {
+    fake: FakeApi,
+    cluster: SimulatedCluster,
+    metrics: Arc<Metrics>,
+    operator: Option<Operator>,
+    /// Every phase each run has been seen in, in order (from a watch).
+    phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>>,
+    dir: PathBuf,
+}
+
+impl Sim {
+    async fn new(test: &str) -> Sim {
+        let dir = std::env::temp_dir().join(format!("e2e-sim-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let fake = FakeApi::new();
+        fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+        let cluster = SimulatedCluster::start(
+            fake.clone(),
+            Options { namespace: NS.into(), trainer: trainer_bin(), root: dir.clone(), max_grace: Duration::from_secs(30) },
+        );
+        let phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>> = Arc::default();
+        let seen = phases.clone();
+        let api: Api<TrainingRun> = Api::namespaced(fake.client(), NS);
+        tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(Ok(ev)) = events.next().await {
+                if let watcher::Event::Apply(r) | watcher::Event::InitApply(r) = ev {
+                    let name = r.metadata.name.clone().unwrap_or_default();
+                    if let Some(p) = r.status.and_then(|s| s.phase) {
+                        let mut all = seen.lock().unwrap();
+                        let list = all.entry(name).or_default();
+                        if list.last() != Some(&p) {
+                            list.push(p);
+                        }
+                    }
+                }
+            }
+        });
+        let mut sim = Sim { fake, cluster, metrics: Arc::new(Metrics::new().unwrap()), operator: None, phases, dir };
+        sim.start_operator();
+        sim
+    }
+
+    /// A new operator process: fresh memory, same cluster.
+    fn start_operator(&mut self) {
+        assert!(self.operator.is_none(), "one operator at a time");
+        let settings = Settings {
+            status_url: self.cluster.status_url(),
+            status_poll_interval: Duration::from_secs(1),
+            status_write_interval: Duration::from_secs(1),
+            requeue_interval: Duration::from_secs(10),
+            status_timeout: Duration::from_secs(3),
+            ..Settings::default()
+        };
+        let ctx = Context::new(self.fake.client(), settings, self.metrics.clone(), Arc::new(SystemClock));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(controller::run(ctx, Some(NS.into()), async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        self.operator = Some(Operator { stop, task });
+    }
+
+    /// Kills the operator: its task is aborted mid-flight, as a crashed process.
+    async fn kill_operator(&mut self) {
+        let op = self.operator.take().expect("an operator is running");
+        op.task.abort();
+        let _ = op.task.await;
+        drop(op.stop);
+    }
+
+    /// `kubectl apply` of a TrainingRun.
+    fn apply(&self, name: &str, spec: &str) {
+        let manifest = format!("apiVersion: {TR}\nkind: TrainingRun\nmetadata: {{name: {name}}}\nspec:\n{spec}");
+        let run = crds::manifest::from_yaml(&manifest, name).unwrap_or_else(|e| panic!("{e}"));
+        let spec = serde_json::to_value(run.spec).unwrap();
+        self.fake.insert(json!({"apiVersion": TR, "kind": "TrainingRun", "metadata": {"name": name, "namespace": NS}, "spec": spec}));
+    }
+
+    /// `kubectl edit`: changes the spec and bumps the generation.
+    fn edit_spec(&self, name: &str, f: impl FnOnce(&mut Value)) {
+        self.fake
+            .update_with(TR, "TrainingRun", Some(NS), name, |o| {
+                f(&mut o["spec"]);
+                let g = o["metadata"]["generation"].as_i64().unwrap_or(1);
+                o["metadata"]["generation"] = json!(g + 1);
+            })
+            .unwrap();
+    }
+
+    /// `kubectl delete trainingrun`.
+    fn delete(&self, name: &str) {
+        self.fake.delete(TR, "TrainingRun", Some(NS), name).unwrap();
+    }
+
+    fn exists(&self, api_version: &str, kind: &str, name: &str) -> bool {
+        self.fake.get(api_version, kind, Some(NS), name).is_some()
+    }
+
+    fn status(&self, name: &str) -> TrainingRunStatus {
+        let run = self.fake.get(TR, "TrainingRun", Some(NS), name).unwrap_or_else(|| panic!("TrainingRun {name} exists"));
+        serde_json::from_value(run["status"].clone()).unwrap_or_default()
+    }
+
+    /// (status, reason, message) of a condition.
+    fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
+        let s = self.status(name);
+        let c = s.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("{name} has no {type_} condition"));
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    fn phases(&self, name: &str) -> Vec<RunPhase> {
+        self.phases.lock().unwrap().get(name).cloned().unwrap_or_default()
+    }
+
+    /// Jobs of a run, by name.
+    fn jobs(&self, run: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .fake
+            .list("batch/v1", "Job", Some(NS))
+            .iter()
+            .filter(|j| j["metadata"]["labels"]["training.puretransformer.dev/run"] == run)
+            .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Events about a run: (type, reason, note).
+    fn events(&self, run: &str) -> Vec<(String, String, String)> {
+        self.fake
+            .list("events.k8s.io/v1", "Event", Some(NS))
+            .iter()
+            .filter(|e| e["regarding"]["name"] == run)
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (s("type"), s("reason"), s("note"))
+            })
+            .collect()
+    }
+
+    fn has_event(&self, run: &str, type_: &str, reason: &str) -> bool {
+        self.events(run).iter().any(|(t, r, _)| t == type_ && r == reason)
+    }
+
+    fn checkpoint_dir(&self, run: &str) -> PathBuf {
+        self.cluster.claim_dir(&format!("{run}-checkpoints"))
+    }
+
+    /// The run's metrics.jsonl on its PVC.
+    fn records(&self, run: &str) -> Vec<Value> {
+        let path = self.checkpoint_dir(run).join("metrics.jsonl");
+        std::fs::read_to_string(&path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// (step, loss) of every step record.
+    fn step_losses(&self, run: &str) -> Vec<(u64, f64)> {
+        self.records(run).iter().filter(|r| r["kind"] == "step").map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap())).collect()
+    }
+
+    fn checkpoints(&self, run: &str) -> Vec<String> {
+        let mut found: Vec<String> = std::fs::read_dir(self.checkpoint_dir(run))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with("step-")).collect())
+            .unwrap_or_default();
+        found.sort();
+        found
+    }
+
+    /// What to print when a wait times out: status, events and the pods' log tails.
+    fn diagnose(&self, run: &str) -> String {
+        let mut out = format!("status: {:#?}\nevents: {:#?}\nphases: {:?}\n", self.status(run), self.events(run), self.phases(run));
+        let pods_dir = self.dir.join("pods");
+        for e in std::fs::read_dir(&pods_dir).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with(run) {
+                let log = std::fs::read_to_string(e.path().join("log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                out += &format!("--- {name} log (end):\n{}\n", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            }
+        }
+        out
+    }
+
+    /// Waits until `ok` holds for the run's status.
+    async fn wait(&self, run: &str, what: &str, timeout: Duration, ok: impl Fn(&TrainingRunStatus) -> bool) -> TrainingRunStatus {
+        let start = Instant::now();
+        loop {
+            let s = self.status(run);
+            if ok(&s) {
+                return s;
+            }
+            if start.elapsed() > timeout {
+                panic!("{run}: timed out after {timeout:?} waiting for {what}\n{}", self.diagnose(run));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn wait_phase(&self, run: &str, phase: RunPhase, timeout: Duration) -> TrainingRunStatus {
+        self.wait(run, &format!("{phase:?}"), timeout, |s| s.phase == Some(phase)).await
+    }
+
+    /// Waits for the run's pod of `index` to be running a container.
+    async fn pod(&self, job: &str, index: u32) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(p) = self.cluster.pod_of(job, index) {
+                return p;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "no running pod for {job} index {index}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.task.abort();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn step(s: &TrainingRunStatus) -> u64 {
+    s.progress.as_ref().map_or(0, |p| p.step)
+}
+
+fn checkpoint_step(s: &TrainingRunStatus) -> u64 {
+    s.last_checkpoint.as_ref().map_or(0, |c| c.step)
+}
+
+const MINUTES: fn(u64) -> Duration = |m| Duration::from_secs(60 * m);
+
+/// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
+/// restarted mid-run; then the same run with one trainer process killed, which the
+/// operator gang-restarts from the last checkpoint to the same losses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_losses() {
+    let mut sim = Sim::new("pretrain").await;
+
+    // --- 2 × 1 to Succeeded, surviving an operator crash.
+    sim.apply("base", SPEC);
+    let running = sim.wait("base", "Running with loss and tokens/s", MINUTES(5), |s| {
+        s.phase == Some(RunPhase::Running) && s.metrics.as_ref().is_some_and(|m| m.loss.is_some() && m.tokens_per_second.is_some()) && step(s) >= 1
+    }).await;
+    assert_eq!(sim.phases("base"), vec![RunPhase::Pending, RunPhase::Running]);
+    let p = running.progress.clone().unwrap();
+    assert_eq!((p.total_steps, p.total_tokens), (40, 40 * 1024));
+    assert!(p.tokens >= 1024 && p.tokens == p.step * 1024, "{p:?}");
+    assert_eq!(sim.condition("base", "Running").0, "True");
+    let metrics = sim.metrics.render();
+    assert!(metrics.contains(r#"trainingrun_phase{name="base",namespace="ml",phase="Running"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"trainingrun_loss{name="base",namespace="ml"}"#));
+
+    // Checkpoints land on the PVC while it runs; status names them.
+    let s = sim.wait("base", "a checkpoint in status", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
+    let uri = s.last_checkpoint.unwrap().uri;
+    // The pod's `/` is a directory here, so the trainer names `<pod root>/checkpoints/…`.
+    assert!(sim.checkpoints("base").iter().any(|c| uri.ends_with(&format!("/root/checkpoints/{c}"))), "{uri} in {:?}", sim.checkpoints("base"));
+
+    // The operator dies mid-run; the Job keeps running; a new operator picks it up.
+    sim.kill_operator().await;
+    let before = step(&sim.status("base"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sim.start_operator();
+    sim.wait("base", "progress after the operator restart", MINUTES(5), |s| step(s) > before).await;
+    let s = sim.wait_phase("base", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!(sim.jobs("base"), vec!["base-a1"], "no duplicate Job");
+    assert_eq!(sim.events("base").iter().filter(|e| e.1 == "JobCreated").count(), 1, "{:?}", sim.events("base"));
+    assert_eq!((s.attempt, s.restarts, s.reason.as_deref()), (1, 0, Some("Completed")));
+    let p = s.progress.unwrap();
+    assert_eq!((p.step, p.tokens, p.percent), (40, 40 * 1024, 100.0));
+    assert_eq!(sim.condition("base", "Succeeded").0, "True");
+    assert!(sim.has_event("base", "Normal", "Completed"));
+    let phases = sim.phases("base");
+    assert_eq!(phases, vec![RunPhase::Pending, RunPhase::Running, RunPhase::Succeeded]);
+    assert_eq!(sim.checkpoints("base").last().map(String::as_str), Some("step-00000040"));
+    let base = sim.step_losses("base");
+    assert_eq!(base.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    assert!(base[39].1 < base[0].1, "it learns: {:?} → {:?}", base[0], base[39]);
+
+    // --- the same run; one trainer process is SIGKILLed after the second checkpoint.
+    sim.apply("crash", SPEC);
+    let s = sim.wait("crash", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
+    let pod = sim.pod("crash-a1", 1).await;
+    assert_eq!(sim.cluster.kill_worker(&pod), 1, "one worker per node");
+    let restarting = sim.wait("crash", "a gang restart", MINUTES(2), |s| s.attempt == 2).await;
+    assert_eq!(restarting.restarts, 1);
+    let s2 = sim.wait_phase("crash", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s2.attempt, s2.restarts), (2, 1));
+    assert_eq!(sim.jobs("crash"), vec!["crash-a2"], "the failed attempt's Job is gone");
+    assert!(sim.phases("crash").contains(&RunPhase::Restarting), "{:?}", sim.phases("crash"));
+    let (_, reason, message) = sim.condition("crash", "Restarting");
+    assert_eq!(reason, "Resumed", "{message}");
+    let restart = sim.events("crash").into_iter().find(|e| e.0 == "Warning" && e.2.contains("restarting the gang")).unwrap_or_else(|| panic!("{:?}", sim.events("crash")));
+    assert!(restart.2.contains("exited with code 137 (SIGKILL)") && restart.2.contains("attempt 1 failed"), "{restart:?}");
+    assert!(sim.metrics.render().contains(r#"trainingrun_restarts{name="crash",namespace="ml"} 1"#));
+    // Attempt 2 resumed from the checkpoint status named, and retrained to the same losses.
+    let resumed: Vec<Value> = sim.records("crash").into_iter().filter(|r| r["kind"] == "resume").collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["attempt"], 2);
+    let from = resumed[0]["step"].as_u64().unwrap();
+    assert!(from >= checkpoint_step(&s) && from % 8 == 0, "resumed from step {from}");
+    assert_eq!(sim.step_losses("crash"), base, "the loss sequence after the restart equals the uninterrupted run's");
+}
+
+/// NaN loss and a host OOM end their runs at once with their own reasons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
+    let sim = Sim::new("failures").await;
+    let nan = format!("{SPEC}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"3\"}}\n");
+    sim.apply("nan", &nan);
+    sim.apply("oom", SPEC);
+
+    let s = sim.wait_phase("nan", RunPhase::Failed, MINUTES(5)).await;
+    assert_eq!(s.reason.as_deref(), Some("NaNLoss"));
+    let (status, reason, message) = sim.condition("nan", "Failed");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "NaNLoss"));
+    assert!(message.contains("at step 3"), "{message}");
+    assert!(sim.has_event("nan", "Warning", "NaNLoss"), "{:?}", sim.events("nan"));
+    assert!(sim.metrics.render().contains(r#"trainingrun_condition{name="nan",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#));
+
+    sim.wait("oom", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
+    let pod = sim.pod("oom-a1", 1).await;
+    sim.cluster.oom_kill(&pod);
+    let s = sim.wait_phase("oom", RunPhase::Failed, MINUTES(2)).await;
+    assert_eq!(s.reason.as_deref(), Some("OutOfMemory"));
+    let (_, _, message) = sim.condition("oom", "Failed");
+    assert!(message.contains(&format!("pod {pod} (node rank 1) was OOMKilled")), "{message}");
+    assert!(sim.has_event("oom", "Warning", "OutOfMemory"));
+    assert!(sim.metrics.render().contains(r#"trainingrun_condition{name="oom",namespace="ml",reason="OutOfMemory",status="True",type="Failed"} 1"#));
+
+    // Neither run starts a second attempt, even after more reconciles.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for run in ["nan", "oom"] {
+        let s = sim.status(run);
+        assert_eq!((s.attempt, s.restarts), (1, 0), "{run}");
+        assert_eq!(sim.jobs(run), vec![format!("{run}-a1")]);
+        assert!(!sim.phases(run).contains(&RunPhase::Restarting), "{run}: {:?}", sim.phases(run));
+    }
+    assert!(sim.cluster.running().is_empty(), "every trainer process has ended: {:?}", sim.cluster.running());
+}
+
+/// A trainer process that stops (SIGSTOP) stalls the run, and the operator says so;
+/// when it continues, the condition clears and the run finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
+    let sim = Sim::new("stall").await;
+    let spec = SPEC.replace("collectiveTimeout: 30s", "collectiveTimeout: 10m") + "  failurePolicy: {stallTimeout: 1m}\n";
+    sim.apply("stuck", &spec);
+    sim.wait("stuck", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
+    let pod = sim.pod("stuck-a1", 1).await;
+    sim.cluster.pause(&pod);
+    let s = sim.wait("stuck", "Stalled", MINUTES(3), |s| s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True")).await;
+    assert_eq!(s.phase, Some(RunPhase::Running), "onStall: Report keeps the run");
+    let (_, reason, message) = sim.condition("stuck", "Stalled");
+    assert_eq!(reason, "NoProgress");
+    assert!(message.contains(&format!("step {} has not advanced", step(&s))), "{message}");
+    assert!(sim.has_event("stuck", "Warning", "Stalled"));
+    assert!(sim.metrics.render().contains(r#"trainingrun_condition{name="stuck",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#));
+
+    sim.cluster.resume(&pod);
+    sim.wait("stuck", "Stalled to clear", MINUTES(2), |s| s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "False")).await;
+    assert!(sim.has_event("stuck", "Normal", "Progressing"));
+    let s = sim.wait_phase("stuck", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (1, 0));
+}
+
+/// `spec.suspend: true` stops the gang (rank 0 checkpoints on SIGTERM); `false`
+/// resumes the same Job from that checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
+    let sim = Sim::new("suspend").await;
+    sim.apply("pause", SPEC);
+    sim.wait("pause", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
+    sim.edit_spec("pause", |spec| spec["suspend"] = json!(true));
+    let s = sim.wait_phase("pause", RunPhase::Suspended, MINUTES(1)).await;
+    assert_eq!(sim.condition("pause", "Suspended").0, "True");
+    let job = sim.fake.get("batch/v1", "Job", Some(NS), "pause-a1").unwrap();
+    assert_eq!(job["spec"]["suspend"], true);
+    // The pods go; the trainer's final checkpoint is the step it stopped at.
+    let start = Instant::now();
+    while !sim.fake.list("v1", "Pod", Some(NS)).is_empty() {
+        assert!(start.elapsed() < MINUTES(1), "pods still there: {}", sim.diagnose("pause"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stopped_at = sim.step_losses("pause").last().unwrap().0;
+    assert_eq!(sim.checkpoints("pause").last().cloned(), Some(format!("step-{stopped_at:08}")), "a checkpoint on SIGTERM");
+    assert!(stopped_at < 40, "suspended before the end ({stopped_at})");
+    let _ = s;
+
+    sim.edit_spec("pause", |spec| spec["suspend"] = json!(false));
+    let s = sim.wait_phase("pause", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (1, 0), "a resume is not a restart");
+    assert_eq!(sim.jobs("pause"), vec!["pause-a1"]);
+    let phases = sim.phases("pause");
+    let suspended = phases.iter().position(|p| *p == RunPhase::Suspended).unwrap();
+    assert!(phases[suspended..].contains(&RunPhase::Running), "{phases:?}");
+    let resumed: Vec<u64> = sim.records("pause").iter().filter(|r| r["kind"] == "resume").map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(resumed, vec![stopped_at]);
+    assert_eq!(sim.step_losses("pause").iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+}
+
+/// A GRPO run with `initFrom` waits for its base run, starts from its final
+/// weights and reports accuracy. Deleting both keeps only the retained checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
+    let sim = Sim::new("grpo").await;
+    let grpo = r#"  phase: grpo
+  model: {preset: nano, tokenizer: embedded}
+  tokens: 16K
+  initFrom: {trainingRun: base}
+  grpo:
+    dataset: embedded:mcq-rules
+    promptsPerStep: 4
+    generationsPerPrompt: 4
+    maxNewTokens: 8
+    evalQuestions: 32
+  topology: {nodes: 1, gpusPerNode: 0}
+  batch: {microBatch: 16, seqLength: 128}
+  optimizer: {lr: 3.0e-4, schedule: constant, warmupTokens: 1K}
+  precision: f32
+  checkpoint: {everySteps: 2}
+"#;
+    sim.apply("tune", grpo);
+    let s = sim.wait_phase("tune", RunPhase::Waiting, MINUTES(1)).await;
+    assert_eq!(s.reason.as_deref(), Some("WaitingForInitRun"));
+    let base = SPEC.replace("tokens: 40960", "tokens: 16384").replace("checkpoint: {everySteps: 8, keepLast: 3}", "checkpoint: {everySteps: 8, keepLast: 3, retainOnDelete: true}");
+    sim.apply("base", &base);
+    sim.wait_phase("base", RunPhase::Succeeded, MINUTES(10)).await;
+    assert!(sim.jobs("tune").is_empty() || sim.status("tune").phase != Some(RunPhase::Waiting));
+    let s = sim.wait_phase("tune", RunPhase::Succeeded, MINUTES(15)).await;
+    let m = s.metrics.clone().unwrap();
+    let (before, after) = (m.initial_eval_accuracy.expect("initial accuracy"), m.eval_accuracy.expect("final accuracy"));
+    assert!((0.0..=1.0).contains(&before) && (0.0..=1.0).contains(&after), "{before} {after}");
+    assert!(m.reward.is_some() && m.kl.is_some(), "{m:?}");
+    let phases = sim.phases("tune");
+    assert_eq!(phases.first(), Some(&RunPhase::Waiting), "{phases:?}");
+    let log = std::fs::read_to_string(sim.cluster.log(&sim.fake.list("v1", "Pod", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).find(|n| n.starts_with("tune-a1-0")).unwrap())).unwrap();
+    assert!(log.contains("initial weights from"), "the GRPO run starts from base's weights:\n{log}");
+    assert!(sim.records("tune").iter().any(|r| r["kind"] == "accuracy"));
+
+    // Delete both: base's checkpoints stay (retainOnDelete), tune's go with its PVC.
+    let kept = sim.checkpoints("base");
+    assert!(!kept.is_empty());
+    sim.delete("tune");
+    sim.delete("base");
+    let start = Instant::now();
+    while sim.exists(TR, "TrainingRun", "tune") || sim.exists(TR, "TrainingRun", "base") || sim.exists("v1", "PersistentVolumeClaim", "tune-checkpoints") {
+        assert!(start.elapsed() < MINUTES(1), "deletion does not finish");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(sim.exists("v1", "PersistentVolumeClaim", "base-checkpoints"), "retainOnDelete keeps the PVC");
+    assert_eq!(sim.checkpoints("base"), kept, "and its checkpoints");
+    assert!(!sim.checkpoint_dir("tune").exists(), "tune's checkpoints went with its PVC");
+    assert!(sim.has_event("base", "Normal", "Deleted") || sim.has_event("tune", "Normal", "Deleted"));
+}
