@@ -148,8 +148,22 @@ fn signal_group(pid: u32, signal: libc::c_int) {
     }
 }
 
+/// Host ports come from below Linux's ephemeral range (32768–60999), so no outgoing
+/// connection or `bind(0)` takes a port between its allocation and the trainer's bind.
+const HOST_PORTS: std::ops::Range<u16> = 20000..32000;
+static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port on 127.0.0.1")
+    let span = HOST_PORTS.end - HOST_PORTS.start;
+    // Test processes started at once begin at different places.
+    let _ = NEXT_PORT.compare_exchange(0, (std::process::id() % u32::from(span)) as u16 + 1, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..span {
+        let port = HOST_PORTS.start + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {HOST_PORTS:?}")
 }
 
 /// The last `max` bytes of a file, from a line start where possible.
@@ -414,8 +428,10 @@ impl Shared {
     fn kubelet(&self) {
         let ns = self.ns().to_string();
         let pods: BTreeMap<String, Value> = self.api.list("v1", "Pod", Some(&ns)).into_iter().map(|p| (name_of(&p), p)).collect();
-        // Start new pods.
-        for (name, pod) in &pods {
+        // Start new pods, rank 0's first: it owns the rendezvous port the others use.
+        let mut new: Vec<(&String, &Value)> = pods.iter().collect();
+        new.sort_by_key(|(name, pod)| (index_of(pod), name.to_string()));
+        for (name, pod) in new {
             let started = self.lock().procs.contains_key(name);
             let pending = str_at(pod, "/status/phase").unwrap_or("Pending") == "Pending";
             if !started && pending && !deleting(pod) {
@@ -572,6 +588,9 @@ impl Shared {
         std::fs::create_dir_all(termination.parent().expect("a file has a parent")).map_err(|e| e.to_string())?;
         let master = vars.iter().find(|(k, _)| k == env::MASTER_ADDR).map(|(_, v)| v.split('.').next().unwrap_or("").to_string());
         let mut st = self.lock();
+        // A new pod behind a hostname gets new ports: its predecessor's may still be
+        // in TIME_WAIT.
+        st.ports.retain(|(host, _), _| *host != hostname);
         let mut port_of = |host: &str, port: &str| -> Result<String, String> {
             let port: u16 = port.parse().map_err(|_| format!("port {port:?} is not a number"))?;
             Ok(st.ports.entry((host.to_string(), port)).or_insert_with(free_port).to_string())

@@ -21,8 +21,8 @@ use operator::metrics::Metrics;
 use operator::settings::Settings;
 use serde_json::{Value, json};
 
-const NS: &str = "ml";
-const TR: &str = "training.puretransformer.dev/v1alpha1";
+mod common;
+use common::{NS, TR};
 
 /// Rank 0's `/status`: answers every request with the current document.
 #[derive(Clone)]
@@ -113,18 +113,11 @@ impl Harness {
 
     /// `kubectl apply` of a TrainingRun.
     fn apply(&self, name: &str, spec: &str) {
-        let spec: Value = serde_yaml_ng_value(spec);
-        self.fake.insert(json!({"apiVersion": TR, "kind": "TrainingRun", "metadata": {"name": name, "namespace": NS}, "spec": spec}));
+        common::apply(&self.fake, name, spec);
     }
 
     fn edit_spec(&self, name: &str, f: impl FnOnce(&mut Value)) {
-        self.fake
-            .update_with(TR, "TrainingRun", Some(NS), name, |o| {
-                f(&mut o["spec"]);
-                let g = o["metadata"]["generation"].as_i64().unwrap_or(1);
-                o["metadata"]["generation"] = json!(g + 1);
-            })
-            .unwrap();
+        common::edit_spec(&self.fake, name, f);
     }
 
     async fn reconcile(&self, name: &str) {
@@ -146,14 +139,11 @@ impl Harness {
     }
 
     fn status(&self, name: &str) -> TrainingRunStatus {
-        let run = self.fake.get(TR, "TrainingRun", Some(NS), name).expect("run exists");
-        serde_json::from_value(run["status"].clone()).unwrap_or_default()
+        common::status(&self.fake, name)
     }
 
     fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
-        let s = self.status(name);
-        let c = s.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no condition {type_}"));
-        (c.status.clone(), c.reason.clone(), c.message.clone())
+        common::condition(&self.fake, name, type_)
     }
 
     fn job(&self, name: &str) -> Option<Job> {
@@ -221,13 +211,6 @@ impl Harness {
     fn has_event(&self, type_: &str, reason: &str) -> bool {
         self.events().contains(&(type_.to_string(), reason.to_string()))
     }
-}
-
-fn serde_yaml_ng_value(text: &str) -> Value {
-    // The CRD crate parses YAML; reuse it through a full manifest.
-    let manifest = format!("apiVersion: {TR}\nkind: TrainingRun\nmetadata: {{name: x}}\nspec:\n{text}");
-    let run = crds::manifest::from_yaml(&manifest, "test").unwrap_or_else(|e| panic!("{e}"));
-    serde_json::to_value(run.spec).unwrap()
 }
 
 const SPEC: &str = "  model: {preset: nano}
