@@ -434,15 +434,17 @@ impl Shared {
         for (name, pod) in new {
             let started = self.lock().procs.contains_key(name);
             let pending = str_at(pod, "/status/phase").unwrap_or("Pending") == "Pending";
-            if !started && pending && !deleting(pod) {
-                if let Err(why) = self.start(name, pod) {
-                    let _ = self.api.set_status("v1", "Pod", Some(&ns), name, json!({
-                        "phase": "Pending",
-                        "conditions": [{"type": "PodScheduled", "status": "True"}],
-                        "containerStatuses": [{"name": contract_container(pod), "ready": false, "restartCount": 0, "image": "", "imageID": "",
-                            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": why}}}],
-                    }));
-                }
+            if !started
+                && pending
+                && !deleting(pod)
+                && let Err(why) = self.start(name, pod)
+            {
+                let _ = self.api.set_status("v1", "Pod", Some(&ns), name, json!({
+                    "phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}],
+                    "containerStatuses": [{"name": contract_container(pod), "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                        "state": {"waiting": {"reason": "CreateContainerConfigError", "message": why}}}],
+                }));
             }
         }
         // Stop the containers of deleted pods.
