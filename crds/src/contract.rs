@@ -16,7 +16,8 @@ pub const CONFIG_PATH: &str = "/etc/trainingrun/run.json";
 pub const CONFIG_KEY: &str = "run.json";
 /// Checkpoint PVC mount.
 pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
-/// Read-only mount of an `initFrom.trainingRun` run's checkpoint PVC.
+/// Where initial weights are mounted read-only: an `initFrom.trainingRun` run's checkpoint
+/// PVC at `INIT_MOUNT/<run>`, an `initFrom.uri` claim at `INIT_MOUNT`.
 pub const INIT_MOUNT: &str = "/init";
 /// Kubernetes' default termination message path.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
