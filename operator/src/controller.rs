@@ -144,7 +144,7 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         Ok(cfg) => cfg,
         Err(invalid) => {
             let d = decide::invalid(&run, &invalid, now);
-            return finish(&ctx, &runs, &run, d, now).await;
+            return finish(&ctx, &runs, &run, d, None, now).await;
         }
     };
     let s = &ctx.settings;
@@ -184,7 +184,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     // Status first: a restart is recorded before its Job goes, so a crash in between
     // cannot lose or double-count it.
-    let action = finish(&ctx, &runs, &run, d.clone(), now).await?;
+    let checkpoint_every_tokens = u64::from(cfg.checkpoint.every_steps) * cfg.batch.tokens_per_step;
+    let action = finish(&ctx, &runs, &run, d.clone(), Some(checkpoint_every_tokens), now).await?;
     for stale in &d.delete_jobs {
         apply::delete(&jobs, &ns, stale).await?;
     }
@@ -214,7 +215,15 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
 
 /// Writes the decided status (rate-limited when only progress moved), emits the
 /// decision's events, updates metrics and picks the requeue.
-async fn finish(ctx: &Context, runs: &Api<TrainingRun>, run: &TrainingRun, d: Decision, now: Timestamp) -> Result<Action, Error> {
+/// `checkpoint_every_tokens` is None for a spec that does not resolve.
+async fn finish(
+    ctx: &Context,
+    runs: &Api<TrainingRun>,
+    run: &TrainingRun,
+    d: Decision,
+    checkpoint_every_tokens: Option<u64>,
+    now: Timestamp,
+) -> Result<Action, Error> {
     let ns = run.namespace().unwrap_or_default();
     let name = run.name_any();
     let uid = run.uid().unwrap_or_default();
@@ -239,8 +248,6 @@ async fn finish(ctx: &Context, runs: &Api<TrainingRun>, run: &TrainingRun, d: De
     for note in &d.notes {
         ctx.publish(run, note.warning, &note.reason, &note.message).await;
     }
-    let checkpoint_every_tokens =
-        crds::resolve(run).ok().map(|c| u64::from(c.checkpoint.every_steps) * c.batch.tokens_per_step);
     ctx.metrics.observe_run(&ns, &name, &d.status, checkpoint_every_tokens);
     let requeue = match d.status.phase {
         Some(RunPhase::Running) => s.status_poll_interval,

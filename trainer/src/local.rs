@@ -269,14 +269,6 @@ pub fn eval(args: &crate::cli::EvalArgs) -> Result<(), Error> {
 fn eval_mcq(args: &crate::cli::EvalArgs) -> Result<(), Error> {
     let (cfg, _vs, model) = load_model(&args.checkpoint)?;
     let tokenizer = train::load_tokenizer(&cfg)?;
-    let location = match (&args.dataset, &cfg.grpo) {
-        (Some(uri), _) => match uri.strip_prefix("embedded:") {
-            Some(name) => crds::config::Location::Embedded { name: name.into() },
-            None => crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?,
-        },
-        (None, Some(g)) => g.eval_dataset.clone().unwrap_or_else(|| g.dataset.clone()),
-        (None, None) => crds::config::Location::Embedded { name: "mcq".into() },
-    };
     let records = match (&args.dataset, &cfg.grpo) {
         // The run's own held-out split, exactly as it evaluated itself.
         (None, Some(g)) => {
@@ -284,7 +276,14 @@ fn eval_mcq(args: &crate::cli::EvalArgs) -> Result<(), Error> {
             held_out.truncate(args.questions);
             held_out
         }
-        _ => crate::grpo::data::eval_set(&cfg, &location, args.questions)?,
+        (Some(uri), _) => {
+            let location = match uri.strip_prefix("embedded:") {
+                Some(name) => crds::config::Location::Embedded { name: name.into() },
+                None => crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?,
+            };
+            crate::grpo::data::eval_set(&cfg, &location, args.questions)?
+        }
+        (None, None) => crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?,
     };
     if records.is_empty() {
         return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });

@@ -6,12 +6,8 @@ use std::process::Command;
 
 use crds::contract::TrainerStatus;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-data-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+mod common;
+use common::scratch;
 
 fn trainer() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));

@@ -13,6 +13,9 @@ use trainer::dist::{self, Placement};
 use trainer::status::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
+mod common;
+use common::{scratch, trainer_bin};
+
 /// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
 const MANIFEST: &str = r#"
 apiVersion: training.puretransformer.dev/v1alpha1
@@ -44,13 +47,6 @@ fn manifest_yaml(nodes: u32, micro: u32, global: u32, tokens: &str) -> String {
 
 fn config(yaml: &str) -> RunConfig {
     crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-ddp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn free_port() -> u16 {
@@ -181,16 +177,6 @@ fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
     let err = Trainer::new(&cfg, options(&dir, placement), SharedStatus::from_config(&cfg)).err().unwrap();
     assert_eq!(err.reason(), Some(FailureReason::CollectiveTimeout), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
-}
-
-fn cache() -> PathBuf {
-    std::env::temp_dir().join("trainer-train-tests-cache")
-}
-
-fn trainer_bin() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
-    cmd
 }
 
 fn step_losses(log: &Path) -> Vec<(u64, f64)> {

@@ -3,7 +3,6 @@
 //! micro-batch invariance of the gradient, and the NaN contract.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crds::config::RunConfig;
 use crds::contract::{ExitReport, FailureReason, TerminationMessage};
@@ -12,18 +11,8 @@ use trainer::metrics_log::{self, Record};
 use trainer::status::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-grpo-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn trainer_bin() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    cmd.env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache")).env("RUST_LOG", "warn");
-    cmd
-}
+mod common;
+use common::{scratch, trainer_bin};
 
 fn run(manifest: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = trainer_bin();

@@ -2,7 +2,7 @@
 //! binary: exact resume, corrupt-checkpoint fallback, SIGTERM checkpoints and the
 //! failure contract's exit codes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -12,6 +12,9 @@ use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
 use trainer::status::SharedStatus;
 use trainer::train::{Outcome, RunOptions, Trainer};
+
+mod common;
+use common::{scratch, trainer_bin};
 
 /// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
 const MANIFEST: &str = r#"
@@ -34,17 +37,7 @@ spec:
   checkpoint: {everySteps: 4, keepLast: 3}
 "#;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("trainer-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// One tokenizer and token cache for the subprocesses of these tests.
-fn cache() -> PathBuf {
-    std::env::temp_dir().join("trainer-train-tests-cache")
-}
 
 fn config(yaml: &str) -> RunConfig {
     crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
@@ -107,12 +100,6 @@ fn the_metrics_log_is_continuous_across_a_resume() {
         })
         .collect();
     assert_eq!(steps, (1..=12).collect::<Vec<_>>());
-}
-
-fn trainer_bin() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
-    cmd
 }
 
 /// Runs `trainer run` on `yaml` with extra env; returns (exit code, termination message).
