@@ -7,11 +7,11 @@ use std::process::Command;
 use crds::contract::TrainerStatus;
 
 mod common;
-use common::scratch;
+use common::{cache, scratch};
 
 fn trainer() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    cmd.env("TRAINER_CACHE", std::env::temp_dir().join("trainer-train-tests-cache")).env("RUST_LOG", "warn");
+    cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
     cmd
 }
 

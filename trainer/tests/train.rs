@@ -37,8 +37,6 @@ spec:
   checkpoint: {everySteps: 4, keepLast: 3}
 "#;
 
-/// One tokenizer and token cache for the subprocesses of these tests.
-
 fn config(yaml: &str) -> RunConfig {
     crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
 }
@@ -144,7 +142,7 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
 fn success_leaves_the_final_status_as_termination_message() {
     let (code, msg, stderr) = run_bin("success", MANIFEST, &[]);
     assert_eq!((code, msg), (0, None), "{stderr}");
-    let text = std::fs::read_to_string(std::env::temp_dir().join(format!("trainer-train-success-{}", std::process::id())).join("termination-log")).expect("a final report");
+    let text = std::fs::read_to_string(std::env::temp_dir().join(format!("trainer-test-success-{}", std::process::id())).join("termination-log")).expect("a final report");
     let Some(crds::contract::ExitReport::Success(report)) = crds::contract::ExitReport::parse(&text) else { panic!("{text}") };
     assert_eq!(report.phase, crds::contract::TrainerPhase::Done);
     assert_eq!(report.step, report.total_steps);
