@@ -102,6 +102,7 @@ struct State {
 
 struct Proc {
     child: Child,
+    container: String,
     started_at: String,
     image: String,
     termination: PathBuf,
@@ -337,27 +338,27 @@ impl Shared {
                 json!({"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now_rfc3339(), "lastProbeTime": now_rfc3339()})
             };
             let keep = |type_: &str| job.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned());
+            let delete_active = || {
+                for p in active.iter().filter(|p| !deleting(p)) {
+                    let _ = self.api.delete("v1", "Pod", Some(&ns), &name_of(p));
+                }
+            };
+            let mut finished = false;
             if let Some(first) = failed.first() {
                 let (reason, message) = failure_of(&job, first);
                 conditions.push(keep("FailureTarget").unwrap_or_else(|| condition("FailureTarget", &reason, &message)));
-                for p in &active {
-                    if !deleting(p) {
-                        let _ = self.api.delete("v1", "Pod", Some(&ns), &name_of(p));
-                    }
-                }
+                delete_active();
                 if active.is_empty() {
                     conditions.push(condition("Failed", &reason, &message));
+                    finished = true;
                 }
             } else if succeeded.len() as u32 >= completions {
                 conditions.push(condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"));
                 conditions.push(condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"));
+                finished = true;
             } else if suspended {
                 conditions.push(keep("Suspended").filter(|c| c["status"] == "True").unwrap_or_else(|| condition("Suspended", "JobSuspended", "Job suspended")));
-                for p in &active {
-                    if !deleting(p) {
-                        let _ = self.api.delete("v1", "Pod", Some(&ns), &name_of(p));
-                    }
-                }
+                delete_active();
             } else {
                 if let Some(mut c) = keep("Suspended") {
                     c["status"] = json!("False");
@@ -386,7 +387,7 @@ impl Shared {
             } else if !suspended {
                 status["startTime"] = json!(now_rfc3339());
             }
-            if has_condition(&json!({"status": status}), "Complete") || has_condition(&json!({"status": status}), "Failed") {
+            if finished {
                 status["completionTime"] = json!(now_rfc3339());
             }
             let _ = self.api.set_status("batch/v1", "Job", Some(&ns), &name, status);
@@ -442,7 +443,7 @@ impl Shared {
                 let _ = self.api.set_status("v1", "Pod", Some(&ns), name, json!({
                     "phase": "Pending",
                     "conditions": [{"type": "PodScheduled", "status": "True"}],
-                    "containerStatuses": [{"name": contract_container(pod), "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                    "containerStatuses": [{"name": container_name(pod), "ready": false, "restartCount": 0, "image": "", "imageID": "",
                         "state": {"waiting": {"reason": "CreateContainerConfigError", "message": why}}}],
                 }));
             }
@@ -488,7 +489,7 @@ impl Shared {
                 "phase": if code == 0 { "Succeeded" } else { "Failed" },
                 "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
                 "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False", "reason": "PodCompleted"}],
-                "containerStatuses": [{"name": contract_container_from(&pods, &name), "ready": false, "restartCount": 0, "started": false,
+                "containerStatuses": [{"name": p.container, "ready": false, "restartCount": 0, "started": false,
                     "image": p.image, "imageID": "",
                     "state": {"terminated": {"exitCode": code, "reason": reason, "message": message, "startedAt": p.started_at, "finishedAt": finished}}}],
             });
@@ -639,11 +640,11 @@ impl Shared {
         let _ = self.api.set_status("v1", "Pod", Some(&ns), name, json!({
             "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": started_at,
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": contract_container(pod), "ready": true, "started": true, "restartCount": 0,
+            "containerStatuses": [{"name": container_name(pod), "ready": true, "started": true, "restartCount": 0,
                 "image": image, "imageID": "", "state": {"running": {"startedAt": started_at}}}],
         }));
         let message_policy = str_at(container, "/terminationMessagePolicy").unwrap_or("File").to_string();
-        self.lock().procs.insert(name.to_string(), Proc { child, started_at, image, termination, log, message_policy, claims, term_sent: None });
+        self.lock().procs.insert(name.to_string(), Proc { child, container: container_name(pod), started_at, image, termination, log, message_policy, claims, term_sent: None });
         Ok(())
     }
 
@@ -721,18 +722,14 @@ fn field(pod: &Value, path: &str) -> Option<String> {
     }
 }
 
-fn contract_container(pod: &Value) -> String {
+fn container_name(pod: &Value) -> String {
     str_at(pod, "/spec/containers/0/name").unwrap_or("trainer").to_string()
-}
-
-fn contract_container_from(pods: &BTreeMap<String, Value>, name: &str) -> String {
-    pods.get(name).map_or_else(|| "trainer".to_string(), contract_container)
 }
 
 /// Why the Job failed, from its first failed pod and the pod failure policy.
 fn failure_of(job: &Value, pod: &Value) -> (String, String) {
     let code = pod.pointer("/status/containerStatuses/0/state/terminated/exitCode").and_then(Value::as_i64);
-    let container = contract_container(pod);
+    let container = container_name(pod);
     let ns = str_at(pod, "/metadata/namespace").unwrap_or_default();
     let rules = job.pointer("/spec/podFailurePolicy/rules").and_then(Value::as_array).cloned().unwrap_or_default();
     for (i, r) in rules.iter().enumerate() {

@@ -23,6 +23,7 @@ use kube::CustomResourceExt;
 use operator::clock::SystemClock;
 use operator::controller::{self, Context};
 use operator::metrics::Metrics;
+use operator::resources::{RUN_LABEL, pvc_name};
 use operator::settings::Settings;
 use serde_json::{Value, json};
 
@@ -167,7 +168,7 @@ impl Sim {
             .fake
             .list("batch/v1", "Job", Some(NS))
             .iter()
-            .filter(|j| j["metadata"]["labels"]["training.puretransformer.dev/run"] == run)
+            .filter(|j| j["metadata"]["labels"][RUN_LABEL] == run)
             .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
             .collect();
         names.sort();
@@ -210,7 +211,7 @@ impl Sim {
     }
 
     fn checkpoint_dir(&self, run: &str) -> PathBuf {
-        self.cluster.claim_dir(&format!("{run}-checkpoints"))
+        self.cluster.claim_dir(&pvc_name(run))
     }
 
     /// The run's metrics.jsonl on its PVC.
