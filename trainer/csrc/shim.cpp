@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,10 +64,15 @@ extern "C" {
 void shim_free_string(char* s) { std::free(s); }
 
 // One AdamW step over n parameters (torch.optim.AdamW with fused=True, amsgrad and
-// maximize off). steps are f32 0-dim tensors on each param's device.
+// maximize off). steps are f32 0-dim tensors on each param's device. The learning
+// rate is lr_tensor when given (a 0-dim f32 tensor, which a CUDA graph can replay
+// with new values), else lr. found_inf, when given, is a 0-dim f32 tensor: at 1 the
+// kernel leaves params and moments alone and the step counts are restored, as
+// torch's GradScaler skip does; it is read on the device, so nothing syncs.
 char* shim_fused_adamw(at::Tensor* const* params, at::Tensor* const* grads, at::Tensor* const* exp_avgs,
-                       at::Tensor* const* exp_avg_sqs, at::Tensor* const* steps, size_t n, double lr,
-                       double beta1, double beta2, double weight_decay, double eps) {
+                       at::Tensor* const* exp_avg_sqs, at::Tensor* const* steps, size_t n,
+                       const at::Tensor* lr_tensor, double lr, double beta1, double beta2, double weight_decay,
+                       double eps, const at::Tensor* found_inf) {
   return guarded([&] {
     at::NoGradGuard no_grad;
     auto p = to_list(params, n, "params");
@@ -85,13 +91,26 @@ char* shim_fused_adamw(at::Tensor* const* params, at::Tensor* const* grads, at::
       TORCH_CHECK(s[i].dim() == 0 && s[i].scalar_type() == at::kFloat, "state_steps[", i,
                   "] must be a 0-dim float tensor");
     }
+    for (const auto* t : {lr_tensor, found_inf}) {
+      TORCH_CHECK(t == nullptr || (t->defined() && t->dim() == 0 && t->scalar_type() == at::kFloat),
+                  t == lr_tensor ? "lr" : "found_inf", " must be a 0-dim float tensor");
+    }
     for (const auto& [key, idx] : group_by_device_dtype(p)) {
       auto gs = pick(s, idx);
+      const auto device = p[idx[0]].device();
+      std::optional<at::Tensor> inf;
+      if (found_inf != nullptr) inf = found_inf->to(device);
       // The step must be counted before the fused kernel reads it: step 0 makes the
       // bias correction 1 - beta^0 = 0 and the update NaN.
       at::_foreach_add_(gs, 1);
-      at::_fused_adamw_(pick(p, idx), pick(g, idx), pick(m, idx), pick(v, idx), {}, gs, lr, beta1, beta2,
-                        weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+      if (lr_tensor != nullptr) {
+        at::_fused_adamw_(pick(p, idx), pick(g, idx), pick(m, idx), pick(v, idx), {}, gs, lr_tensor->to(device),
+                          beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, std::nullopt, inf);
+      } else {
+        at::_fused_adamw_(pick(p, idx), pick(g, idx), pick(m, idx), pick(v, idx), {}, gs, lr, beta1, beta2,
+                          weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, std::nullopt, inf);
+      }
+      if (inf) at::_foreach_sub_(gs, std::vector<at::Tensor>(gs.size(), *inf));
     }
   });
 }

@@ -107,8 +107,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         if let Some((_, reducer)) = &ddp {
             reducer.finish()?;
         }
-        let _norm = opt.clip_grad_norm(1.0)?;
-        opt.step(3e-4)?;
+        // As training does: the NaN check stays on the device.
+        let _ = opt.clip_and_step(&loss, 1.0, optim::Lr::Value(3e-4))?;
         opt.zero_grad()?;
         Ok(loss)
     };

@@ -23,11 +23,13 @@ mod raw {
             exp_avg_sqs: *const *mut C_tensor,
             steps: *const *mut C_tensor,
             n: usize,
+            lr_tensor: *const C_tensor,
             lr: f64,
             beta1: f64,
             beta2: f64,
             weight_decay: f64,
             eps: f64,
+            found_inf: *const C_tensor,
         ) -> *mut c_char;
         pub fn shim_clip_grad_norm(
             grads: *const *mut C_tensor,
@@ -87,11 +89,18 @@ pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
     ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
 }
 
+/// A learning rate: a number, or a 0-dim f32 tensor read on the device (what a
+/// captured CUDA graph replays with new values).
+#[derive(Clone, Copy, Debug)]
+pub enum Lr<'a> {
+    Value(f64),
+    Tensor(&'a Tensor),
+}
+
 /// AdamW hyperparameters for one fused call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWParams {
-    /// Learning rate.
-    pub lr: f64,
+#[derive(Debug)]
+pub struct AdamWParams<'a> {
+    pub lr: Lr<'a>,
     /// First-moment decay.
     pub beta1: f64,
     /// Second-moment decay.
@@ -104,14 +113,16 @@ pub struct AdamWParams {
 
 /// One AdamW step (`at::_fused_adamw_`, amsgrad and maximize off) over parallel
 /// lists, in place. `steps` are f32 0-dim tensors on each param's device; the shim
-/// increments them before the update, as torch.optim.AdamW does.
+/// increments them before the update, as torch.optim.AdamW does. Where `found_inf`
+/// (0-dim f32) is 1 on the device the step changes nothing, step counts included.
 pub fn fused_adamw(
     params: &[Tensor],
     grads: &[Tensor],
     exp_avgs: &[Tensor],
     exp_avg_sqs: &[Tensor],
     steps: &[Tensor],
-    hp: AdamWParams,
+    hp: &AdamWParams,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), Error> {
     let n = params.len();
     if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()]
@@ -130,6 +141,10 @@ pub fn fused_adamw(
         ptrs(exp_avg_sqs),
         ptrs(steps),
     );
+    let (lr_tensor, lr) = match hp.lr {
+        Lr::Value(v) => (std::ptr::null(), v),
+        Lr::Tensor(t) => (t.as_ptr(), f64::NAN),
+    };
     // SAFETY: every pointer is a live at::Tensor owned by a borrowed tch Tensor; the
     // shim copies the handles and checks definedness.
     let err = unsafe {
@@ -140,11 +155,13 @@ pub fn fused_adamw(
             v.as_ptr(),
             s.as_ptr(),
             n,
-            hp.lr,
+            lr_tensor,
+            lr,
             hp.beta1,
             hp.beta2,
             hp.weight_decay,
             hp.eps,
+            found_inf.map_or(std::ptr::null(), |t| t.as_ptr()),
         )
     };
     check("fused_adamw", err)

@@ -63,6 +63,9 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
         if args.no_sample {
             worker.push("--no-sample".into());
         }
+        if let Some(n) = args.sync_every {
+            worker.extend(["--sync-every".into(), n.to_string().into()]);
+        }
         let spec = LaunchSpec {
             nnodes: 1,
             node_rank: 0,
@@ -83,6 +86,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
         sample: !args.no_sample,
         init_dir,
         placement: Placement::single(),
+        sync_every: args.sync_every,
     };
     train_and_report(&cfg, opts, stop)
 }
@@ -107,6 +111,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
         sample: !args.no_sample,
         init_dir: args.init_dir.clone(),
         placement: Placement::from_env()?,
+        sync_every: args.sync_every,
     };
     train_and_report(&cfg, opts, stop)
 }

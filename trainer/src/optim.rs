@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 
 use crate::Error;
 use crate::ffi::{self, AdamWParams, SdpEnabled};
+pub use crate::ffi::Lr;
 pub use crate::ffi::{SdpBackend, sdp_choice};
 
 /// One parameter and its AdamW state.
@@ -89,6 +90,26 @@ impl AdamW {
     /// one for the rest. Parameters without a grad are skipped, as torch does, and
     /// their step count does not advance.
     pub fn step(&mut self, lr: f64) -> Result<(), Error> {
+        self.fused_step(Lr::Value(lr), None)
+    }
+
+    /// [`Self::step`], except that nothing changes (moments and step counts included)
+    /// where `skip` (0-dim f32 on the device) is 1. Nothing syncs with the device.
+    pub fn step_unless(&mut self, lr: Lr, skip: &Tensor) -> Result<(), Error> {
+        self.fused_step(lr, Some(skip))
+    }
+
+    /// The training step's update: clips the gradients to `max_norm` and steps unless
+    /// `loss` or the gradient norm is not finite, all on the device. Returns the
+    /// pre-clip norm and the skip flag (0-dim f32: 1 where the step was skipped).
+    pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
+        let norm = self.clip_grad_norm(max_norm)?;
+        let skip = nonfinite(&[loss, &norm])?;
+        self.step_unless(lr, &skip)?;
+        Ok((norm, skip))
+    }
+
+    fn fused_step(&mut self, lr: Lr, found_inf: Option<&Tensor>) -> Result<(), Error> {
         let c = &self.config;
         for (slots, weight_decay) in [(&self.decay, c.weight_decay), (&self.no_decay, 0.0)] {
             let (mut p, mut g, mut m, mut v, mut s) = (vec![], vec![], vec![], vec![], vec![]);
@@ -110,7 +131,7 @@ impl AdamW {
                 weight_decay,
                 eps: c.eps,
             };
-            ffi::fused_adamw(&p, &g, &m, &v, &s, hp)?;
+            ffi::fused_adamw(&p, &g, &m, &v, &s, &hp, found_inf)?;
         }
         Ok(())
     }
@@ -269,6 +290,17 @@ pub fn check_sdp_backend(
         )));
     }
     Ok(choice)
+}
+
+/// 1.0 (0-dim f32, on the first tensor's device) where any element of `ts` is NaN
+/// or infinite, else 0.0; computed on the device without syncing.
+pub fn nonfinite(ts: &[&Tensor]) -> Result<Tensor, Error> {
+    let first = ts.first().ok_or_else(|| Error::Shim("nonfinite needs at least one tensor".into()))?;
+    let bad = ts
+        .iter()
+        .map(|t| Ok(t.f_isfinite()?.f_logical_not()?.f_any()?.f_to_device(first.device())?))
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(Tensor::f_stack(&bad, 0)?.f_any()?.f_to_kind(Kind::Float)?)
 }
 
 #[cfg(test)]
@@ -572,6 +604,120 @@ mod tests {
         opt.load_state(&good).unwrap();
     }
 
+    /// Two parameters (one decayed, one not) and an optimizer over them.
+    fn toy() -> (Vec<(String, Tensor)>, AdamW) {
+        let cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+        let params = vec![
+            ("a.weight".to_string(), fill(&[3, 4], Kind::Float, |i| (0.3 * i as f64).sin()).set_requires_grad(true)),
+            ("b.bias".to_string(), fill(&[4], Kind::Float, |i| 0.1 * i as f64).set_requires_grad(true)),
+        ];
+        let opt = AdamW::new(params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), &cfg).unwrap();
+        (params, opt)
+    }
+
+    /// Backpropagates a loss whose gradient differs per step.
+    fn toy_backward(params: &[(String, Tensor)], opt: &mut AdamW, step: usize) {
+        drop(toy_loss_backward(params, opt, step, 1.0));
+    }
+
+    /// [`toy_backward`] with every gradient scaled by `poison`; returns the loss.
+    fn toy_loss_backward(params: &[(String, Tensor)], opt: &mut AdamW, step: usize, poison: f64) -> Tensor {
+        opt.zero_grad().unwrap();
+        let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for (k, (_, p)) in params.iter().enumerate() {
+            let w = fill(&p.size(), Kind::Float, |i| (0.7 * i as f64 + step as f64 + k as f64).cos());
+            loss += (p * w).sum(Kind::Float) * poison;
+        }
+        loss.backward();
+        loss.detach()
+    }
+
+    /// Parameters and optimizer state, copied.
+    fn snapshot(params: &[(String, Tensor)], opt: &AdamW) -> Vec<Tensor> {
+        params.iter().map(|(_, p)| p.detach().copy()).chain(opt.state_tensors().into_iter().map(|(_, t)| t.copy())).collect()
+    }
+
+    fn same(a: &[Tensor], b: &[Tensor]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.equal(y))
+    }
+
+    #[test]
+    fn nonfinite_flags_nan_and_inf_anywhere() {
+        let ok = Tensor::from_slice(&[1.0f32, -3.0]);
+        let nan = Tensor::from_slice(&[1.0f32, f32::NAN]);
+        let inf = Tensor::from(f32::NEG_INFINITY);
+        let flag = |ts: &[&Tensor]| nonfinite(ts).unwrap();
+        assert_eq!(flag(&[&ok]).kind(), Kind::Float);
+        assert_eq!(flag(&[&ok]).dim(), 0);
+        assert_eq!(flag(&[&ok, &Tensor::from(2.5f32)]).double_value(&[]), 0.0);
+        assert_eq!(flag(&[&ok, &nan]).double_value(&[]), 1.0);
+        assert_eq!(flag(&[&inf, &ok]).double_value(&[]), 1.0);
+        assert!(nonfinite(&[]).is_err());
+    }
+
+    #[test]
+    fn a_tensor_learning_rate_and_a_zero_skip_flag_step_exactly_as_step_does() {
+        let (pa, mut a) = toy();
+        let (pb, mut b) = toy();
+        let lr = Tensor::from(2e-2f32);
+        let zero = Tensor::from(0.0f32);
+        for step in 1..=3 {
+            toy_backward(&pa, &mut a, step);
+            a.step(f64::from(2e-2f32)).unwrap();
+            toy_backward(&pb, &mut b, step);
+            b.step_unless(Lr::Tensor(&lr), &zero).unwrap();
+        }
+        assert!(same(&snapshot(&pa, &a), &snapshot(&pb, &b)));
+        assert_eq!(b.state_tensors().iter().find(|(n, _)| n == "a.weight.step").unwrap().1.double_value(&[]), 3.0);
+    }
+
+    #[test]
+    fn a_skipped_step_changes_nothing_and_training_goes_on_as_if_it_never_happened() {
+        let (pa, mut a) = toy();
+        let (pb, mut b) = toy();
+        let one = Tensor::from(1.0f32);
+        toy_backward(&pa, &mut a, 1);
+        a.step(1e-2).unwrap();
+        toy_backward(&pb, &mut b, 1);
+        b.step(1e-2).unwrap();
+        // b also sees a step whose update is skipped, step counts included.
+        let before = snapshot(&pb, &b);
+        toy_backward(&pb, &mut b, 7);
+        b.step_unless(Lr::Value(1e-2), &one).unwrap();
+        assert!(same(&before, &snapshot(&pb, &b)));
+        toy_backward(&pa, &mut a, 2);
+        a.step(1e-2).unwrap();
+        toy_backward(&pb, &mut b, 2);
+        b.step(1e-2).unwrap();
+        assert!(same(&snapshot(&pa, &a), &snapshot(&pb, &b)));
+    }
+
+    #[test]
+    fn clip_and_step_skips_a_non_finite_loss_or_gradient_on_the_device() {
+        // A finite step is clip_grad_norm then step.
+        let (pa, mut a) = toy();
+        let (pb, mut b) = toy();
+        toy_backward(&pa, &mut a, 1);
+        let norm_a = a.clip_grad_norm(1.0).unwrap();
+        a.step(1e-2).unwrap();
+        let loss = toy_loss_backward(&pb, &mut b, 1, 1.0);
+        let (norm_b, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2)).unwrap();
+        assert_eq!(skip.double_value(&[]), 0.0);
+        assert!(norm_a.equal(&norm_b));
+        assert!(same(&snapshot(&pa, &a), &snapshot(&pb, &b)));
+
+        // NaN gradients (and so a NaN norm), or only a NaN loss: nothing changes.
+        for (poison, loss_override) in [(f64::NAN, None), (1.0, Some(f32::NAN)), (f64::INFINITY, None)] {
+            let before = snapshot(&pb, &b);
+            let loss = toy_loss_backward(&pb, &mut b, 2, poison);
+            let loss = loss_override.map_or(loss, Tensor::from);
+            let (norm, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2)).unwrap();
+            assert_eq!(skip.double_value(&[]), 1.0, "poison {poison}, loss {loss_override:?}");
+            assert_eq!(norm.double_value(&[]).is_finite(), poison.is_finite());
+            assert!(same(&before, &snapshot(&pb, &b)), "poison {poison}, loss {loss_override:?}");
+        }
+    }
+
     #[test]
     fn clip_returns_non_finite_norms() {
         let g = Tensor::from_slice(&[3.0f32, 4.0]);
@@ -613,13 +759,13 @@ mod tests {
         let v = p.zeros_like();
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
         let hp = AdamWParams {
-            lr: 1e-3,
+            lr: Lr::Value(1e-3),
             beta1: 0.9,
             beta2: 0.95,
             weight_decay: 0.0,
             eps: 1e-8,
         };
-        let e = ffi::fused_adamw(&[p], &[grad], &[m], &[v], &[s], hp).unwrap_err();
+        let e = ffi::fused_adamw(&[p], &[grad], &[m], &[v], &[s], &hp, None).unwrap_err();
         assert!(
             matches!(e, Error::Shim(_)) && e.to_string().contains("fused_adamw: param 0 is [2, 3]"),
             "{e}"

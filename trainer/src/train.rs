@@ -73,6 +73,25 @@ pub struct RunOptions {
     pub init_dir: PathBuf,
     /// This process's rank in the gang; a world size above 1 joins a c10d group.
     pub placement: Placement,
+    /// Read losses and gradient norms back from the device once every this many
+    /// steps (and at every checkpoint, evaluation and the last step); `None`:
+    /// [`DEFAULT_CUDA_SYNC_EVERY`] on CUDA, 1 on CPU, always 1 for GRPO.
+    pub sync_every: Option<u64>,
+}
+
+/// On CUDA, steps queued between host syncs by default: the device never waits for
+/// the host between them, and status and the log lag by at most this many steps.
+pub const DEFAULT_CUDA_SYNC_EVERY: u64 = 8;
+
+/// An optimizer step queued on the device whose results are not read yet.
+struct PendingStep {
+    step: u64,
+    tokens: u64,
+    lr: f64,
+    /// [loss, pre-clip gradient norm, ranks asking to stop] (f32, on the device).
+    values: Tensor,
+    grpo: Option<GrpoStats>,
+    started: Instant,
 }
 
 /// What a finished (or stopped) run reports.
@@ -140,8 +159,13 @@ pub struct Trainer {
     ddp: Option<(Arc<ProcessGroup>, GradReducer)>,
     /// Raised by SIGTERM in this process.
     stop: Arc<AtomicBool>,
-    /// Whether any rank asked to stop, as of the last step (agreed with the loss).
+    /// Whether any rank asked to stop, as of the last step read back (agreed with the loss).
     stop_agreed: bool,
+    /// The number of ranks asking to stop at the last step (several ranks), on the device.
+    stop_flags: Option<Tensor>,
+    /// Steps queued since the last sync, oldest first.
+    pending: Vec<PendingStep>,
+    sync_every: u64,
 }
 
 impl Trainer {
@@ -149,6 +173,7 @@ impl Trainer {
     /// directory, or loads `initFrom` weights.
     pub fn new(cfg: &RunConfig, opts: RunOptions, status: SharedStatus) -> Result<Trainer, Error> {
         let p = opts.placement.clone();
+        let opts_sync_every = opts.sync_every;
         if p.world_size != cfg.topology.world_size {
             return Err(Error::InvalidSpec(format!(
                 "this process is rank {} of {} but spec.topology asks for {} processes",
@@ -236,6 +261,15 @@ impl Trainer {
             ddp: None,
             stop: Arc::new(AtomicBool::new(false)),
             stop_agreed: false,
+            stop_flags: None,
+            pending: Vec::new(),
+            sync_every: match (cfg.grpo.is_some(), opts_sync_every) {
+                // A GRPO step reads its rewards on the host anyway.
+                (true, _) => 1,
+                (false, Some(n)) => n.max(1),
+                (false, None) if device.is_cuda() => DEFAULT_CUDA_SYNC_EVERY,
+                (false, None) => 1,
+            },
         };
         trainer.check_attention(kind)?;
         let loaded = trainer.restore(group.as_deref())?;
@@ -464,7 +498,8 @@ impl Trainer {
         }
         let stats = Tensor::f_cat(&head.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>()?, 0)?;
         group.allreduce(&stats, ReduceOp::Sum)?.wait()?;
-        self.stop_agreed = stats.f_double_value(&[1])? > 0.0;
+        // Read at the next sync, with the loss.
+        self.stop_flags = Some(stats.f_get(1)?);
         if let Some((_, sampling, training)) = grpo {
             let all = Vec::<f64>::try_from(stats.f_narrow(0, 2, Sums::LEN as i64)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             self.last_grpo = Some(GrpoStats::from_sums(&Sums::from_slice(&all), sampling, training));
@@ -526,22 +561,27 @@ impl Trainer {
         sorted_variables(&self.vs)
     }
 
-    /// One optimizer step over `grad_accum` micro-batches.
+    /// One optimizer step over `grad_accum` micro-batches, read back from the device.
     pub fn train_step(&mut self) -> Result<StepReport, Error> {
+        self.launch_step()?;
+        Ok(self.sync()?.pop().expect("a step was queued"))
+    }
+
+    /// Queues one optimizer step without waiting for the device. Clipping, the
+    /// non-finite check and the skip of a non-finite update all happen on the
+    /// device; [`Self::sync`] reads the results.
+    fn launch_step(&mut self) -> Result<(), Error> {
         let started = Instant::now();
         let step = self.step + 1;
         let lr = self.cfg.schedule.lr_at(self.tokens);
         let loss = self.compute_gradients()?;
-        let grad_norm = self.opt.clip_grad_norm(self.cfg.optimizer.grad_clip)?;
-        // One host sync per step.
-        let loss = loss.f_double_value(&[])?;
-        let grad_norm = grad_norm.f_double_value(&[])?;
-        if !loss.is_finite() || !grad_norm.is_finite() {
-            self.status.record_nonfinite();
-            return Err(Error::NonFinite { step, loss, grad_norm });
-        }
-        self.opt.step(lr)?;
+        let (grad_norm, _skipped) = self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr))?;
         self.opt.zero_grad()?;
+        let stop = match self.stop_flags.take() {
+            Some(flags) => flags,
+            None => Tensor::f_zeros([], (Kind::Float, self.device))?,
+        };
+        let values = Tensor::f_stack(&[loss.f_to_kind(Kind::Float)?, grad_norm.f_to_device(self.device)?, stop], 0)?;
         self.step = step;
         self.tokens += self.cfg.batch.tokens_per_step;
         self.data_position = match &self.grpo {
@@ -549,13 +589,41 @@ impl Trainer {
             None => self.data_position + self.cfg.batch.global_sequences,
         };
         self.track_sources();
+        self.pending.push(PendingStep { step, tokens: self.tokens, lr, values, grpo: self.last_grpo.take(), started });
+        Ok(())
+    }
+
+    /// Waits for the queued steps and reads their losses and gradient norms in one
+    /// transfer. Fails at the first step whose loss or norm is not finite (the
+    /// device skipped its update). Throughput is the average over the queued steps.
+    fn sync(&mut self) -> Result<Vec<StepReport>, Error> {
+        let pending = std::mem::take(&mut self.pending);
+        let Some(first) = pending.first() else { return Ok(Vec::new()) };
+        let (first_step, started) = (first.step, first.started);
+        let read = || -> Result<Vec<f64>, Error> {
+            let all = Tensor::f_stack(&pending.iter().map(|p| p.values.shallow_clone()).collect::<Vec<_>>(), 0)?;
+            Ok(Vec::<f64>::try_from(all.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?.f_reshape([-1])?)?)
+        };
+        let values = read().map_err(|e| e.at_step(first_step))?;
         let seconds = started.elapsed().as_secs_f64();
-        let tokens_per_second = self.cfg.batch.tokens_per_step as f64 / seconds;
+        let tokens_per_second = (pending.len() as u64 * self.cfg.batch.tokens_per_step) as f64 / seconds;
         let mfu = self.device.is_cuda().then(|| {
             let per_gpu = tokens_per_second / self.cfg.topology.world_size as f64;
             self.cfg.model.mfu(self.cfg.batch.seq_len, per_gpu, H100_PEAK_BF16_FLOPS)
         });
-        Ok(StepReport { step, tokens: self.tokens, loss, lr, grad_norm, tokens_per_second, mfu, grpo: self.last_grpo.take() })
+        let mut reports = Vec::with_capacity(pending.len());
+        for (p, v) in pending.into_iter().zip(values.chunks(3)) {
+            let (loss, grad_norm) = (v[0], v[1]);
+            if !loss.is_finite() || !grad_norm.is_finite() {
+                self.status.record_nonfinite();
+                return Err(Error::NonFinite { step: p.step, loss, grad_norm });
+            }
+            if self.ddp.is_some() {
+                self.stop_agreed = v[2] > 0.0;
+            }
+            reports.push(StepReport { step: p.step, tokens: p.tokens, loss, lr: p.lr, grad_norm, tokens_per_second, mfu, grpo: p.grpo });
+        }
+        Ok(reports)
     }
 
     /// Validation loss per source over `evalTokens`, and their mix-weighted mean.
@@ -664,27 +732,43 @@ impl Trainer {
         let mut last_loss = None;
         let every = self.cfg.checkpoint.every_steps as u64;
         let eval_every = self.cfg.data.as_ref().map_or(0, |d| d.eval_every_steps) as u64;
-        while self.step < last_step && !self.may_stop() {
-            let report = match self.train_step() {
-                Ok(report) => report,
-                Err(e) => {
-                    let e = e.at_step(self.step + 1);
-                    if let Some(reason) = e.reason() {
-                        self.status.record_failure(reason);
-                    }
-                    return Err(e);
-                }
+        loop {
+            let more = self.step < last_step && !self.may_stop();
+            if !more && self.pending.is_empty() {
+                break;
+            }
+            if more && let Err(e) = self.launch_step() {
+                return Err(self.failed(e.at_step(self.step + 1)));
+            }
+            let eval_due = eval_every > 0 && (self.step.is_multiple_of(eval_every) || self.step == total_steps);
+            let checkpoint_due = every > 0 && self.step.is_multiple_of(every);
+            // Every rank reads back at the same steps; one rank alone may read early
+            // to stop sooner.
+            let sync_due = !more
+                || self.pending.len() as u64 >= self.sync_every
+                || self.step == last_step
+                || eval_due
+                || checkpoint_due
+                || (self.ddp.is_none() && self.stopping());
+            if !sync_due {
+                continue;
+            }
+            let reports = match self.sync() {
+                Ok(reports) => reports,
+                Err(e) => return Err(self.failed(e)),
             };
-            losses.push((report.step, report.loss));
-            last_loss = Some(report.loss);
-            self.status.record_step(&report);
-            if let Some(log) = log.as_mut() {
-                log.step(&report)?;
+            for report in reports {
+                losses.push((report.step, report.loss));
+                last_loss = Some(report.loss);
+                self.status.record_step(&report);
+                if let Some(log) = log.as_mut() {
+                    log.step(&report)?;
+                }
+                if let Some(p) = progress.as_mut() {
+                    p.on_step(&report);
+                }
             }
-            if let Some(p) = progress.as_mut() {
-                p.on_step(&report);
-            }
-            if eval_every > 0 && (self.step.is_multiple_of(eval_every) || self.step == total_steps) {
+            if eval_due {
                 self.status.set_phase(TrainerPhase::Evaluating);
                 if let Some((v, per_source)) = self.evaluate()? {
                     val_loss = Some(v);
@@ -699,7 +783,7 @@ impl Trainer {
                 self.status.set_phase(TrainerPhase::Training);
             }
             let stopping = self.step == last_step || self.may_stop();
-            if every > 0 && self.step.is_multiple_of(every) && !stopping {
+            if checkpoint_due && !stopping {
                 // Training goes on while the background thread writes.
                 if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
                     self.checkpoint_written(&done, log.as_mut(), mirror.as_ref())?;
@@ -807,6 +891,14 @@ impl Trainer {
     /// at the last step so that every rank stops after the same step.
     fn stopping(&self) -> bool {
         if self.ddp.is_some() { self.stop_agreed } else { self.stop.load(Ordering::SeqCst) }
+    }
+
+    /// Records a failure's reason in status before it is returned.
+    fn failed(&self, e: Error) -> Error {
+        if let Some(reason) = e.reason() {
+            self.status.record_failure(reason);
+        }
+        e
     }
 
     fn barrier(&self) -> Result<(), Error> {

@@ -62,6 +62,7 @@ fn options(dir: &Path, placement: Placement) -> RunOptions {
         sample: false,
         init_dir: dir.to_path_buf(),
         placement,
+        sync_every: None,
     }
 }
 
@@ -204,10 +205,11 @@ fn two_processes_resume_after_a_stop_with_the_same_loss_sequence() {
     let full = step_losses(&dir.join("full/metrics.jsonl"));
     assert_eq!(full.len(), 8);
 
+    // Resumed, and reading losses back every 3 steps: the same run.
     let out = dir.join("resumed");
-    let first = run(&manifest, &out, &["--stop-after-steps", "4"]);
+    let first = run(&manifest, &out, &["--stop-after-steps", "4", "--sync-every", "3"]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let second = run(&manifest, &out, &[]);
+    let second = run(&manifest, &out, &["--sync-every", "3"]);
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
     assert_eq!(step_losses(&out.join("metrics.jsonl")), full, "the resumed 2-rank run must repeat the uninterrupted one");
 }
@@ -222,26 +224,31 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoin
     let dir = scratch("sigterm");
     let manifest = dir.join("run.yaml");
     std::fs::write(&manifest, manifest_yaml(2, 4, 1024, "400K")).unwrap();
-    let out = dir.join("out");
-    let mut child = trainer_bin()
-        .args(["run", "--no-sample", "-o"])
-        .arg(&out)
-        .arg(&manifest)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let log = out.join("metrics.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while step_count(&log) < 2 {
-        assert!(Instant::now() < deadline, "the run did not reach step 2");
-        std::thread::sleep(Duration::from_millis(100));
+    // Reading back every step, and every 3 steps (the ranks agree only at reads).
+    for (name, sync_every) in [("every", "1"), ("deferred", "3")] {
+        let out = dir.join(name);
+        let mut child = trainer_bin()
+            .args(["run", "--no-sample", "--sync-every", sync_every, "-o"])
+            .arg(&out)
+            .arg(&manifest)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let log = out.join("metrics.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while step_count(&log) < 2 {
+            assert!(Instant::now() < deadline, "{name}: the run did not reach step 2");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(kill.success());
+        assert_eq!(child.wait().unwrap().code(), Some(143), "{name}");
+        let steps = step_losses(&log);
+        let last_step = steps.last().unwrap().0;
+        assert_eq!(steps.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=last_step).collect::<Vec<_>>(), "{name}");
+        let latest = std::fs::read_to_string(out.join("latest")).unwrap();
+        assert_eq!(latest.trim(), format!("step-{last_step:08}"), "{name}: rank 0 checkpoints the step every rank stopped after");
     }
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
-    assert_eq!(child.wait().unwrap().code(), Some(143));
-    let last_step = step_losses(&log).last().unwrap().0;
-    let latest = std::fs::read_to_string(out.join("latest")).unwrap();
-    assert_eq!(latest.trim(), format!("step-{last_step:08}"), "rank 0 checkpoints the step every rank stopped after");
 }
 
 fn step_count(log: &Path) -> usize {

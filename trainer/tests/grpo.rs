@@ -197,6 +197,7 @@ fn micro_batch_size_does_not_change_the_gradient() {
             sample: false,
             init_dir: dir.clone(),
             placement: Placement::single(),
+            sync_every: None,
         };
         let mut t = Trainer::new(&cfg, opts, SharedStatus::from_config(&cfg)).unwrap();
         let loss = t.compute_gradients().unwrap().double_value(&[]);

@@ -42,6 +42,11 @@ fn config(yaml: &str) -> RunConfig {
 }
 
 fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
+    train_syncing(cfg, dir, stop_after, None)
+}
+
+/// [`train`], reading losses back from the device every `sync_every` steps.
+fn train_syncing(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>, sync_every: Option<u64>) -> Outcome {
     let opts = RunOptions {
         output_dir: dir.to_path_buf(),
         status_addr: None,
@@ -50,6 +55,7 @@ fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
         sample: false,
         init_dir: dir.parent().unwrap().to_path_buf(),
         placement: trainer::dist::Placement::single(),
+        sync_every,
     };
     Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap().run(Arc::new(AtomicBool::new(false))).unwrap()
 }
@@ -81,6 +87,33 @@ fn resume_reproduces_the_uninterrupted_loss_sequence_and_skips_a_corrupt_checkpo
     let after = train(&cfg, &dir, None);
     assert_eq!(after.resumed_from, Some(4));
     assert_eq!(after.losses, full.losses[4..]);
+}
+
+#[test]
+fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
+    let cfg = config(MANIFEST);
+    let every = train(&cfg, &scratch("sync1"), None);
+    // 5 divides neither the checkpoint nor the evaluation interval (4), nor the 12 steps.
+    let dir = scratch("sync5");
+    let deferred = train_syncing(&cfg, &dir, None, Some(5));
+    assert_eq!(deferred.losses, every.losses);
+    assert_eq!(deferred.val_loss, every.val_loss);
+    for step in [4, 8, 12] {
+        assert!(dir.join(format!("step-{step:08}")).join("model.safetensors").exists(), "a checkpoint at step {step}");
+    }
+    let records = trainer::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = records.iter().filter_map(|r| match r {
+        trainer::metrics_log::Record::Step(s) => Some(s.step),
+        _ => None,
+    }).collect();
+    assert_eq!(steps, (1..=12).collect::<Vec<_>>());
+
+    // A stop between reads still stops at its step, and resuming repeats the run.
+    let dir = scratch("sync5-resumed");
+    let first = train_syncing(&cfg, &dir, Some(6), Some(5));
+    assert_eq!(first.last_checkpoint.as_ref().map(|c| c.step), Some(6));
+    let second = train_syncing(&cfg, &dir, None, Some(5));
+    assert_eq!([first.losses, second.losses].concat(), every.losses);
 }
 
 #[test]
@@ -123,8 +156,10 @@ type FailureCase<'a> = (&'a str, String, &'a [(&'a str, &'a str)], FailureReason
 
 #[test]
 fn failures_exit_with_the_contract_code_and_termination_message() {
-    let cases: [FailureCase; 4] = [
+    let cases: [FailureCase; 5] = [
         ("nan", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
+        // Read back at step 3: the failure names the step the NaN came from.
+        ("nan-deferred", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "1"), ("TRAINER_SYNC_EVERY", "3")], FailureReason::NaNLoss, Some(1)),
         ("oom", MANIFEST.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
         ("config", MANIFEST.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
         ("data", MANIFEST.replace("\"embedded:mcq\"", "/no/such/shards"), &[], FailureReason::DataError, None),

@@ -111,6 +111,7 @@ fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Pa
             sample: false,
             init_dir: dir.to_path_buf(),
             placement,
+            sync_every: None,
         };
         let mut t = Trainer::new(&cfg, opts, SharedStatus::from_config(&cfg))?;
         for _ in 0..o.warmup {
