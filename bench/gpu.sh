@@ -8,9 +8,11 @@
 #   bench/gpu.sh                          # builds the cuda trainer here (scripts/build-cuda.sh)
 #   TRAINER=path/to/trainer bench/gpu.sh  # a prebuilt one (LD_LIBRARY_PATH to torch/lib)
 #   PRESETS="medium-large:8 xlarge:8" SEQ=2048 STEPS=20 bench/gpu.sh
+#   GRAPH_PRESETS="tiny:8 small:8"        # also the trainer with --cuda-graph ("" for none)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
+GRAPH_PRESETS="${GRAPH_PRESETS-tiny:8 small:8}"
 SEQ="${SEQ:-2048}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}"
 PYTHON="${PYTHON:-python3}"
 REFERENCE="${TORCH_REFERENCE:-../shared/reference/torch_reference.py}"
@@ -38,10 +40,13 @@ run() { # label, command...
 run check-trainer "$TRAINER" bench --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2 --precision bf16-mixed
 run check-reference "$PYTHON" "$REFERENCE" --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2
 
-for pm in $PRESETS; do
+for pm in $PRESETS $GRAPH_PRESETS; do
   preset="${pm%%:*}" mb="${pm##*:}"
   common=(--preset "$preset" --micro-batch "$mb" --seq "$SEQ" --steps "$STEPS" --warmup "$WARMUP")
   run "$preset trainer" "$TRAINER" bench "${common[@]}" --precision bf16-mixed
+  case " $GRAPH_PRESETS " in
+    *" $pm "*) run "$preset graph" "$TRAINER" bench "${common[@]}" --precision bf16-mixed --cuda-graph ;;
+  esac
   run "$preset eager" "$PYTHON" "$REFERENCE" "${common[@]}"
   run "$preset compile" "$PYTHON" "$REFERENCE" "${common[@]}" --compile
 done
@@ -63,8 +68,10 @@ else:
     print(f"correctness: tiny on random tokens, final loss {a['final_loss']:.3f} (trainer) vs {b['final_loss']:.3f} (eager)")
 print(f"{'preset':<14}{'impl':<10}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}{'backend':>12}")
 presets = [l.split()[0] for l in by if l.endswith(" trainer")]
-for p in presets:
-    for impl in ("trainer", "eager", "compile"):
+for p in dict.fromkeys(presets):
+    for impl in ("trainer", "graph", "eager", "compile"):
+        if impl == "graph" and f"{p} graph" not in by:
+            continue
         r = by.get(f"{p} {impl}", {})
         if r.get("failed") or not r:
             print(f"{p:<14}{impl:<10}{'failed':>12}"); ok = False; continue
@@ -74,5 +81,9 @@ for p in presets:
         print(f"{'':<14}trainer / eager {t['tokens_per_s']/e['tokens_per_s']:.3f} (goal ≥ 1.2), "
               f"/ compile {t['tokens_per_s']/c['tokens_per_s']:.3f} (goal ≥ 1.0), "
               f"peak memory {t['peak_mem_gib']:.2f} vs {e['peak_mem_gib']:.2f} GiB (goal ≤ eager)")
+    g = by.get(f"{p} graph", {})
+    if g and not g.get("failed") and t and not t.get("failed"):
+        print(f"{'':<14}CUDA graph / plain trainer {g['tokens_per_s']/t['tokens_per_s']:.3f}, "
+              f"final loss {g['final_loss']:.3f} vs {t['final_loss']:.3f}")
 sys.exit(0 if ok else 1)
 PY

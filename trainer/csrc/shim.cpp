@@ -11,7 +11,13 @@
 #include <ATen/core/grad_mode.h>
 
 #ifdef SHIM_CUDA
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 #include "guarded.h"
@@ -197,6 +203,106 @@ char* shim_cuda_memory_stats(int device, int64_t* allocated, int64_t* reserved, 
 char* shim_cuda_reset_peak_memory(int device) {
   return guarded([&] {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+}
+
+// A CUDA graph with its own side stream, as torch.cuda.graph uses: work is warmed up
+// and captured on the side stream (capture needs a stream other than the default),
+// and replay runs on the stream that is current then.
+// `waiter` waits on the device for the work queued on `stream` so far.
+void stream_wait(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
+  at::cuda::CUDAEvent done;
+  done.record(stream);
+  done.block(waiter);
+}
+
+struct ShimGraph {
+  explicit ShimGraph(c10::DeviceIndex d) : device(d), side(c10::cuda::getStreamFromPool(false, d)) {}
+  c10::DeviceIndex device;
+  c10::cuda::CUDAStream side;
+  at::cuda::CUDAGraph graph;
+  // Set while the side stream is current (between side_begin and side_end).
+  std::optional<c10::cuda::CUDAStreamGuard> on_side;
+  bool autocast_cache = true;
+  bool capturing = false;
+  bool captured = false;
+};
+
+char* shim_cuda_graph_new(int device, ShimGraph** out) {
+  return guarded([&] {
+    *out = nullptr;
+    TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), "CUDA device ", device, " does not exist (",
+                static_cast<int>(c10::cuda::device_count()), " visible)");
+    *out = new ShimGraph(static_cast<c10::DeviceIndex>(device));
+  });
+}
+
+void shim_cuda_graph_free(ShimGraph* g) { delete g; }
+
+// Makes the graph's side stream current, after it waits for the current stream's work.
+char* shim_cuda_graph_side_begin(ShimGraph* g) {
+  return guarded([&] {
+    TORCH_CHECK(!g->on_side, "already on the graph's side stream");
+    auto current = c10::cuda::getCurrentCUDAStream(g->device);
+    stream_wait(g->side, current);
+    g->on_side.emplace(g->side);
+  });
+}
+
+// Makes the previous stream current again; it waits for the side stream's work.
+char* shim_cuda_graph_side_end(ShimGraph* g) {
+  return guarded([&] {
+    TORCH_CHECK(g->on_side, "not on the graph's side stream");
+    g->on_side.reset();
+    stream_wait(c10::cuda::getCurrentCUDAStream(g->device), g->side);
+  });
+}
+
+// Starts capturing on the side stream. Like torch.cuda.graph, it syncs the device
+// first, and turns autocast's weight cache off (cached casts would be captured).
+char* shim_cuda_graph_capture_begin(ShimGraph* g) {
+  return guarded([&] {
+    TORCH_CHECK(!g->captured && !g->capturing, "this graph was already captured");
+    c10::cuda::device_synchronize();
+    TORCH_CHECK(!g->on_side, "capture_begin inside side_begin/side_end");
+    g->on_side.emplace(g->side);
+    g->autocast_cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    g->capturing = true;
+    try {
+      g->graph.capture_begin();
+    } catch (...) {
+      g->capturing = false;
+      at::autocast::set_autocast_cache_enabled(g->autocast_cache);
+      g->on_side.reset();
+      throw;
+    }
+  });
+}
+
+// Ends the capture (also after the captured work failed, so the stream and autocast
+// state are restored either way).
+char* shim_cuda_graph_capture_end(ShimGraph* g) {
+  return guarded([&] {
+    TORCH_CHECK(g->capturing, "capture_end without capture_begin");
+    g->capturing = false;
+    struct Restore {
+      ShimGraph* g;
+      ~Restore() {
+        at::autocast::set_autocast_cache_enabled(g->autocast_cache);
+        g->on_side.reset();
+      }
+    } restore{g};
+    g->graph.capture_end();
+    g->captured = true;
+  });
+}
+
+// Launches the captured work on the current stream.
+char* shim_cuda_graph_replay(ShimGraph* g) {
+  return guarded([&] {
+    TORCH_CHECK(g->captured, "replay before a capture");
+    g->graph.replay();
   });
 }
 #endif

@@ -35,7 +35,13 @@ pub struct BenchOptions {
     pub ddp: bool,
     /// Tokens per lm_head + loss chunk; 0: the full logits at once.
     pub loss_chunk: i64,
+    /// Capture one whole step (forward, backward, clip, AdamW) as a CUDA graph after
+    /// the warm-up, and replay it for each timed step.
+    pub cuda_graph: bool,
 }
+
+/// The learning rate every benchmark step uses.
+const LR: f64 = 3e-4;
 
 /// Peak resident memory of this process (VmHWM), GiB; Linux only.
 pub fn peak_rss_gib() -> Option<f64> {
@@ -85,12 +91,16 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
 
     let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables(), !o.gradient_checkpointing)?) } else { None };
 
+    if o.cuda_graph && (ddp.is_some() || !o.device.is_cuda()) {
+        return Err(Error::InvalidSpec("--cuda-graph needs --device cuda and no --ddp".into()));
+    }
     let vocab = model_cfg.vocab_size as i64;
-    let mut step = || -> Result<Tensor, Error> {
+    let batch = || Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device));
+    // One training step on (B, T + 1) tokens, as training takes it.
+    let mut step = |idx: &Tensor, lr: optim::Lr| -> Result<Tensor, Error> {
         if let Some((_, reducer)) = &ddp {
             reducer.prepare()?;
         }
-        let idx = Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device))?;
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
         let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
             if o.gradient_checkpointing {
@@ -108,7 +118,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             reducer.finish()?;
         }
         // As training does: the NaN check stays on the device.
-        let _ = opt.clip_and_step(&loss, 1.0, optim::Lr::Value(3e-4))?;
+        let _ = opt.clip_and_step(&loss, 1.0, lr)?;
         opt.zero_grad()?;
         Ok(loss)
     };
@@ -117,8 +127,13 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             tch::Cuda::synchronize(0);
         }
     };
-    for _ in 0..o.warmup {
-        let _ = step()?;
+    let mut graphed = None;
+    if o.cuda_graph {
+        graphed = Some(capture_step(o, &mut step, &batch)?);
+    } else {
+        for _ in 0..o.warmup {
+            let _ = step(&batch()?, optim::Lr::Value(LR))?;
+        }
     }
     sync();
     if o.device.is_cuda() {
@@ -127,7 +142,10 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let t0 = Instant::now();
     let mut loss = Tensor::f_zeros([], (Kind::Float, o.device))?;
     for _ in 0..o.steps {
-        loss = step()?;
+        loss = match &mut graphed {
+            Some(g) => g.step(&batch()?)?,
+            None => step(&batch()?, optim::Lr::Value(LR))?,
+        };
     }
     sync();
     let dt = t0.elapsed().as_secs_f64();
@@ -155,6 +173,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "attention_backend": format!("{backend:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "loss_chunk": o.loss_chunk,
+        "cuda_graph": o.cuda_graph,
         "threads": tch::get_num_threads(),
         "ddp": ddp.as_ref().map(|(g, r)| json!({
             "backend": format!("{:?}", g.backend()).to_lowercase(),
@@ -163,6 +182,59 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             "bf16_allreduce": "ok",
         })),
     }))
+}
+
+/// A training step captured as a CUDA graph: its input tokens and learning rate are
+/// the captured tensors, refilled before each replay.
+struct GraphedStep {
+    #[cfg(feature = "cuda")]
+    graph: crate::ffi::CudaGraph,
+    idx: Tensor,
+    lr: Tensor,
+    loss: Tensor,
+}
+
+impl GraphedStep {
+    /// Replays the step on `idx`'s tokens; returns its loss (the captured tensor,
+    /// which the next replay overwrites).
+    fn step(&mut self, idx: &Tensor) -> Result<Tensor, Error> {
+        self.idx.f_copy_(idx)?;
+        let _ = self.lr.f_fill_(LR)?;
+        #[cfg(feature = "cuda")]
+        self.graph.replay()?;
+        Ok(self.loss.shallow_clone())
+    }
+}
+
+/// Runs `o.warmup` steps (at least one) on the graph's side stream, then captures
+/// one, as `torch.cuda.graph`'s recipe does: nothing the capture records may be
+/// first-time work (cuBLAS handles, autograd buffers, the grads themselves).
+#[cfg(feature = "cuda")]
+fn capture_step(
+    o: &BenchOptions,
+    step: &mut impl FnMut(&Tensor, optim::Lr) -> Result<Tensor, Error>,
+    batch: &impl Fn() -> Result<Tensor, tch::TchError>,
+) -> Result<GraphedStep, Error> {
+    let mut graph = crate::ffi::CudaGraph::new(device_index(o.device))?;
+    let idx = batch()?;
+    let lr = Tensor::f_full([], LR, (Kind::Float, o.device))?;
+    graph.on_side_stream(|| {
+        for _ in 0..o.warmup.max(1) {
+            step(&idx, optim::Lr::Tensor(&lr))?;
+        }
+        Ok(())
+    })?;
+    let loss = graph.capture(|| step(&idx, optim::Lr::Tensor(&lr)))?;
+    Ok(GraphedStep { graph, idx, lr, loss })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn capture_step(
+    _: &BenchOptions,
+    _: &mut impl FnMut(&Tensor, optim::Lr) -> Result<Tensor, Error>,
+    _: &impl Fn() -> Result<Tensor, tch::TchError>,
+) -> Result<GraphedStep, Error> {
+    Err(Error::InvalidSpec("--cuda-graph needs a trainer built with --features cuda".into()))
 }
 
 /// A world-size-1 group on `device` (NCCL on CUDA) that has all-reduced a bf16 tensor

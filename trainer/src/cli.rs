@@ -340,6 +340,10 @@ pub struct BenchArgs {
     /// once (the reference's way), to measure what chunking costs or saves.
     #[arg(long, default_value_t = crate::model::LOSS_CHUNK_TOKENS)]
     pub loss_chunk: i64,
+    /// Capture the whole step (forward, backward, clip, AdamW) as one CUDA graph after
+    /// the warm-up and replay it each step (CUDA, without --ddp).
+    #[arg(long)]
+    pub cuda_graph: bool,
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -386,6 +390,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 gradient_checkpointing: args.gradient_checkpointing,
                 ddp: args.ddp,
                 loss_chunk: args.loss_chunk,
+                cuda_graph: args.cuda_graph,
             };
             println!("{}", crate::bench::run(&opts)?);
             Ok(())

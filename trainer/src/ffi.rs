@@ -62,6 +62,20 @@ mod raw {
         ) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_new(device: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_free(g: *mut std::ffi::c_void);
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_side_begin(g: *mut std::ffi::c_void) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_side_end(g: *mut std::ffi::c_void) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_capture_begin(g: *mut std::ffi::c_void) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_capture_end(g: *mut std::ffi::c_void) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_graph_replay(g: *mut std::ffi::c_void) -> *mut c_char;
     }
 }
 
@@ -311,6 +325,65 @@ pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
     check("cuda_reset_peak_memory", err)
 }
 
+/// A CUDA graph (`at::cuda::CUDAGraph`) with its own side stream, as
+/// `torch.cuda.graph` uses: warm the work up with [`CudaGraph::on_side_stream`],
+/// record it once with [`CudaGraph::capture`], then [`CudaGraph::replay`] it: one
+/// launch for all of its kernels. The captured work must not sync with the host,
+/// and replays read and write the same tensors (the captured ones), so inputs are
+/// copied into them and outputs read from them.
+#[cfg(feature = "cuda")]
+pub struct CudaGraph {
+    raw: *mut std::ffi::c_void,
+}
+
+#[cfg(feature = "cuda")]
+impl CudaGraph {
+    /// A graph for CUDA device `device`; an error where it does not exist.
+    pub fn new(device: usize) -> Result<Self, Error> {
+        let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the shim writes a heap pointer that Drop frees.
+        check("cuda_graph_new", unsafe { raw::shim_cuda_graph_new(dev, &mut raw) })?;
+        Ok(CudaGraph { raw })
+    }
+
+    /// Runs `f` with the graph's side stream current (the stream capture uses), as
+    /// warm-up before capturing; the previous stream waits for its work afterwards.
+    pub fn on_side_stream<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+        // SAFETY: self.raw is live until Drop.
+        check("cuda_graph_side_begin", unsafe { raw::shim_cuda_graph_side_begin(self.raw) })?;
+        let out = f();
+        let end = check("cuda_graph_side_end", unsafe { raw::shim_cuda_graph_side_end(self.raw) });
+        let out = out?;
+        end.map(|_| out)
+    }
+
+    /// Records the work `f` launches instead of running it; returns what `f`
+    /// returns (tensors the replays write). A graph is captured once.
+    pub fn capture<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+        // SAFETY: self.raw is live until Drop.
+        check("cuda_graph_capture_begin", unsafe { raw::shim_cuda_graph_capture_begin(self.raw) })?;
+        let out = f();
+        let end = check("cuda_graph_capture_end", unsafe { raw::shim_cuda_graph_capture_end(self.raw) });
+        let out = out?;
+        end.map(|_| out)
+    }
+
+    /// Launches the captured work on the current stream, without waiting for it.
+    pub fn replay(&self) -> Result<(), Error> {
+        // SAFETY: self.raw is live until Drop.
+        check("cuda_graph_replay", unsafe { raw::shim_cuda_graph_replay(self.raw) })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: allocated by shim_cuda_graph_new, freed once.
+        unsafe { raw::shim_cuda_graph_free(self.raw) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +391,33 @@ mod tests {
     #[test]
     fn shim_cuda_paths_follow_the_feature() {
         assert_eq!(shim_built_with_cuda(), cfg!(feature = "cuda"));
+    }
+
+    /// On a GPU: a captured step replays with new inputs and gives eager's result;
+    /// without one, creating a graph is a clear error.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_cuda_graph_replays_its_captured_work_or_is_an_error_without_a_device() {
+        if !tch::Cuda::is_available() {
+            let e = CudaGraph::new(0).err().expect("no device, no graph");
+            assert!(e.to_string().contains("CUDA device 0 does not exist"), "{e}");
+            return;
+        }
+        let opts = (tch::Kind::Float, tch::Device::Cuda(0));
+        let x = Tensor::zeros([64, 64], opts);
+        let w = Tensor::randn([64, 64], opts);
+        let mut g = CudaGraph::new(0).unwrap();
+        let work = || Ok(x.matmul(&w).relu().sum(tch::Kind::Float));
+        g.on_side_stream(work).unwrap();
+        let y = g.capture(work).unwrap();
+        let mut x2 = x.shallow_clone();
+        for seed in 0..3 {
+            let input = Tensor::randn([64, 64], opts) * (seed + 1);
+            x2.copy_(&input);
+            g.replay().unwrap();
+            let want = input.matmul(&w).relu().sum(tch::Kind::Float);
+            assert!((y.double_value(&[]) - want.double_value(&[])).abs() <= 1e-3 * want.double_value(&[]).abs().max(1.0));
+        }
     }
 
     #[cfg(feature = "cuda")]

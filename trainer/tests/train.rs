@@ -314,3 +314,16 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("nope"));
 }
+
+#[test]
+fn the_bench_refuses_a_cuda_graph_it_cannot_capture_naming_the_flag() {
+    let out = trainer_bin()
+        .args(["bench", "--preset", "nano", "--device", "cpu", "--precision", "f32", "--cuda-graph"])
+        .args(["--micro-batch", "2", "--seq", "64", "--steps", "1", "--warmup", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()), "{stderr}");
+    assert!(stderr.contains("--cuda-graph needs --device cuda"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
