@@ -9,10 +9,13 @@
 #   TRAINER=path/to/trainer bench/gpu.sh  # a prebuilt one (LD_LIBRARY_PATH to torch/lib)
 #   PRESETS="medium-large:8 xlarge:8" SEQ=2048 STEPS=20 bench/gpu.sh
 #   GRAPH_PRESETS="tiny:8 small:8"        # also the trainer with --cuda-graph ("" for none)
+#   MAX_MB=1 MEM_LIMIT_GIB=80 bench/gpu.sh # also the largest micro-batch that fits 80 GiB,
+#                                          # trainer and eager (doubling, then bisecting)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
 GRAPH_PRESETS="${GRAPH_PRESETS-tiny:8 small:8}"
+MAX_MB="${MAX_MB:-0}" MEM_LIMIT_GIB="${MEM_LIMIT_GIB:-80}"
 SEQ="${SEQ:-2048}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}"
 PYTHON="${PYTHON:-python3}"
 REFERENCE="${TORCH_REFERENCE:-../shared/reference/torch_reference.py}"
@@ -36,6 +39,52 @@ run() { # label, command...
   fi
 }
 
+# fits MB CMD...: CMD --micro-batch MB runs (0), runs out of memory (1), or fails
+# otherwise (2, with its stderr's tail).
+fits() {
+  local mb="$1"; shift
+  local err
+  if err="$("$@" --micro-batch "$mb" 2>&1 >/dev/null)"; then return 0; fi
+  if grep -qiE "out of memory|OutOfMemoryError" <<<"$err"; then return 1; fi
+  echo "$err" | tail -n 5 >&2
+  return 2
+}
+
+# largest LABEL START CMD...: the largest micro-batch that fits, doubling from START
+# until one does not (up to 4096), then bisecting; recorded as a JSON line.
+largest() {
+  local label="$1" mb="$2"; shift 2
+  local good=0 bad=0 rc
+  echo "== $label: largest micro-batch from $mb" >&2
+  while :; do
+    rc=0; fits "$mb" "$@" || rc=$?
+    case $rc in
+      0) good=$mb; mb=$((mb * 2)); [ "$mb" -le 4096 ] || break ;;
+      1) bad=$mb; break ;;
+      *) echo "{\"label\": \"$label\", \"failed\": true}" >> "$results"; return ;;
+    esac
+  done
+  while [ "$bad" -gt 0 ] && [ $((bad - good)) -gt 1 ]; do
+    mb=$(((good + bad) / 2))
+    rc=0; fits "$mb" "$@" || rc=$?
+    case $rc in
+      0) good=$mb ;;
+      1) bad=$mb ;;
+      *) echo "{\"label\": \"$label\", \"failed\": true}" >> "$results"; return ;;
+    esac
+  done
+  echo "{\"label\": \"$label\", \"largest_micro_batch\": $good, \"first_oom\": $bad, \"memory_limit_gib\": $MEM_LIMIT_GIB}" >> "$results"
+}
+
+# The reference under the same cap (torch.cuda.set_per_process_memory_fraction).
+capped_reference() {
+  "$PYTHON" -c 'import runpy, sys, torch
+limit = float(sys.argv[1]) * 2**30
+torch.cuda.set_per_process_memory_fraction(min(1.0, limit / torch.cuda.get_device_properties(0).total_memory))
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")' "$MEM_LIMIT_GIB" "$REFERENCE" "$@"
+}
+
 # Correctness: both sides train a small model on random tokens to a similar loss.
 run check-trainer "$TRAINER" bench --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2 --precision bf16-mixed
 run check-reference "$PYTHON" "$REFERENCE" --preset tiny --micro-batch 4 --seq 512 --steps 10 --warmup 2
@@ -50,6 +99,15 @@ for pm in $PRESETS $GRAPH_PRESETS; do
   run "$preset eager" "$PYTHON" "$REFERENCE" "${common[@]}"
   run "$preset compile" "$PYTHON" "$REFERENCE" "${common[@]}" --compile
 done
+
+if [ "$MAX_MB" = 1 ]; then
+  for pm in $PRESETS; do
+    preset="${pm%%:*}" mb="${pm##*:}"
+    short=(--preset "$preset" --seq "$SEQ" --steps 1 --warmup 1)
+    largest "$preset max-mb trainer" "$mb" "$TRAINER" bench "${short[@]}" --precision bf16-mixed --memory-limit-gib "$MEM_LIMIT_GIB"
+    largest "$preset max-mb eager" "$mb" capped_reference "${short[@]}"
+  done
+fi
 
 if [ -n "${OUT:-}" ]; then
   cp "$results" "$OUT/gpu-bench.jsonl"
@@ -85,5 +143,12 @@ for p in dict.fromkeys(presets):
     if g and not g.get("failed") and t and not t.get("failed"):
         print(f"{'':<14}CUDA graph / plain trainer {g['tokens_per_s']/t['tokens_per_s']:.3f}, "
               f"final loss {g['final_loss']:.3f} vs {t['final_loss']:.3f}")
+for label, r in by.items():
+    if " max-mb " in label:
+        if r.get("failed"):
+            print(f"{label}: FAILED (not an out-of-memory error)"); ok = False
+        else:
+            print(f"{label}: largest micro-batch {r['largest_micro_batch']} × seq under {r['memory_limit_gib']} GiB "
+                  f"(first out of memory: {r['first_oom'] or 'none up to 4096'})")
 sys.exit(0 if ok else 1)
 PY

@@ -1,5 +1,6 @@
 // ATen entry points that tch 0.24 does not expose: fused AdamW, foreach gradient
-// clipping and the SDPA backend switches. Every function is extern "C", catches
+// clipping, the SDPA backend switches and, with CUDA, the caching allocator's
+// counters and cap and CUDA graphs. Every function is extern "C", catches
 // every C++ exception and returns it as a malloc'd message (NULL on success) that
 // Rust frees with shim_free_string; nothing may unwind across the FFI boundary.
 //
@@ -12,6 +13,7 @@
 
 #ifdef SHIM_CUDA
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -22,6 +24,7 @@
 
 #include "guarded.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -203,6 +206,19 @@ char* shim_cuda_memory_stats(int device, int64_t* allocated, int64_t* reserved, 
 char* shim_cuda_reset_peak_memory(int device) {
   return guarded([&] {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+}
+
+// Caps what the caching allocator may hold on one device at `bytes` (as
+// torch.cuda.set_per_process_memory_fraction does; beyond it allocations fail with
+// "CUDA out of memory"), and writes the device's total memory.
+char* shim_cuda_limit_memory(int device, double bytes, int64_t* total) {
+  return guarded([&] {
+    TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), "CUDA device ", device, " does not exist");
+    const auto d = static_cast<c10::DeviceIndex>(device);
+    *total = static_cast<int64_t>(at::cuda::getDeviceProperties(d)->totalGlobalMem);
+    TORCH_CHECK(bytes > 0, "the memory limit must be positive");
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, bytes / static_cast<double>(*total)), d);
   });
 }
 

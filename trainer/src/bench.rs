@@ -38,6 +38,8 @@ pub struct BenchOptions {
     /// Capture one whole step (forward, backward, clip, AdamW) as a CUDA graph after
     /// the warm-up, and replay it for each timed step.
     pub cuda_graph: bool,
+    /// Cap the CUDA caching allocator at this many GiB, as on a smaller GPU.
+    pub memory_limit_gib: Option<f64>,
 }
 
 /// The learning rate every benchmark step uses.
@@ -91,6 +93,9 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
 
     let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables(), !o.gradient_checkpointing)?) } else { None };
 
+    if let Some(gib) = o.memory_limit_gib {
+        limit_cuda_memory(o.device, gib)?;
+    }
     if o.cuda_graph && (ddp.is_some() || !o.device.is_cuda()) {
         return Err(Error::InvalidSpec("--cuda-graph needs --device cuda and no --ddp".into()));
     }
@@ -174,6 +179,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "gradient_checkpointing": o.gradient_checkpointing,
         "loss_chunk": o.loss_chunk,
         "cuda_graph": o.cuda_graph,
+        "memory_limit_gib": o.memory_limit_gib,
         "threads": tch::get_num_threads(),
         "ddp": ddp.as_ref().map(|(g, r)| json!({
             "backend": format!("{:?}", g.backend()).to_lowercase(),
@@ -182,6 +188,21 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             "bf16_allreduce": "ok",
         })),
     }))
+}
+
+#[cfg(feature = "cuda")]
+fn limit_cuda_memory(device: Device, gib: f64) -> Result<(), Error> {
+    if !device.is_cuda() {
+        return Err(Error::InvalidSpec("--memory-limit-gib needs --device cuda".into()));
+    }
+    let total = crate::ffi::cuda_limit_memory(device_index(device), gib * (1u64 << 30) as f64)?;
+    tracing::info!("CUDA memory capped at {gib} GiB of {:.1} GiB", total as f64 / (1u64 << 30) as f64);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn limit_cuda_memory(_: Device, _: f64) -> Result<(), Error> {
+    Err(Error::InvalidSpec("--memory-limit-gib needs a trainer built with --features cuda and --device cuda".into()))
 }
 
 /// A training step captured as a CUDA graph: its input tokens and learning rate are
@@ -220,7 +241,7 @@ fn capture_step(
     let lr = Tensor::f_full([], LR, (Kind::Float, o.device))?;
     graph.on_side_stream(|| {
         for _ in 0..o.warmup.max(1) {
-            step(&idx, optim::Lr::Tensor(&lr))?;
+            let _ = step(&idx, optim::Lr::Tensor(&lr))?;
         }
         Ok(())
     })?;

@@ -344,6 +344,10 @@ pub struct BenchArgs {
     /// the warm-up and replay it each step (CUDA, without --ddp).
     #[arg(long)]
     pub cuda_graph: bool,
+    /// Cap the CUDA caching allocator at this many GiB (e.g. 80 on a larger GPU), so
+    /// that the largest micro-batch found fits that GPU.
+    #[arg(long)]
+    pub memory_limit_gib: Option<f64>,
 }
 
 pub fn execute(cli: Cli) -> Result<(), Error> {
@@ -391,6 +395,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 ddp: args.ddp,
                 loss_chunk: args.loss_chunk,
                 cuda_graph: args.cuda_graph,
+                memory_limit_gib: args.memory_limit_gib,
             };
             println!("{}", crate::bench::run(&opts)?);
             Ok(())
@@ -564,7 +569,12 @@ fn bench_device(arg: Option<&str>) -> Result<tch::Device, Error> {
     Ok(match arg {
         None if tch::Cuda::is_available() => tch::Device::Cuda(0),
         None | Some("cpu") => tch::Device::Cpu,
-        Some("cuda") => tch::Device::Cuda(0),
+        Some("cuda") if tch::Cuda::is_available() => tch::Device::Cuda(0),
+        Some("cuda") => {
+            return Err(Error::InvalidSpec(
+                "--device cuda: no CUDA device is visible (or this trainer was built without the `cuda` feature)".into(),
+            ));
+        }
         Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
     })
 }

@@ -63,6 +63,8 @@ mod raw {
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
         #[cfg(feature = "cuda")]
+        pub fn shim_cuda_limit_memory(device: c_int, bytes: f64, total: *mut i64) -> *mut c_char;
+        #[cfg(feature = "cuda")]
         pub fn shim_cuda_graph_new(device: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_graph_free(g: *mut std::ffi::c_void);
@@ -323,6 +325,18 @@ pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
     // SAFETY: as above.
     let err = unsafe { raw::shim_cuda_reset_peak_memory(dev) };
     check("cuda_reset_peak_memory", err)
+}
+
+/// Caps the caching allocator on CUDA device `device` at `bytes` (beyond it
+/// allocations fail as out of memory, as on a smaller GPU); returns the device's
+/// total memory in bytes.
+#[cfg(feature = "cuda")]
+pub fn cuda_limit_memory(device: usize, bytes: f64) -> Result<i64, Error> {
+    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
+    let mut total = 0;
+    // SAFETY: the shim writes one i64; a bad device throws and comes back as Err.
+    check("cuda_limit_memory", unsafe { raw::shim_cuda_limit_memory(dev, bytes, &mut total) })?;
+    Ok(total)
 }
 
 /// A CUDA graph (`at::cuda::CUDAGraph`) with its own side stream, as

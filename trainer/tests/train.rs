@@ -316,14 +316,27 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
 }
 
 #[test]
-fn the_bench_refuses_a_cuda_graph_it_cannot_capture_naming_the_flag() {
-    let out = trainer_bin()
-        .args(["bench", "--preset", "nano", "--device", "cpu", "--precision", "f32", "--cuda-graph"])
-        .args(["--micro-batch", "2", "--seq", "64", "--steps", "1", "--warmup", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()), "{stderr}");
-    assert!(stderr.contains("--cuda-graph needs --device cuda"), "{stderr}");
-    assert!(out.stdout.is_empty());
+fn the_bench_refuses_cuda_only_flags_on_cpu_naming_the_flag() {
+    for (flag, message) in [
+        (&["--cuda-graph"][..], "--cuda-graph needs"),
+        (&["--memory-limit-gib", "80"][..], "--memory-limit-gib needs"),
+    ] {
+        let out = trainer_bin()
+            .args(["bench", "--preset", "nano", "--device", "cpu", "--precision", "f32"])
+            .args(["--micro-batch", "2", "--seq", "64", "--steps", "1", "--warmup", "1"])
+            .args(flag)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()), "{stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    // No GPU here (CI): asking for one is the same clear error, not a crash.
+    if !tch::Cuda::is_available() {
+        let out = trainer_bin().args(["bench", "--preset", "nano", "--device", "cuda", "--steps", "1"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()), "{stderr}");
+        assert!(stderr.contains("--device cuda: no CUDA device is visible"), "{stderr}");
+    }
 }
