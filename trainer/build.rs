@@ -9,15 +9,9 @@ fn main() {
     // it finds libtorch without LD_LIBRARY_PATH.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     if cuda {
-        // The shim's CUDA graph and event code calls the CUDA runtime directly; the
-        // wheel keeps it beside torch, where torch's own rpath finds it.
-        let cudart = Path::new(&lib).join("../../nvidia/cu13/lib");
-        let cudart = cudart.canonicalize().unwrap_or(cudart);
-        println!("cargo:rustc-link-search=native={}", cudart.display());
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", cudart.display());
         // libtorch_cuda registers the CUDA backend from static initializers; nothing
         // references it by symbol, so it must be linked with --no-as-needed.
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-lc10_cuda,-l:libcudart.so.13,--as-needed");
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-lc10_cuda,--as-needed");
     }
     println!("cargo:rerun-if-changed=build.rs");
 }

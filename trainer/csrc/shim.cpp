@@ -14,11 +14,10 @@
 #ifdef SHIM_CUDA
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -225,12 +224,38 @@ char* shim_cuda_limit_memory(int device, double bytes, int64_t* total) {
 // A CUDA graph with its own side stream, as torch.cuda.graph uses: work is warmed up
 // and captured on the side stream (capture needs a stream other than the default),
 // and replay runs on the stream that is current then.
-// `waiter` waits on the device for the work queued on `stream` so far.
+// `waiter` waits on the device for the work queued on `stream` so far. (c10::Event
+// goes through c10_cuda, so the shim needs no CUDA runtime symbols of its own.)
 void stream_wait(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
-  at::cuda::CUDAEvent done;
-  done.record(stream);
-  done.block(waiter);
+  c10::Event done(c10::DeviceType::CUDA);
+  done.record(stream.unwrap());
+  done.block(waiter.unwrap());
 }
+
+// Makes `stream` and its device current until destroyed, then restores both: a
+// CUDAStreamGuard without its inline guard implementation, which would call the CUDA
+// runtime from the shim (everything here goes through c10_cuda).
+class CurrentStream {
+ public:
+  explicit CurrentStream(const c10::cuda::CUDAStream& stream)
+      : device_(c10::cuda::current_device()), prev_(c10::cuda::getCurrentCUDAStream(stream.device_index())) {
+    c10::cuda::set_device(stream.device_index());
+    c10::cuda::setCurrentCUDAStream(stream);
+  }
+  ~CurrentStream() {
+    try {
+      c10::cuda::setCurrentCUDAStream(prev_);
+      c10::cuda::set_device(device_);
+    } catch (...) {
+    }
+  }
+  CurrentStream(const CurrentStream&) = delete;
+  CurrentStream& operator=(const CurrentStream&) = delete;
+
+ private:
+  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream prev_;
+};
 
 struct ShimGraph {
   explicit ShimGraph(c10::DeviceIndex d) : device(d), side(c10::cuda::getStreamFromPool(false, d)) {}
@@ -238,7 +263,7 @@ struct ShimGraph {
   c10::cuda::CUDAStream side;
   at::cuda::CUDAGraph graph;
   // Set while the side stream is current (between side_begin and side_end).
-  std::optional<c10::cuda::CUDAStreamGuard> on_side;
+  std::optional<CurrentStream> on_side;
   bool autocast_cache = true;
   bool capturing = false;
   bool captured = false;
