@@ -9,15 +9,15 @@
 #   TRAINER=path/to/trainer bench/gpu.sh  # a prebuilt one (LD_LIBRARY_PATH to torch/lib)
 #   PRESETS="medium-large:8 xlarge:8" SEQ=2048 STEPS=20 bench/gpu.sh
 #   GRAPH_PRESETS="tiny:8 small:8"        # also the trainer with --cuda-graph ("" for none)
-#   MAX_MB=1 MEM_LIMIT_GIB=80 bench/gpu.sh # also the largest micro-batch that fits 80 GiB,
-#                                          # trainer and eager (doubling, then bisecting)
+#   MAX_MB_PRESETS="xlarge:8" MEM_LIMIT_GIB=80 bench/gpu.sh   # the largest micro-batch that
+#                                          # fits 80 GiB, trainer and eager (doubling from 8, then bisecting)
 #   CHECK=0 bench/gpu.sh                   # skip the correctness check (a later call of a split job)
 # One device command may run 10 minutes: split the presets over calls (docs/perf.md, runbook).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
 GRAPH_PRESETS="${GRAPH_PRESETS-tiny:8 small:8}"
-MAX_MB="${MAX_MB:-0}" MEM_LIMIT_GIB="${MEM_LIMIT_GIB:-80}" CHECK="${CHECK:-1}"
+MAX_MB_PRESETS="${MAX_MB_PRESETS:-}" MEM_LIMIT_GIB="${MEM_LIMIT_GIB:-80}" CHECK="${CHECK:-1}"
 SEQ="${SEQ:-2048}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}"
 PYTHON="${PYTHON:-python3}"
 REFERENCE="${TORCH_REFERENCE:-../shared/reference/torch_reference.py}"
@@ -104,14 +104,12 @@ for pm in $PRESETS $GRAPH_PRESETS; do
   run "$preset compile" "$PYTHON" "$REFERENCE" "${common[@]}" --compile
 done
 
-if [ "$MAX_MB" = 1 ]; then
-  for pm in $PRESETS; do
-    preset="${pm%%:*}" mb="${pm##*:}"
-    short=(--preset "$preset" --seq "$SEQ" --steps 1 --warmup 1)
-    largest "$preset max-mb trainer" "$mb" "$TRAINER" bench "${short[@]}" --precision bf16-mixed --memory-limit-gib "$MEM_LIMIT_GIB"
-    largest "$preset max-mb eager" "$mb" capped_reference "${short[@]}"
-  done
-fi
+for pm in $MAX_MB_PRESETS; do
+  preset="${pm%%:*}" mb="${pm##*:}"
+  short=(--preset "$preset" --seq "$SEQ" --steps 1 --warmup 1)
+  largest "$preset max-mb trainer" "$mb" "$TRAINER" bench "${short[@]}" --precision bf16-mixed --memory-limit-gib "$MEM_LIMIT_GIB"
+  largest "$preset max-mb eager" "$mb" capped_reference "${short[@]}"
+done
 
 if [ -n "${OUT:-}" ]; then
   cp "$results" "$OUT/gpu-bench.jsonl"
