@@ -129,7 +129,7 @@ elif abs(a["final_loss"] - b["final_loss"]) > 0.5:
 else:
     print(f"correctness: tiny on random tokens, final loss {a['final_loss']:.3f} (trainer) vs {b['final_loss']:.3f} (eager)")
 print(f"{'preset':<14}{'impl':<10}{'tokens/s':>12}{'MFU':>8}{'peak GiB':>10}{'backend':>12}")
-presets = [l.split()[0] for l in by if l.endswith(" trainer")]
+presets = [l.split()[0] for l in by if l.endswith(" trainer") and " max-mb " not in l]
 for p in dict.fromkeys(presets):
     for impl in ("trainer", "graph", "eager", "compile"):
         if impl == "graph" and f"{p} graph" not in by:
