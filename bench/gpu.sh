@@ -152,7 +152,7 @@ for label, r in by.items():
         if r.get("failed"):
             print(f"{label}: FAILED (not an out-of-memory error)"); ok = False
         else:
-            print(f"{label}: largest micro-batch {r['largest_micro_batch']} × seq under {r['memory_limit_gib']} GiB "
+            print(f"{label}: largest micro-batch {r['largest_micro_batch']} under {r['memory_limit_gib']} GiB "
                   f"(first out of memory: {r['first_oom'] or 'none up to 4096'})")
 sys.exit(0 if ok else 1)
 PY
