@@ -222,6 +222,7 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         return Verdict::Restart { reason: f.reason.clone(), message: f.message.clone(), counts: false };
     }
     if let Some(f) = first(Kind::Retriable) {
+        let f = cause_of(f, &failures);
         return Verdict::Restart { reason: f.reason.clone(), message: f.message.clone(), counts: true };
     }
     if let Some(c) = job_condition(job, "Failed").or_else(|| job_condition(job, "FailureTarget")) {
@@ -251,6 +252,24 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
 
 fn terminated_ok(pod: &Pod) -> Option<&ContainerStateTerminated> {
     terminated(pod).filter(|t| t.exit_code == 0)
+}
+
+/// A peer whose failure finished within this many seconds of a collective timeout
+/// caused it (`finishedAt` has one-second resolution, so they often tie).
+const SYMPTOM_WINDOW_SECS: u64 = 10;
+
+/// The failure to report for a restart: `first`, unless it is a collective timeout
+/// (the symptom on the ranks left waiting) and another pod failed for another reason
+/// within moments of it (the cause: a crash, a killed process).
+fn cause_of<'f>(first: &'f PodFailure, failures: &'f [PodFailure]) -> &'f PodFailure {
+    if first.reason != FailureReason::CollectiveTimeout.as_str() {
+        return first;
+    }
+    let near = |at: Option<Timestamp>| match (first.at, at) {
+        (Some(a), Some(b)) => seconds_between(a.min(b), a.max(b)) <= SYMPTOM_WINDOW_SECS,
+        _ => false,
+    };
+    failures.iter().find(|f| f.kind == Kind::Retriable && f.reason != first.reason && near(f.at)).unwrap_or(first)
 }
 
 /// "… failed with exit code 86 …" → 86.
@@ -348,6 +367,28 @@ pub(crate) mod tests {
         let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(9), detail: "allreduce".into() };
         let Verdict::Restart { reason, counts, .. } = verdict(&job(json!([])), &[exited(1, 88, "Error", &timeout.to_json())]) else { panic!() };
         assert_eq!((reason.as_str(), counts), ("CollectiveTimeout", true));
+    }
+
+    #[test]
+    fn a_peer_crash_next_to_a_collective_timeout_is_reported_as_the_cause() {
+        let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(9), detail: "a peer died".into() };
+        let at = |p: Pod, t: &str| {
+            let mut v = serde_json::to_value(p).unwrap();
+            v["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = json!(t);
+            serde_json::from_value::<Pod>(v).unwrap()
+        };
+        let waiting = |t: &str| at(exited(0, 88, "Error", &timeout.to_json()), t);
+        let killed = |t: &str| at(exited(1, 137, "Error", ""), t);
+        // The same second, the timeout listed first: the kill is the cause.
+        for pods in [[waiting("2026-01-01T01:00:00Z"), killed("2026-01-01T01:00:00Z")], [killed("2026-01-01T01:00:03Z"), waiting("2026-01-01T01:00:00Z")]] {
+            let Verdict::Restart { reason, message, counts } = verdict(&job(json!([])), &pods) else { panic!() };
+            assert_eq!((reason.as_str(), counts), ("PodFailed", true));
+            assert!(message.contains("(node rank 1) exited with code 137 (SIGKILL)"), "{message}");
+        }
+        // A crash long after the timeout is a separate event: the first failure stands.
+        let pods = [waiting("2026-01-01T01:00:00Z"), killed("2026-01-01T01:05:00Z")];
+        let Verdict::Restart { reason, .. } = verdict(&job(json!([])), &pods) else { panic!() };
+        assert_eq!(reason, "CollectiveTimeout");
     }
 
     #[test]
