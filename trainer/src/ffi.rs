@@ -346,6 +346,9 @@ pub fn cuda_limit_memory(device: usize, bytes: f64) -> Result<i64, Error> {
 /// and replays read and write the same tensors (the captured ones), so inputs are
 /// copied into them and outputs read from them.
 #[cfg(feature = "cuda")]
+type GraphCall = unsafe extern "C" fn(*mut std::ffi::c_void) -> *mut c_char;
+
+#[cfg(feature = "cuda")]
 pub struct CudaGraph {
     raw: *mut std::ffi::c_void,
 }
@@ -364,23 +367,24 @@ impl CudaGraph {
     /// Runs `f` with the graph's side stream current (the stream capture uses), as
     /// warm-up before capturing; the previous stream waits for its work afterwards.
     pub fn on_side_stream<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-        // SAFETY: self.raw is live until Drop.
-        check("cuda_graph_side_begin", unsafe { raw::shim_cuda_graph_side_begin(self.raw) })?;
-        let out = f();
-        let end = check("cuda_graph_side_end", unsafe { raw::shim_cuda_graph_side_end(self.raw) });
-        let out = out?;
-        end.map(|_| out)
+        self.between(("cuda_graph_side_begin", raw::shim_cuda_graph_side_begin), ("cuda_graph_side_end", raw::shim_cuda_graph_side_end), f)
     }
 
     /// Records the work `f` launches instead of running it; returns what `f`
     /// returns (tensors the replays write). A graph is captured once.
     pub fn capture<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+        self.between(("cuda_graph_capture_begin", raw::shim_cuda_graph_capture_begin), ("cuda_graph_capture_end", raw::shim_cuda_graph_capture_end), f)
+    }
+
+    /// Runs `f` between two shim calls on this graph; the second runs even when `f`
+    /// fails, and `f`'s error comes first.
+    fn between<T>(&mut self, begin: (&str, GraphCall), end: (&str, GraphCall), f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
         // SAFETY: self.raw is live until Drop.
-        check("cuda_graph_capture_begin", unsafe { raw::shim_cuda_graph_capture_begin(self.raw) })?;
+        check(begin.0, unsafe { (begin.1)(self.raw) })?;
         let out = f();
-        let end = check("cuda_graph_capture_end", unsafe { raw::shim_cuda_graph_capture_end(self.raw) });
+        let ended = check(end.0, unsafe { (end.1)(self.raw) });
         let out = out?;
-        end.map(|_| out)
+        ended.map(|_| out)
     }
 
     /// Launches the captured work on the current stream, without waiting for it.

@@ -14,7 +14,7 @@ use trainer::status::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{scratch, trainer_bin};
+use common::{scratch, trainer_bin, wait_for_steps};
 
 /// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
 const MANIFEST: &str = r#"
@@ -235,11 +235,7 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoin
             .spawn()
             .unwrap();
         let log = out.join("metrics.jsonl");
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while step_count(&log) < 2 {
-            assert!(Instant::now() < deadline, "{name}: the run did not reach step 2");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_steps(&log, 2, name);
         let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
         assert!(kill.success());
         assert_eq!(child.wait().unwrap().code(), Some(143), "{name}");
@@ -249,10 +245,6 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoin
         let latest = std::fs::read_to_string(out.join("latest")).unwrap();
         assert_eq!(latest.trim(), format!("step-{last_step:08}"), "{name}: rank 0 checkpoints the step every rank stopped after");
     }
-}
-
-fn step_count(log: &Path) -> usize {
-    std::fs::read_to_string(log).unwrap_or_default().matches("\"kind\":\"step\"").count()
 }
 
 #[test]

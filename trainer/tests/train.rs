@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
@@ -14,7 +13,7 @@ use trainer::status::SharedStatus;
 use trainer::train::{Outcome, RunOptions, Trainer};
 
 mod common;
-use common::{scratch, trainer_bin};
+use common::{scratch, trainer_bin, wait_for_steps};
 
 /// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
 const MANIFEST: &str = r#"
@@ -211,15 +210,7 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
         .spawn()
         .unwrap();
     let log = out.join("metrics.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let steps = std::fs::read_to_string(&log).unwrap_or_default().matches("\"kind\":\"step\"").count();
-        if steps >= 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the run did not reach step 2");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_steps(&log, 2, "sigterm");
     // Rank 0's status document, as the operator reads it, while the run trains.
     let status: serde_json::Value = serde_json::from_str(&http_get(port, "/status")).unwrap();
     assert_eq!(status["phase"], "training", "{status}");

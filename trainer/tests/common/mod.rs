@@ -1,8 +1,9 @@
 //! Helpers of the trainer's integration tests; each test binary uses some of them.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// A fresh directory for one test, unique to this test process.
 pub fn scratch(name: &str) -> PathBuf {
@@ -22,4 +23,18 @@ pub fn trainer_bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
     cmd.env("TRAINER_CACHE", cache()).env("RUST_LOG", "warn");
     cmd
+}
+
+/// Step records in a run's metrics.jsonl so far (0 before it exists).
+pub fn logged_steps(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().matches("\"kind\":\"step\"").count()
+}
+
+/// Waits (up to 5 minutes) until the run logging to `log` has recorded `n` steps.
+pub fn wait_for_steps(log: &Path, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while logged_steps(log) < n {
+        assert!(Instant::now() < deadline, "{what}: the run did not reach step {n}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
