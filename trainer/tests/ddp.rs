@@ -3,7 +3,7 @@
 //! launch` for resume, SIGTERM and a worker that dies.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crds::config::RunConfig;
@@ -14,7 +14,7 @@ use trainer::status::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{scratch, trainer_bin, wait_for_steps};
+use common::{run_until_step, scratch, sigterm, trainer_bin};
 
 /// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
 const MANIFEST: &str = r#"
@@ -227,17 +227,9 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoin
     // Reading back every step, and every 3 steps (the ranks agree only at reads).
     for (name, sync_every) in [("every", "1"), ("deferred", "3")] {
         let out = dir.join(name);
-        let mut child = trainer_bin()
-            .args(["run", "--no-sample", "--sync-every", sync_every, "-o"])
-            .arg(&out)
-            .arg(&manifest)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = run_until_step(&manifest, &out, &["--sync-every", sync_every], 2, name);
+        sigterm(&child);
         let log = out.join("metrics.jsonl");
-        wait_for_steps(&log, 2, name);
-        let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-        assert!(kill.success());
         assert_eq!(child.wait().unwrap().code(), Some(143), "{name}");
         let steps = step_losses(&log);
         let last_step = steps.last().unwrap().0;

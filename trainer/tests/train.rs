@@ -3,7 +3,6 @@
 //! failure contract's exit codes.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -13,7 +12,7 @@ use trainer::status::SharedStatus;
 use trainer::train::{Outcome, RunOptions, Trainer};
 
 mod common;
-use common::{scratch, trainer_bin, wait_for_steps};
+use common::{run_until_step, scratch, sigterm, trainer_bin};
 
 /// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
 const MANIFEST: &str = r#"
@@ -202,15 +201,8 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
     std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"200K\"")).unwrap();
     let out = dir.join("out");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = trainer_bin()
-        .args(["run", "--no-sample", "--status-addr", &format!("127.0.0.1:{port}"), "-o"])
-        .arg(&out)
-        .arg(&manifest)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = run_until_step(&manifest, &out, &["--status-addr", &format!("127.0.0.1:{port}")], 2, "sigterm");
     let log = out.join("metrics.jsonl");
-    wait_for_steps(&log, 2, "sigterm");
     // Rank 0's status document, as the operator reads it, while the run trains.
     let status: serde_json::Value = serde_json::from_str(&http_get(port, "/status")).unwrap();
     assert_eq!(status["phase"], "training", "{status}");
@@ -218,8 +210,7 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
     assert_eq!(status["totalSteps"], 390, "{status}");
     assert!(status["loss"].as_f64().unwrap().is_finite(), "{status}");
     assert!(http_get(port, "/metrics").contains("trainer_step "));
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
+    sigterm(&child);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(143));
     let records = trainer::metrics_log::read(&log).unwrap();

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A fresh directory for one test, unique to this test process.
@@ -37,4 +37,25 @@ pub fn wait_for_steps(log: &Path, n: usize, what: &str) {
         assert!(Instant::now() < deadline, "{what}: the run did not reach step {n}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// `trainer run --no-sample <extra> -o <out> <manifest>` in the background, returned
+/// once it has logged `steps` steps.
+pub fn run_until_step(manifest: &Path, out: &Path, extra: &[&str], steps: usize, what: &str) -> Child {
+    let child = trainer_bin()
+        .args(["run", "--no-sample"])
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .arg(manifest)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&out.join("metrics.jsonl"), steps, what);
+    child
+}
+
+/// Sends SIGTERM to `child`.
+pub fn sigterm(child: &Child) {
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
 }
