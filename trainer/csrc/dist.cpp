@@ -98,7 +98,6 @@ struct Bucket {
 struct Reducer {
   std::mutex mu;
   Group* group = nullptr;
-  bool overlap = true;
   std::vector<at::Tensor> params;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hook_keys;
@@ -136,10 +135,10 @@ struct Reducer {
 
   void on_grad_ready(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!armed || !overlap) return;
+    if (!armed) return;
     TORCH_CHECK(!ready[i], "gradient reducer: parameter ", i,
                 " received a gradient twice in one synchronized backward pass; "
-                "run it with overlap off");
+                "backpropagate each parameter's whole gradient in one accumulation");
     stage(i);
     launch_ready();
   }
@@ -263,15 +262,14 @@ void shim_work_free(void* w) { delete static_cast<Work*>(w); }
 // A gradient reducer over n leaf parameters. bucket_of[i] is param i's bucket;
 // buckets are launched in index order, so index 0 should hold the parameters whose
 // gradients backward produces first. Every bucket's params share dtype and device.
-// With overlap, buckets are all-reduced from AccumulateGrad hooks as they fill;
-// without, everything is staged and reduced in finish.
+// Buckets are all-reduced from AccumulateGrad hooks as they fill, so each param must
+// get its whole gradient in one accumulation per armed pass.
 char* shim_reducer_new(void* gp, at::Tensor* const* params, const int64_t* bucket_of, size_t n, size_t n_buckets,
-                       int overlap, void** out) {
+                       void** out) {
   return guarded([&] {
     *out = nullptr;
     auto r = std::make_shared<Reducer>();
     r->group = static_cast<Group*>(gp);
-    r->overlap = overlap != 0;
     r->buckets.resize(n_buckets);
     r->bucket_of.resize(n);
     r->slot_of.resize(n);

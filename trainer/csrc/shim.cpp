@@ -1,5 +1,5 @@
-// ATen entry points that tch 0.24 does not expose: fused AdamW, foreach gradient
-// clipping, the SDPA backend switches and, with CUDA, the caching allocator's
+// ATen entry points that tch 0.24 does not expose: backward from several roots with
+// given gradients, fused AdamW, foreach gradient clipping, the SDPA backend switches and, with CUDA, the caching allocator's
 // counters and cap and CUDA graphs. Every function is extern "C", catches
 // every C++ exception and returns it as a malloc'd message (NULL on success) that
 // Rust frees with shim_free_string; nothing may unwind across the FFI boundary.
@@ -10,6 +10,7 @@
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #ifdef SHIM_CUDA
 #include <ATen/autocast_mode.h>
@@ -70,6 +71,16 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vecto
 extern "C" {
 
 void shim_free_string(char* s) { std::free(s); }
+
+// torch.autograd.backward(roots, grads): one engine pass from n roots (leaves
+// allowed) that accumulates into every reached leaf's .grad. A leaf reached along
+// several paths gets their sum in one AccumulateGrad call, which is what the gradient
+// reducer's hooks count on.
+char* shim_backward(at::Tensor* const* roots, at::Tensor* const* grads, size_t n) {
+  return guarded([&] {
+    torch::autograd::backward(to_list(roots, n, "roots"), to_list(grads, n, "grads"));
+  });
+}
 
 // One AdamW step over n parameters (torch.optim.AdamW with fused=True, amsgrad and
 // maximize off). steps are f32 0-dim tensors on each param's device. The learning

@@ -91,7 +91,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let act = if autocast { Kind::BFloat16 } else { kind };
     let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
-    let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables(), !o.gradient_checkpointing)?) } else { None };
+    let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables())?) } else { None };
 
     if let Some(gib) = o.memory_limit_gib {
         limit_cuda_memory(o.device, gib)?;
@@ -109,7 +109,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
         let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
             if o.gradient_checkpointing {
-                Ok(model.backward_checkpointed(&x, &y, 1.0)?)
+                let chunk = if o.loss_chunk > 0 { o.loss_chunk } else { crate::model::LOSS_CHUNK_TOKENS };
+                Ok(model.backward_checkpointed(&x, &y, 1.0, chunk)?)
             } else {
                 if o.loss_chunk > 0 {
                     return Ok(model.backward_chunked(&x, &y, 1.0, o.loss_chunk)?);
@@ -260,7 +261,7 @@ fn capture_step(
 
 /// A world-size-1 group on `device` (NCCL on CUDA) that has all-reduced a bf16 tensor
 /// correctly, and a gradient reducer over `params`.
-fn data_parallel(device: Device, params: &[Tensor], overlap: bool) -> Result<(Arc<ProcessGroup>, GradReducer), Error> {
+fn data_parallel(device: Device, params: &[Tensor]) -> Result<(Arc<ProcessGroup>, GradReducer), Error> {
     let group = Arc::new(ProcessGroup::new(&GroupOptions {
         backend: Backend::for_device(device),
         master_addr: "127.0.0.1".into(),
@@ -276,7 +277,7 @@ fn data_parallel(device: Device, params: &[Tensor], overlap: bool) -> Result<(Ar
     if t.f_eq(3.0)?.f_all()?.f_int64_value(&[])? == 0 {
         return Err(Error::Shim(format!("{:?} all-reduce of a bf16 tensor of 3s did not give 3s", group.backend())));
     }
-    let reducer = GradReducer::new(group.clone(), params, DEFAULT_BUCKET_CAP_BYTES, overlap)?;
+    let reducer = GradReducer::new(group.clone(), params, DEFAULT_BUCKET_CAP_BYTES)?;
     Ok((group, reducer))
 }
 

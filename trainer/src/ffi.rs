@@ -5,7 +5,7 @@
 
 use std::ffi::{CStr, c_char, c_int};
 
-use tch::Tensor;
+use tch::{TchError, Tensor};
 use torch_sys::C_tensor;
 
 use crate::Error;
@@ -15,6 +15,7 @@ mod raw {
 
     unsafe extern "C" {
         pub fn shim_free_string(s: *mut c_char);
+        pub fn shim_backward(roots: *const *mut C_tensor, grads: *const *mut C_tensor, n: usize) -> *mut c_char;
         #[allow(clippy::too_many_arguments)]
         pub fn shim_fused_adamw(
             params: *const *mut C_tensor,
@@ -103,6 +104,17 @@ pub(crate) fn take_message(err: *mut c_char) -> Option<String> {
 
 pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
     ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
+}
+
+/// `torch.autograd.backward(roots, grads)`: backpropagates `grads[i]` from `roots[i]`
+/// (a leaf too) in one engine pass, so a parameter reached from several roots gets a
+/// single accumulation of their sum, as in one `loss.backward()`.
+pub fn backward(roots: &[Tensor], grads: &[Tensor]) -> Result<(), TchError> {
+    assert_eq!(roots.len(), grads.len(), "one gradient per root");
+    let (r, g) = (ptrs(roots), ptrs(grads));
+    // SAFETY: parallel lists of live tensors; the shim only reads them.
+    let err = unsafe { raw::shim_backward(r.as_ptr(), g.as_ptr(), r.len()) };
+    take_message(err).map_or(Ok(()), |m| Err(TchError::Torch(format!("backward: {m}"))))
 }
 
 /// A learning rate: a number, or a 0-dim f32 tensor read on the device (what a

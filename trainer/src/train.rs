@@ -292,8 +292,7 @@ impl Trainer {
             }
             dist::broadcast_parameters(&group, &params)?;
             let cap = trainer.cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
-            // The checkpointed backward reaches a tied embedding twice, so it reduces at the end.
-            let reducer = GradReducer::new(group.clone(), &params, cap, !trainer.cfg.gradient_checkpointing)?;
+            let reducer = GradReducer::new(group.clone(), &params, cap)?;
             if trainer.opts.placement.rank == 0 {
                 tracing::info!("data parallel: {} ranks, {} gradient buckets of up to {} MiB", group.world_size(), reducer.n_buckets(), trainer.cfg.topology.bucket_cap_mb);
             }
@@ -542,7 +541,7 @@ impl Trainer {
             let (x, y) = self.micro_batch(m)?;
             let loss = tch::autocast(self.autocast, || -> Result<Tensor, Error> {
                 if self.cfg.gradient_checkpointing {
-                    return Ok(self.model.backward_checkpointed(&x, &y, scale)?);
+                    return Ok(self.model.backward_checkpointed(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS)?);
                 }
                 Ok(self.model.backward_chunked(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS)?)
             })?;

@@ -136,6 +136,84 @@ fn two_ranks_give_the_loss_and_gradients_of_one_rank_with_twice_the_micro_batch(
     assert_eq!(max_abs_diff(&ranks[0].1, &ranks[1].1), 0.0, "every rank holds the same averaged gradients");
 }
 
+/// A tied GPT-2 (the embedding gets gradients from the lm_head and from the input
+/// side) with the loss in several chunks: every backward pass must hand each
+/// parameter to the overlapping reducer once, and two ranks must average to one rank
+/// on the whole batch.
+#[test]
+fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_model() {
+    use crds::presets::{Arch, ModelConfig, preset};
+    use tch::nn::VarStore;
+    use tch::{Device, Kind};
+    use trainer::dist::{Backend, GlooDevice, GradReducer, GroupOptions, ProcessGroup};
+    use trainer::model::Model;
+
+    let mut cfg = ModelConfig::from(preset("nano").unwrap());
+    (cfg.arch, cfg.tied_embeddings, cfg.n_kv_head) = (Arch::Gpt2, true, cfg.n_head);
+    let build = || {
+        tch::manual_seed(11);
+        let vs = VarStore::new(Device::Cpu);
+        let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();
+        (vs, model)
+    };
+    tch::manual_seed(5);
+    let idx = Tensor::randint(cfg.vocab_size as i64, [4, 17], (Kind::Int64, Device::Cpu));
+    let (x, y) = (idx.narrow(1, 0, 16), idx.narrow(1, 1, 16));
+    let grads = |vs: &VarStore| {
+        let mut g: Vec<_> = vs.variables().into_iter().map(|(n, v)| (n, v.grad().copy())).collect();
+        g.sort_by(|a, b| a.0.cmp(&b.0));
+        g
+    };
+    // 32 tokens per rank in chunks of 12: three chunks, the last one short.
+    for checkpointed in [false, true] {
+        let backward = |model: &Model, x: &Tensor, y: &Tensor| {
+            if checkpointed { model.backward_checkpointed(x, y, 1.0, 12) } else { model.backward_chunked(x, y, 1.0, 12) }
+        };
+        let (vs, model) = build();
+        backward(&model, &x, &y).unwrap();
+        let whole = grads(&vs);
+        let port = free_port();
+        // Built here: torch's RNG is global, so threads would interleave their draws.
+        let replicas: Vec<_> = (0..2).map(|_| build()).collect();
+        let ranks: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u32)
+                .zip(replicas)
+                .map(|(rank, (vs, model))| {
+                    let (backward, grads) = (&backward, &grads);
+                    let (x, y) = (x.narrow(0, 2 * rank as i64, 2), y.narrow(0, 2 * rank as i64, 2));
+                    s.spawn(move || {
+                        let group = std::sync::Arc::new(
+                            ProcessGroup::new(&GroupOptions {
+                                backend: Backend::Gloo,
+                                master_addr: "127.0.0.1".into(),
+                                master_port: port,
+                                rank,
+                                world_size: 2,
+                                timeout: Duration::from_secs(60),
+                                gloo_device: GlooDevice::Host("127.0.0.1".into()),
+                                cuda_device: 0,
+                            })
+                            .unwrap(),
+                        );
+                        // A 1 KiB cap: many buckets, launched from the hooks as they fill.
+                        let reducer = GradReducer::new(group, &vs.trainable_variables(), 1024).unwrap();
+                        assert!(reducer.n_buckets() > 4);
+                        reducer.prepare().unwrap();
+                        backward(&model, &x, &y).unwrap();
+                        reducer.finish().unwrap();
+                        grads(&vs)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, g) in ranks.iter().enumerate() {
+            let diff = max_abs_diff(&whole, g);
+            assert!(diff < 1e-5, "checkpointed {checkpointed}, rank {rank}: gradients differ from one rank's by {diff}");
+        }
+    }
+}
+
 #[test]
 fn three_ranks_train_like_one_rank_and_stay_identical() {
     let one = config(&manifest_yaml(1, 6, 384, "1536"));

@@ -4,7 +4,7 @@
 //! hook in the shim as soon as it is full, overlapping communication with the rest of
 //! backward. Only the last micro-step of an accumulation is synchronized.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -25,7 +25,6 @@ mod raw {
             bucket_of: *const i64,
             n: usize,
             n_buckets: usize,
-            overlap: c_int,
             out: *mut *mut c_void,
         ) -> *mut c_char;
         pub fn shim_reducer_free(r: *mut c_void);
@@ -68,10 +67,11 @@ pub struct GradReducer {
 unsafe impl Send for GradReducer {}
 
 impl GradReducer {
-    /// `params` in definition order (leaves that require grad). With `overlap`, buckets
-    /// go out from hooks during backward; without (needed when one backward pass can
-    /// reach a parameter twice, as the checkpointed one does), all go out in `finish`.
-    pub fn new(group: Arc<ProcessGroup>, params: &[Tensor], bucket_cap_bytes: usize, overlap: bool) -> Result<GradReducer, Error> {
+    /// `params` in definition order (leaves that require grad). Buckets go out from
+    /// hooks during backward, so between `prepare` and `finish` each parameter must
+    /// get its whole gradient in one accumulation, as the model's backward passes do
+    /// (a second one is an error).
+    pub fn new(group: Arc<ProcessGroup>, params: &[Tensor], bucket_cap_bytes: usize) -> Result<GradReducer, Error> {
         let sizes: Vec<_> = params.iter().map(|p| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device())).collect();
         let bucket_of = assign_buckets(&sizes, bucket_cap_bytes.max(1));
         let n_buckets = bucket_of.iter().max().map_or(0, |&b| b as usize + 1);
@@ -79,7 +79,7 @@ impl GradReducer {
         let mut out = std::ptr::null_mut();
         // SAFETY: live tensors and a parallel bucket list; the shim keeps its own references.
         let err = unsafe {
-            raw::shim_reducer_new(group.as_raw(), p.as_ptr(), bucket_of.as_ptr(), p.len(), n_buckets, overlap.into(), &mut out)
+            raw::shim_reducer_new(group.as_raw(), p.as_ptr(), bucket_of.as_ptr(), p.len(), n_buckets, &mut out)
         };
         if let Some(m) = take_message(err) {
             return Err(Error::Shim(format!("gradient reducer: {m}")));

@@ -194,22 +194,44 @@ impl Model {
     /// Forward and backward of the mean next-token cross-entropy with the final norm,
     /// the lm_head and the loss computed `chunk` tokens at a time (torchtitan's chunked
     /// loss, llm.c's fused classifier): the full (tokens, vocab) logits never exist.
-    /// Gradients accumulate exactly as `(loss * scale).backward()` would; returns the
-    /// unscaled loss, detached.
+    /// Gradients accumulate exactly as `(loss * scale).backward()` would, each
+    /// parameter's in one accumulation (what data parallelism's hooks count on);
+    /// returns the unscaled loss, detached.
     pub fn backward_chunked(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<Tensor, TchError> {
         let mut x = self.embed(idx)?;
         for i in 0..self.blocks.len() {
             x = self.block(i, &x)?;
         }
-        let (loss, grad) = self.head_backward_chunked(&x.f_detach()?, targets, scale, chunk)?;
-        x.f_mul(&grad)?.f_sum(None)?.f_backward()?;
+        let (loss, grad, head) = self.head_backward_chunked(&x.f_detach()?, targets, scale, chunk)?;
+        let (mut roots, mut grads) = (vec![x], vec![grad]);
+        for (p, g, _) in head {
+            roots.push(p);
+            grads.push(g);
+        }
+        crate::ffi::backward(&roots, &grads)?;
         Ok(loss)
     }
 
+    /// The parameters of [`Self::head`] that train, each with whether it is the token
+    /// embedding (tied), in a fixed order.
+    fn head_parameters(&self) -> Vec<(Tensor, bool)> {
+        let mut ps = match &self.norm {
+            FinalNorm::Rms(n) => vec![(n.weight.shallow_clone(), false)],
+            FinalNorm::Layer(n) => vec![(n.weight.shallow_clone(), false), (n.bias.shallow_clone(), false)],
+        };
+        ps.push(match &self.lm_head {
+            Some(head) => (head.weight.shallow_clone(), false),
+            None => (self.embed_tokens.weight.shallow_clone(), true),
+        });
+        ps.retain(|(p, _)| p.requires_grad());
+        ps
+    }
+
     /// The head's part of [`Self::backward_chunked`] on the last block's output `top`
-    /// (B, T, d_model), detached: backpropagates each chunk's loss into the head's
-    /// parameters and returns the loss and d(loss·scale)/d`top`.
-    fn head_backward_chunked(&self, top: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<(Tensor, Tensor), TchError> {
+    /// (B, T, d_model), detached. Returns the loss, d(loss·scale)/d`top`, and
+    /// d(loss·scale)/dp for each of [`Self::head_parameters`], summed over the chunks
+    /// but not yet accumulated into `.grad`.
+    fn head_backward_chunked(&self, top: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<(Tensor, Tensor, HeadGrads), TchError> {
         let d = *top.size().last().expect("hidden states have a model dimension");
         let flat = top.f_reshape([-1, d])?; // (N, d_model)
         let tgt = targets.f_reshape([-1])?; // (N)
@@ -218,6 +240,8 @@ impl Model {
         let counted = tgt.f_ne(-100)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
         let grad = Tensor::f_zeros_like(&flat)?;
         let mut total = Tensor::f_zeros([], (Kind::Float, top.device()))?;
+        let params = self.head_parameters();
+        let mut sums: Vec<Option<Tensor>> = params.iter().map(|_| None).collect();
         for start in (0..n).step_by(chunk.max(1) as usize) {
             let len = chunk.min(n - start);
             let leaf = flat.f_narrow(0, start, len)?.f_detach()?.f_requires_grad_(true)?;
@@ -225,11 +249,21 @@ impl Model {
             let loss = logits
                 .f_cross_entropy_loss(&tgt.f_narrow(0, start, len)?, None::<Tensor>, Reduction::Sum, -100, 0.0)?
                 .f_div(&counted)?;
-            loss.f_mul_scalar(scale)?.f_backward()?;
-            grad.f_narrow(0, start, len)?.f_copy_(&leaf.f_grad()?)?;
+            let mut inputs = vec![leaf.shallow_clone()];
+            inputs.extend(params.iter().map(|(p, _)| p.shallow_clone()));
+            // Gradients returned, not accumulated: each parameter gets one accumulation later.
+            let mut grads = Tensor::f_run_backward(&[loss.f_mul_scalar(scale)?], &inputs, false, false)?.into_iter();
+            grad.f_narrow(0, start, len)?.f_copy_(&grads.next().expect("a gradient per input"))?;
+            for (sum, g) in sums.iter_mut().zip(grads) {
+                *sum = Some(match sum.take() {
+                    Some(s) => s.f_add(&g)?,
+                    None => g,
+                });
+            }
             total = total.f_add(&loss.f_detach()?)?;
         }
-        Ok((total, grad.f_view_as(top)?))
+        let head = params.into_iter().zip(sums).filter_map(|((p, tied), g)| Some((p, g?, tied))).collect();
+        Ok((total, grad.f_view_as(top)?, head))
     }
 
     /// (B, T) token ids → logits (B, T, vocab).
@@ -274,10 +308,11 @@ impl Model {
     }
 
     /// Forward and backward with activation recomputation: the forward pass keeps
-    /// only each block's input, and the backward pass recomputes one block at a time.
-    /// Gradients accumulate into the parameters exactly as `(loss * scale).backward()`
-    /// would; returns the unscaled loss, detached.
-    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64) -> Result<Tensor, TchError> {
+    /// only each block's input, and the backward pass recomputes one block at a time;
+    /// the loss is chunked as in [`Self::backward_chunked`]. Gradients accumulate
+    /// exactly as `(loss * scale).backward()` would, each parameter's in one
+    /// accumulation; returns the unscaled loss, detached.
+    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<Tensor, TchError> {
         let emb = self.embed(idx)?;
         let mut inputs = Vec::with_capacity(self.blocks.len());
         let mut x = emb.f_detach()?;
@@ -288,17 +323,33 @@ impl Model {
             }
             Ok(())
         })?;
-        let (loss, mut grad) = self.head_backward_chunked(&x, targets, scale, LOSS_CHUNK_TOKENS)?;
+        let (loss, mut grad, head) = self.head_backward_chunked(&x, targets, scale, chunk)?;
+        // The head's own parameters go with the first backward pass, so data
+        // parallelism can send them early; a tied embedding goes with the last.
+        let (tied, mut untied): (Vec<_>, Vec<_>) = head.into_iter().partition(|(_, _, tied)| *tied);
         for (i, input) in inputs.iter().enumerate().rev() {
             let xi = input.f_detach()?.f_requires_grad_(true)?;
-            // d(sum(y·g))/dy = g, so this backpropagates exactly g through block i.
-            self.block(i, &xi)?.f_mul(&grad)?.f_sum(None)?.f_backward()?;
+            let (mut roots, mut grads) = (vec![self.block(i, &xi)?], vec![grad]);
+            for (p, g, _) in untied.drain(..) {
+                roots.push(p);
+                grads.push(g);
+            }
+            crate::ffi::backward(&roots, &grads)?;
             grad = xi.f_grad()?;
         }
-        emb.f_mul(&grad)?.f_sum(None)?.f_backward()?;
+        let (mut roots, mut grads) = (vec![emb], vec![grad]);
+        for (p, g, _) in untied.into_iter().chain(tied) {
+            roots.push(p);
+            grads.push(g);
+        }
+        crate::ffi::backward(&roots, &grads)?;
         Ok(loss)
     }
 }
+
+/// The head's parameter gradients from [`Model::head_backward_chunked`]:
+/// (parameter, gradient, whether it is the tied token embedding).
+type HeadGrads = Vec<(Tensor, Tensor, bool)>;
 
 /// Whether training attention repeats K/V per query head: for cuDNN SDPA (which has no
 /// grouped-query path) on a model with fewer K/V heads than query heads.
