@@ -112,10 +112,20 @@ fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
 
 #[test]
 fn two_ranks_give_the_loss_and_gradients_of_one_rank_with_twice_the_micro_batch() {
+    for recompute in [false, true] {
+        two_ranks_match_one(recompute);
+    }
+}
+
+fn two_ranks_match_one(gradient_checkpointing: bool) {
+    let yaml = |nodes, micro| {
+        manifest_yaml(nodes, micro, 1024, "4K").replace("precision: f32", &format!("precision: f32\n  gradientCheckpointing: {gradient_checkpointing}"))
+    };
     // Two micro-steps of accumulation: only the last one is synchronized.
-    let one = config(&manifest_yaml(1, 8, 1024, "4K"));
-    let two = config(&manifest_yaml(2, 4, 1024, "4K"));
+    let one = config(&yaml(1, 8));
+    let two = config(&yaml(2, 4));
     assert_eq!((one.batch.grad_accum, two.batch.grad_accum), (2, 2));
+    assert_eq!(two.gradient_checkpointing, gradient_checkpointing);
     let dir = scratch("grads");
     let (loss1, grads1) = {
         let mut t = Trainer::new(&one, options(&dir, Placement::single()), SharedStatus::from_config(&one)).unwrap();
@@ -129,7 +139,7 @@ fn two_ranks_give_the_loss_and_gradients_of_one_rank_with_twice_the_micro_batch(
     for (rank, (loss, grads)) in ranks.iter().enumerate() {
         assert!((loss - loss1).abs() < 1e-5, "rank {rank}: loss {loss} vs {loss1}");
         let diff = max_abs_diff(grads, &grads1);
-        assert!(diff < 1e-5, "rank {rank}: gradients differ by {diff}");
+        assert!(diff < 1e-5, "checkpointing {gradient_checkpointing}, rank {rank}: gradients differ by {diff}");
         let norm: f64 = grads.iter().map(|(_, g)| g.square().sum(tch::Kind::Double).double_value(&[])).sum();
         assert!(norm > 1e-6, "gradients must not be zero");
     }
