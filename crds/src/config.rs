@@ -230,19 +230,40 @@ pub struct ResolvedFailure {
 }
 
 impl RunConfig {
-    /// Stable hash of everything that must match for a checkpoint to be resumed
-    /// (attempt excluded), hex-encoded.
+    /// Stable hash of [`Self::resume_view`], hex-encoded.
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
+        let json = serde_json::to_vec(&self.resume_view()).expect("RunConfig serializes");
+        let digest = Sha256::digest(&json);
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Where this run's [`Self::resume_view`] differs from `other`'s, one
+    /// `path: other's value → this run's` per field (JSON paths of the RunConfig).
+    pub fn resume_differences(&self, other: &RunConfig) -> Vec<String> {
+        let json = |c: &RunConfig| serde_json::to_value(c.resume_view()).expect("RunConfig serializes");
+        let mut out = Vec::new();
+        json_differences("", &json(other), &json(self), &mut out);
+        out
+    }
+
+    /// Everything that must match for a checkpoint to be resumed.
+    pub fn resume_view(&self) -> RunConfig {
         let mut c = self.clone();
         c.attempt = 0;
         c.failure = ResolvedFailure { max_restarts: 0, stall_timeout_seconds: 0, on_stall: OnStall::Report };
         // How ranks talk does not change what they train.
         c.topology.bucket_cap_mb = 0;
         c.topology.collective_timeout_seconds = 0;
-        let json = serde_json::to_vec(&c).expect("RunConfig serializes");
-        let digest = Sha256::digest(&json);
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        // Nor does how the global batch is computed, so the remedies for running out of
+        // memory (a smaller micro-batch, recomputation, another attention kernel) resume:
+        // every micro-batch holds micro × seq counted tokens, so any split of the same
+        // global batch averages to the same gradient.
+        c.batch.micro_batch = 0;
+        c.batch.grad_accum = 0;
+        c.gradient_checkpointing = false;
+        c.attention = Attention::Auto;
+        c
     }
 
     /// PVC claims the trainer reads data or initial weights from (besides its own).
@@ -267,3 +288,26 @@ impl RunConfig {
         claims
     }
 }
+
+/// Appends `path: before → after` for every leaf where `before` and `after` differ.
+fn json_differences(path: &str, before: &serde_json::Value, after: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let (x, y) = (a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null));
+                json_differences(&join(k), x, y, out);
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                json_differences(&format!("{path}[{i}]"), x, y, out);
+            }
+        }
+        _ if before != after => out.push(format!("{path}: {before} → {after}")),
+        _ => {}
+    }
+}
+

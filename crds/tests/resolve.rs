@@ -113,15 +113,26 @@ fn lr_schedule_warms_up_then_decays_to_min() {
 }
 
 #[test]
-fn fingerprint_ignores_attempt_but_not_training_facts() {
+fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     let a = ok(&run());
     let mut b = a.clone();
     b.attempt = 7;
     b.topology.collective_timeout_seconds = 60;
     b.topology.bucket_cap_mb = 100;
+    // The out-of-memory remedies: the same global batch in smaller pieces, recomputed.
+    (b.batch.micro_batch, b.batch.grad_accum) = (a.batch.micro_batch / 2, a.batch.grad_accum * 2);
+    b.gradient_checkpointing = !a.gradient_checkpointing;
+    b.attention = Attention::Math;
     assert_eq!(a.fingerprint(), b.fingerprint());
-    b.batch.micro_batch = 4;
-    assert_ne!(a.fingerprint(), b.fingerprint());
+    let changed = |f: &dyn Fn(&mut RunConfig)| {
+        let mut c = a.clone();
+        f(&mut c);
+        c.fingerprint()
+    };
+    assert_ne!(a.fingerprint(), changed(&|c| c.batch.global_sequences *= 2));
+    assert_ne!(a.fingerprint(), changed(&|c| c.batch.seq_len /= 2));
+    assert_ne!(a.fingerprint(), changed(&|c| c.optimizer.beta2 = 0.99));
+    assert_ne!(a.fingerprint(), changed(&|c| c.seed += 1));
 }
 
 #[test]

@@ -33,7 +33,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crds::config::ResolvedCheckpoint;
+use crds::config::{ResolvedCheckpoint, RunConfig};
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -74,6 +74,10 @@ pub struct TrainState {
     pub rng: serde_json::Value,
     /// [`crds::config::RunConfig::fingerprint`] of the run that wrote it.
     pub config_hash: String,
+    /// [`RunConfig::resume_view`] of the run that wrote it, so that a refused resume
+    /// can name what changed (absent in checkpoints of older trainers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<RunConfig>,
     /// Trainer processes of the run that wrote it.
     pub world_size: u32,
     /// Gang attempt that wrote it.
@@ -225,10 +229,11 @@ pub fn step_dir_name(step: u64) -> String {
     format!("{STEP_PREFIX}{step:08}")
 }
 
-/// Fails, naming every mismatch, unless a run with `config_hash` and `world_size` can
-/// resume from a checkpoint with `state`. A different world size is refused for now:
-/// the data position and RNG streams are per-rank and not yet re-sharded.
-pub fn check_resumable(state: &TrainState, config_hash: &str, world_size: u32) -> Result<()> {
+/// Fails, naming every mismatch, unless run `cfg`, whose resume fingerprint is
+/// `config_hash`, can resume from a checkpoint with `state`. A different world size is
+/// refused for now: the data position and RNG streams are per-rank and not yet re-sharded.
+pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -> Result<()> {
+    let world_size = cfg.topology.world_size;
     let mut problems = Vec::new();
     if state.format_version != FORMAT_VERSION {
         problems.push(format!(
@@ -237,7 +242,16 @@ pub fn check_resumable(state: &TrainState, config_hash: &str, world_size: u32) -
         ));
     }
     if state.config_hash != config_hash {
-        problems.push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
+        let changed = state.config.as_ref().map(|old| cfg.resume_differences(old)).unwrap_or_default();
+        if changed.is_empty() {
+            problems.push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
+        } else {
+            problems.push(format!(
+                "the run changed since it was written ({}); only the micro-batch, gradient checkpointing and the \
+                 attention backend may change on resume",
+                changed.join(", ")
+            ));
+        }
     }
     if state.world_size != world_size {
         problems.push(format!("it was written with world size {} but this run has {world_size}", state.world_size));
@@ -661,6 +675,7 @@ mod tests {
             data_position: step * 8,
             rng: serde_json::json!({"seed": 7, "words": [1, 2, 3]}),
             config_hash: "0123456789abcdef".into(),
+            config: None,
             world_size: 2,
             attempt: 1,
             preset: "tiny".into(),
@@ -949,20 +964,48 @@ mod tests {
         Ok(())
     }
 
+    /// A CPU run of `nodes` ranks with learning rate `lr`.
+    fn run_config(nodes: u32, lr: &str) -> RunConfig {
+        let yaml = format!(
+            "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {{name: r}}\nspec:\n  \
+             model: {{preset: nano, tokenizer: embedded}}\n  tokens: 1M\n  \
+             data: {{mix: [{{name: t, weight: 1, uri: \"embedded:textbook\"}}]}}\n  \
+             topology: {{nodes: {nodes}, gpusPerNode: 0}}\n  batch: {{globalTokens: 1024, microBatch: 2, seqLength: 64}}\n  \
+             optimizer: {{lr: {lr}}}\n"
+        );
+        crds::resolve(&crds::manifest::from_yaml(&yaml, "test").unwrap()).unwrap()
+    }
+
     #[test]
     fn check_resumable_names_each_mismatch() {
         let s = state(10);
-        check_resumable(&s, "0123456789abcdef", 2).unwrap();
-        let err = check_resumable(&s, "fedcba9876543210", 2).unwrap_err();
+        let two = run_config(2, "3e-4");
+        check_resumable(&s, &two, "0123456789abcdef").unwrap();
+        let err = check_resumable(&s, &two, "fedcba9876543210").unwrap_err();
         let text = err.to_string();
         assert!(
             text.contains("0123456789abcdef") && text.contains("fedcba9876543210") && text.contains("step 10"),
             "{text}"
         );
         assert_eq!(err.reason(), Some(FailureReason::InvalidConfig));
-        let text = check_resumable(&s, "0123456789abcdef", 4).unwrap_err().to_string();
+        let text = check_resumable(&s, &run_config(4, "3e-4"), "0123456789abcdef").unwrap_err().to_string();
         assert!(text.contains("world size 2") && text.contains("has 4") && !text.contains("config"), "{text}");
-        let both = check_resumable(&s, "x", 1).unwrap_err().to_string();
+        let both = check_resumable(&s, &run_config(1, "3e-4"), "x").unwrap_err().to_string();
         assert!(both.contains("config") && both.contains("world size"), "{both}");
+    }
+
+    /// A checkpoint that carries its run's config names each changed field, not hashes.
+    #[test]
+    fn a_refused_resume_names_the_fields_that_changed() {
+        let old = run_config(2, "3e-4");
+        let s = TrainState { config_hash: old.fingerprint(), config: Some(old.resume_view()), ..state(10) };
+        check_resumable(&s, &old, &old.fingerprint()).unwrap();
+        let new = run_config(2, "1e-3");
+        let text = check_resumable(&s, &new, &new.fingerprint()).unwrap_err().to_string();
+        assert!(text.contains("schedule.lr: 0.0003 → 0.001"), "{text}");
+        assert!(text.contains("step 10") && !text.contains(&old.fingerprint()), "{text}");
+        // state.json round-trips the config.
+        let back: TrainState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
     }
 }

@@ -352,7 +352,7 @@ impl Trainer {
                     ),
                 });
             }
-            checkpoint::check_resumable(&loaded.state, &fingerprint, self.cfg.topology.world_size)?;
+            checkpoint::check_resumable(&loaded.state, &self.cfg, &fingerprint)?;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
             self.opt.load_state(&loaded.optimizer)?;
             self.step = loaded.state.step;
@@ -646,6 +646,7 @@ impl Trainer {
                 // Data order is a pure function of (seed, position); nothing else draws.
                 rng: serde_json::json!({"seed": self.cfg.seed}),
                 config_hash: resume_fingerprint(&self.cfg),
+                config: Some(self.cfg.resume_view()),
                 world_size: self.cfg.topology.world_size,
                 attempt: self.cfg.attempt,
                 preset: self.cfg.model.preset.clone(),

@@ -87,6 +87,48 @@ fn resume_reproduces_the_uninterrupted_loss_sequence_and_skips_a_corrupt_checkpo
     assert_eq!(after.losses, full.losses[4..]);
 }
 
+/// What an out-of-memory failure's hint asks for: a smaller micro-batch (the same global
+/// batch in more micro-steps), gradient checkpointing, another attention kernel. The
+/// recreated run resumes from the last checkpoint and trains on as before; a change to
+/// what is trained is still refused, naming the checkpoint.
+#[test]
+fn a_run_resumes_after_the_out_of_memory_remedies() {
+    let cfg = config(MANIFEST);
+    let full = train(&cfg, &scratch("oom-full"), None);
+    let dir = scratch("oom-remedied");
+    train(&cfg, &dir, Some(6));
+
+    let lr_changed = config(&MANIFEST.replace("lr: 3.0e-3", "lr: 1.0e-3"));
+    let opts = RunOptions {
+        output_dir: dir.clone(),
+        status_addr: None,
+        stop_after_steps: None,
+        tty: Some(false),
+        sample: false,
+        init_dir: dir.parent().unwrap().to_path_buf(),
+        placement: trainer::dist::Placement::single(),
+        sync_every: None,
+    };
+    let refused = Trainer::new(&lr_changed, opts, SharedStatus::from_config(&lr_changed)).and_then(|t| t.run(Arc::new(AtomicBool::new(false))));
+    let err = refused.err().expect("a different learning rate must not resume").to_string();
+    assert!(err.contains("step 6") && err.contains("schedule.lr: 0.003 → 0.001"), "{err}");
+
+    let remedied = config(
+        &MANIFEST
+            .replace("microBatch: 4", "microBatch: 2")
+            .replace("precision: f32", "precision: f32\n  gradientCheckpointing: true\n  attention: math"),
+    );
+    assert_eq!((remedied.batch.grad_accum, remedied.gradient_checkpointing), (4, true));
+    let second = train(&remedied, &dir, None);
+    assert_eq!(second.resumed_from, Some(6));
+    assert_eq!(second.losses.len(), 6);
+    for ((step, a), (s, b)) in second.losses.iter().zip(&full.losses[6..]) {
+        assert_eq!(step, s);
+        // Only the summation order differs.
+        assert!((a - b).abs() < 1e-4, "step {step}: {a} after the remedies, {b} uninterrupted");
+    }
+}
+
 #[test]
 fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
     let cfg = config(MANIFEST);
