@@ -180,7 +180,7 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_mode
             if checkpointed { model.backward_checkpointed(x, y, 1.0, 12) } else { model.backward_chunked(x, y, 1.0, 12) }
         };
         let (vs, model) = build();
-        backward(&model, &x, &y).unwrap();
+        let whole_loss = backward(&model, &x, &y).unwrap().double_value(&[]);
         let whole = grads(&vs);
         let port = free_port();
         // Built here: torch's RNG is global, so threads would interleave their draws.
@@ -209,15 +209,17 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_mode
                         let reducer = GradReducer::new(group, &vs.trainable_variables(), 1024).unwrap();
                         assert!(reducer.n_buckets() > 4);
                         reducer.prepare().unwrap();
-                        backward(&model, &x, &y).unwrap();
+                        let loss = backward(&model, &x, &y).unwrap().double_value(&[]);
                         reducer.finish().unwrap();
-                        grads(&vs)
+                        (loss, grads(&vs))
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        for (rank, g) in ranks.iter().enumerate() {
+        let mean_loss = ranks.iter().map(|(l, _)| l).sum::<f64>() / 2.0;
+        assert!((mean_loss - whole_loss).abs() < 1e-5, "checkpointed {checkpointed}: {mean_loss} vs {whole_loss}");
+        for (rank, (_, g)) in ranks.iter().enumerate() {
             let diff = max_abs_diff(&whole, g);
             assert!(diff < 1e-5, "checkpointed {checkpointed}, rank {rank}: gradients differ from one rank's by {diff}");
         }
