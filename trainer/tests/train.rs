@@ -110,7 +110,7 @@ fn a_run_resumes_after_the_out_of_memory_remedies() {
         sync_every: None,
     };
     let refused = Trainer::new(&lr_changed, opts, SharedStatus::from_config(&lr_changed)).and_then(|t| t.run(Arc::new(AtomicBool::new(false))));
-    let err = refused.err().expect("a different learning rate must not resume").to_string();
+    let err = refused.expect_err("a different learning rate must not resume").to_string();
     assert!(err.contains("step 6") && err.contains("schedule.lr: 0.003 → 0.001"), "{err}");
 
     let remedied = config(
