@@ -27,6 +27,10 @@ pub struct RunConfig {
     pub precision: Precision,
     pub attention: Attention,
     pub gradient_checkpointing: bool,
+    /// With gradient checkpointing, the leading blocks recomputed in backward
+    /// (`None`: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_blocks: Option<u32>,
     pub topology: ResolvedTopology,
     pub batch: ResolvedBatch,
     pub schedule: ResolvedSchedule,
@@ -262,8 +266,14 @@ impl RunConfig {
         c.batch.micro_batch = 0;
         c.batch.grad_accum = 0;
         c.gradient_checkpointing = false;
+        c.checkpointed_blocks = None;
         c.attention = Attention::Auto;
         c
+    }
+
+    /// How many leading blocks backward recomputes: 0 without gradient checkpointing.
+    pub fn recomputed_blocks(&self) -> u32 {
+        recomputed_blocks(self.gradient_checkpointing, self.checkpointed_blocks, self.model.n_layer)
     }
 
     /// PVC claims the trainer reads data or initial weights from (besides its own).
@@ -286,6 +296,16 @@ impl RunConfig {
         claims.sort();
         claims.dedup();
         claims
+    }
+}
+
+/// How many of `n_layer` leading blocks backward recomputes, given
+/// `gradientCheckpointing` and `checkpointedBlocks`.
+pub fn recomputed_blocks(gradient_checkpointing: bool, checkpointed_blocks: Option<u32>, n_layer: u32) -> u32 {
+    match (gradient_checkpointing, checkpointed_blocks) {
+        (false, _) => 0,
+        (true, Some(n)) => n.min(n_layer),
+        (true, None) => n_layer,
     }
 }
 

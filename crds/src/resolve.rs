@@ -104,6 +104,17 @@ pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
             e.add(format!("spec.env[{i}].name"), format!("{} is set by the operator and cannot be overridden", var.name));
         }
     }
+    if let Some(n) = spec.checkpointed_blocks {
+        if !spec.gradient_checkpointing {
+            e.add("spec.checkpointedBlocks", "needs spec.gradientCheckpointing: true");
+        } else if n == 0 {
+            e.add("spec.checkpointedBlocks", "must be at least 1 (to recompute none, set spec.gradientCheckpointing: false)");
+        } else if let Some(m) = &model
+            && n > m.n_layer
+        {
+            e.add("spec.checkpointedBlocks", format!("{n} is more than the model's {} blocks", m.n_layer));
+        }
+    }
     if spec.ttl_seconds_after_finished.is_some_and(|t| t < 0) {
         e.add("spec.ttlSecondsAfterFinished", "must not be negative");
     }
@@ -126,6 +137,7 @@ pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
         precision: spec.precision,
         attention: spec.attention,
         gradient_checkpointing: spec.gradient_checkpointing,
+        checkpointed_blocks: spec.checkpointed_blocks,
         topology: topology.expect("no errors"),
         batch: batch.expect("no errors"),
         schedule: schedule.expect("no errors"),

@@ -94,6 +94,13 @@ pub struct TrainingRunSpec {
     #[serde(default)]
     pub gradient_checkpointing: bool,
 
+    /// With gradientCheckpointing: how many transformer blocks, counted from the first,
+    /// recompute their activations in backward; the others keep them. Fewer blocks
+    /// recompute less (about a third of a block's step time each) and hold more memory.
+    /// Default: every block. May change when a run is recreated and resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_blocks: Option<u32>,
+
     /// Seed for weight initialization and the data order. Same seed, same run.
     #[serde(default = "default_seed")]
     pub seed: u64,

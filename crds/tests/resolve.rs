@@ -113,6 +113,23 @@ fn lr_schedule_warms_up_then_decays_to_min() {
 }
 
 #[test]
+fn checkpointed_blocks_count_leading_blocks_of_a_checkpointed_run() {
+    let mut r = run();
+    assert_eq!(ok(&r).recomputed_blocks(), 0);
+    r.spec.gradient_checkpointing = true;
+    assert_eq!(ok(&r).recomputed_blocks(), 6, "micro has 6 blocks, all recomputed by default");
+    r.spec.checkpointed_blocks = Some(2);
+    assert_eq!(ok(&r).recomputed_blocks(), 2);
+    r.spec.checkpointed_blocks = Some(7);
+    fails(&r, "spec.checkpointedBlocks", "more than the model's 6 blocks");
+    r.spec.checkpointed_blocks = Some(0);
+    fails(&r, "spec.checkpointedBlocks", "at least 1");
+    r.spec.checkpointed_blocks = Some(2);
+    r.spec.gradient_checkpointing = false;
+    fails(&r, "spec.checkpointedBlocks", "needs spec.gradientCheckpointing: true");
+}
+
+#[test]
 fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     let a = ok(&run());
     let mut b = a.clone();
@@ -122,6 +139,7 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     // The out-of-memory remedies: the same global batch in smaller pieces, recomputed.
     (b.batch.micro_batch, b.batch.grad_accum) = (a.batch.micro_batch / 2, a.batch.grad_accum * 2);
     b.gradient_checkpointing = !a.gradient_checkpointing;
+    b.checkpointed_blocks = Some(1);
     b.attention = Attention::Math;
     assert_eq!(a.fingerprint(), b.fingerprint());
     let changed = |f: &dyn Fn(&mut RunConfig)| {

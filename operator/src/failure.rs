@@ -69,11 +69,17 @@ fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
 
 fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
     match reason {
-        FailureReason::OutOfMemory => format!(
-            "lower spec.batch.microBatch (now {}){}",
-            cfg.batch.micro_batch,
-            if cfg.gradient_checkpointing { "" } else { " or set spec.gradientCheckpointing: true" }
-        ),
+        FailureReason::OutOfMemory => {
+            let (recomputed, blocks) = (cfg.recomputed_blocks(), cfg.model.n_layer);
+            let more = if !cfg.gradient_checkpointing {
+                " or set spec.gradientCheckpointing: true".to_string()
+            } else if recomputed < blocks {
+                format!(" or raise spec.checkpointedBlocks (now {recomputed} of {blocks})")
+            } else {
+                String::new()
+            };
+            format!("lower spec.batch.microBatch (now {}){more}", cfg.batch.micro_batch)
+        }
         FailureReason::NaNLoss => "lower spec.optimizer.lr or raise warmupTokens; the last checkpoint is before the divergence".into(),
         FailureReason::InvalidConfig => "fix the spec and create a new run".into(),
         FailureReason::DataError => "check the data sources in spec.data and their credentials".into(),
@@ -355,6 +361,21 @@ pub(crate) mod tests {
         let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 137, "OOMKilled", "")]) else { panic!() };
         assert_eq!(reason, "OutOfMemory");
         assert!(message.contains("host memory (memory limit 64Gi)") && message.contains("resources.limits.memory"), "{message}");
+    }
+
+    #[test]
+    fn the_out_of_memory_hint_names_the_next_memory_knob() {
+        let mut cfg = crds::resolve(&run(GPU_SPEC)).unwrap();
+        let blocks = cfg.model.n_layer;
+        cfg.gradient_checkpointing = false;
+        assert!(hint(FailureReason::OutOfMemory, &cfg).ends_with(" or set spec.gradientCheckpointing: true"));
+        cfg.gradient_checkpointing = true;
+        cfg.checkpointed_blocks = Some(2);
+        let h = hint(FailureReason::OutOfMemory, &cfg);
+        assert!(h.ends_with(&format!(" or raise spec.checkpointedBlocks (now 2 of {blocks})")), "{h}");
+        cfg.checkpointed_blocks = None;
+        let h = hint(FailureReason::OutOfMemory, &cfg);
+        assert!(h.starts_with("lower spec.batch.microBatch (now ") && !h.contains(" or "), "{h}");
     }
 
     #[test]

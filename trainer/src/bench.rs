@@ -30,6 +30,8 @@ pub struct BenchOptions {
     pub attention: Attention,
     pub device: Device,
     pub gradient_checkpointing: bool,
+    /// With `gradient_checkpointing`, recompute only this many leading blocks.
+    pub checkpointed_blocks: Option<u32>,
     /// Run each step through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU)
     /// and the data-parallel gradient reducer, after checking a bf16 all-reduce.
     pub ddp: bool,
@@ -91,6 +93,15 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let act = if autocast { Kind::BFloat16 } else { kind };
     let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
+    if let Some(n) = o.checkpointed_blocks
+        && (!o.gradient_checkpointing || n == 0 || n > model_cfg.n_layer)
+    {
+        return Err(Error::InvalidSpec(format!(
+            "--checkpointed-blocks {n}: needs --gradient-checkpointing and 1 to the model's {} blocks",
+            model_cfg.n_layer
+        )));
+    }
+    let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
     let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables())?) } else { None };
 
     if let Some(gib) = o.memory_limit_gib {
@@ -110,7 +121,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
             if o.gradient_checkpointing {
                 let chunk = if o.loss_chunk > 0 { o.loss_chunk } else { crate::model::LOSS_CHUNK_TOKENS };
-                Ok(model.backward_checkpointed(&x, &y, 1.0, chunk)?)
+                Ok(model.backward_checkpointed(&x, &y, 1.0, chunk, recompute)?)
             } else {
                 if o.loss_chunk > 0 {
                     return Ok(model.backward_chunked(&x, &y, 1.0, o.loss_chunk)?);
@@ -178,6 +189,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
+        "recomputed_blocks": recompute,
         "loss_chunk": o.loss_chunk,
         "cuda_graph": o.cuda_graph,
         "memory_limit_gib": o.memory_limit_gib,

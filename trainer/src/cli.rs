@@ -332,6 +332,10 @@ pub struct BenchArgs {
     pub device: Option<String>,
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// With --gradient-checkpointing: recompute only this many leading blocks
+    /// (spec.checkpointedBlocks) [default: all].
+    #[arg(long)]
+    pub checkpointed_blocks: Option<u32>,
     /// Through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU) and the
     /// data-parallel gradient reducer, after checking a bf16 all-reduce.
     #[arg(long)]
@@ -392,6 +396,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 attention: parse("attention", &args.attention)?,
                 device,
                 gradient_checkpointing: args.gradient_checkpointing,
+                checkpointed_blocks: args.checkpointed_blocks,
                 ddp: args.ddp,
                 loss_chunk: args.loss_chunk,
                 cuda_graph: args.cuda_graph,

@@ -539,11 +539,9 @@ impl Trainer {
                 reducer.prepare()?;
             }
             let (x, y) = self.micro_batch(m)?;
-            let loss = tch::autocast(self.autocast, || -> Result<Tensor, Error> {
-                if self.cfg.gradient_checkpointing {
-                    return Ok(self.model.backward_checkpointed(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS)?);
-                }
-                Ok(self.model.backward_chunked(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS)?)
+            let recompute = self.cfg.recomputed_blocks() as usize;
+            let loss = tch::autocast(self.autocast, || {
+                self.model.backward_checkpointed(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS, recompute)
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
         }

@@ -151,7 +151,7 @@ fn two_ranks_match_one(gradient_checkpointing: bool) {
 /// parameter to the overlapping reducer once, and two ranks must average to one rank
 /// on the whole batch.
 #[test]
-fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_model() {
+fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backwards_of_a_tied_model() {
     use crds::presets::{Arch, ModelConfig, preset};
     use tch::nn::VarStore;
     use tch::{Device, Kind};
@@ -174,11 +174,10 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_mode
         g.sort_by(|a, b| a.0.cmp(&b.0));
         g
     };
-    // 32 tokens per rank in chunks of 12: three chunks, the last one short.
-    for checkpointed in [false, true] {
-        let backward = |model: &Model, x: &Tensor, y: &Tensor| {
-            if checkpointed { model.backward_checkpointed(x, y, 1.0, 12) } else { model.backward_chunked(x, y, 1.0, 12) }
-        };
+    // 32 tokens per rank in chunks of 12: three chunks, the last one short. Of the two
+    // blocks none, one or both are recomputed.
+    for recomputed in [0, 1, 2] {
+        let backward = |model: &Model, x: &Tensor, y: &Tensor| model.backward_checkpointed(x, y, 1.0, 12, recomputed);
         let (vs, model) = build();
         let whole_loss = backward(&model, &x, &y).unwrap().double_value(&[]);
         let whole = grads(&vs);
@@ -218,10 +217,10 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backward_of_a_tied_mode
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let mean_loss = ranks.iter().map(|(l, _)| l).sum::<f64>() / 2.0;
-        assert!((mean_loss - whole_loss).abs() < 1e-5, "checkpointed {checkpointed}: {mean_loss} vs {whole_loss}");
+        assert!((mean_loss - whole_loss).abs() < 1e-5, "{recomputed} recomputed: {mean_loss} vs {whole_loss}");
         for (rank, (_, g)) in ranks.iter().enumerate() {
             let diff = max_abs_diff(&whole, g);
-            assert!(diff < 1e-5, "checkpointed {checkpointed}, rank {rank}: gradients differ from one rank's by {diff}");
+            assert!(diff < 1e-5, "{recomputed} recomputed, rank {rank}: gradients differ from one rank's by {diff}");
         }
     }
 }

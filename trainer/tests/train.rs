@@ -116,9 +116,9 @@ fn a_run_resumes_after_the_out_of_memory_remedies() {
     let remedied = config(
         &MANIFEST
             .replace("microBatch: 4", "microBatch: 2")
-            .replace("precision: f32", "precision: f32\n  gradientCheckpointing: true\n  attention: math"),
+            .replace("precision: f32", "precision: f32\n  gradientCheckpointing: true\n  checkpointedBlocks: 1\n  attention: math"),
     );
-    assert_eq!((remedied.batch.grad_accum, remedied.gradient_checkpointing), (4, true));
+    assert_eq!((remedied.batch.grad_accum, remedied.recomputed_blocks(), remedied.model.n_layer), (4, 1, 2));
     let second = train(&remedied, &dir, None);
     assert_eq!(second.resumed_from, Some(6));
     assert_eq!(second.losses.len(), 6);
@@ -340,10 +340,12 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
 }
 
 #[test]
-fn the_bench_refuses_cuda_only_flags_on_cpu_naming_the_flag() {
+fn the_bench_refuses_flags_it_cannot_honour_naming_the_flag() {
     for (flag, message) in [
         (&["--cuda-graph"][..], "--cuda-graph needs"),
         (&["--memory-limit-gib", "80"][..], "--memory-limit-gib needs"),
+        (&["--checkpointed-blocks", "1"][..], "--checkpointed-blocks 1: needs --gradient-checkpointing"),
+        (&["--gradient-checkpointing", "--checkpointed-blocks", "3"][..], "the model's 2 blocks"),
     ] {
         let out = trainer_bin()
             .args(["bench", "--preset", "nano", "--device", "cpu", "--precision", "f32"])

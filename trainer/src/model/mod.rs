@@ -307,42 +307,56 @@ impl Model {
         cross_entropy(&self.logits(idx)?, targets)
     }
 
-    /// Forward and backward with activation recomputation: the forward pass keeps
-    /// only each block's input, and the backward pass recomputes one block at a time;
-    /// the loss is chunked as in [`Self::backward_chunked`]. Gradients accumulate
-    /// exactly as `(loss * scale).backward()` would, each parameter's in one
-    /// accumulation; returns the unscaled loss, detached.
-    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<Tensor, TchError> {
+    /// Forward and backward with activation recomputation for the first `recompute`
+    /// blocks: their forward keeps only each block's input, and backward recomputes them
+    /// one at a time; the later blocks keep their activations as usual. The loss is
+    /// chunked as in [`Self::backward_chunked`]. Gradients accumulate exactly as
+    /// `(loss * scale).backward()` would, each parameter's in one accumulation; returns
+    /// the unscaled loss, detached.
+    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64, recompute: usize) -> Result<Tensor, TchError> {
+        let r = recompute.min(self.blocks.len());
+        if r == 0 {
+            return self.backward_chunked(idx, targets, scale, chunk);
+        }
         let emb = self.embed(idx)?;
-        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut inputs = Vec::with_capacity(r);
         let mut x = emb.f_detach()?;
         tch::no_grad(|| -> Result<(), TchError> {
-            for i in 0..self.blocks.len() {
+            for i in 0..r {
                 let next = self.block(i, &x)?;
                 inputs.push(std::mem::replace(&mut x, next));
             }
             Ok(())
         })?;
-        let (loss, mut grad, head) = self.head_backward_chunked(&x, targets, scale, chunk)?;
+        // Blocks r.. form one ordinary graph from a leaf at their input.
+        let kept_in = x.f_detach()?.f_requires_grad_(true)?;
+        let mut top = kept_in.shallow_clone();
+        for i in r..self.blocks.len() {
+            top = self.block(i, &top)?;
+        }
+        let (loss, mut grad, head) = self.head_backward_chunked(&top.f_detach()?, targets, scale, chunk)?;
         // The head's own parameters go with the first backward pass, so data
         // parallelism can send them early; a tied embedding goes with the last.
         let (tied, mut untied): (Vec<_>, Vec<_>) = head.into_iter().partition(|(_, _, tied)| *tied);
-        for (i, input) in inputs.iter().enumerate().rev() {
-            let xi = input.f_detach()?.f_requires_grad_(true)?;
-            let (mut roots, mut grads) = (vec![self.block(i, &xi)?], vec![grad]);
-            for (p, g, _) in untied.drain(..) {
+        let pass = |out: Tensor, grad: Tensor, extra: &mut Vec<(Tensor, Tensor, bool)>| {
+            let (mut roots, mut grads) = (vec![out], vec![grad]);
+            for (p, g, _) in extra.drain(..) {
                 roots.push(p);
                 grads.push(g);
             }
-            crate::ffi::backward(&roots, &grads)?;
+            crate::ffi::backward(&roots, &grads)
+        };
+        if r < self.blocks.len() {
+            pass(top, grad, &mut untied)?;
+            grad = kept_in.f_grad()?;
+        }
+        for (i, input) in inputs.iter().enumerate().rev() {
+            let xi = input.f_detach()?.f_requires_grad_(true)?;
+            pass(self.block(i, &xi)?, grad, &mut untied)?;
             grad = xi.f_grad()?;
         }
-        let (mut roots, mut grads) = (vec![emb], vec![grad]);
-        for (p, g, _) in untied.into_iter().chain(tied) {
-            roots.push(p);
-            grads.push(g);
-        }
-        crate::ffi::backward(&roots, &grads)?;
+        untied.extend(tied);
+        pass(emb, grad, &mut untied)?;
         Ok(loss)
     }
 }

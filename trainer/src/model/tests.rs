@@ -156,20 +156,24 @@ fn max_diff(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> f64 {
 #[test]
 fn checkpointed_backward_gives_the_same_gradients() {
     for arch in [Arch::Llama, Arch::Gpt2] {
-        let cfg = small(arch, arch == Arch::Gpt2);
+        let mut cfg = small(arch, arch == Arch::Gpt2);
+        cfg.n_layer = 3;
         let (vs, model) = build(&cfg, 3);
         let idx = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
         let tgt = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
         let loss = model.loss(&idx, &tgt).unwrap();
         (&loss * 0.5).backward();
         let plain = grads(&vs);
-        // One chunk, and six chunks of the loss (36 tokens).
+        // One chunk and six chunks of the loss (36 tokens); none, some or all blocks
+        // recomputed (and more than there are).
         for chunk in [4096, 7] {
-            vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
-            let ck_loss = model.backward_checkpointed(&idx, &tgt, 0.5, chunk).unwrap();
-            assert!((loss.double_value(&[]) - ck_loss.double_value(&[])).abs() < 1e-6);
-            let diff = max_diff(&plain, &grads(&vs));
-            assert!(diff < 1e-6, "{arch:?} chunk {chunk}: gradients differ by {diff}");
+            for recompute in 0..=cfg.n_layer as usize + 1 {
+                vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+                let ck_loss = model.backward_checkpointed(&idx, &tgt, 0.5, chunk, recompute).unwrap();
+                assert!((loss.double_value(&[]) - ck_loss.double_value(&[])).abs() < 1e-6);
+                let diff = max_diff(&plain, &grads(&vs));
+                assert!(diff < 1e-6, "{arch:?} chunk {chunk}, {recompute} recomputed: gradients differ by {diff}");
+            }
         }
     }
 }
