@@ -11,6 +11,7 @@
 #   GRAPH_PRESETS="tiny:8 small:8"        # also the trainer with --cuda-graph ("" for none)
 #   MAX_MB_PRESETS="xlarge:8" MEM_LIMIT_GIB=80 bench/gpu.sh   # the largest micro-batch that
 #                                          # fits 80 GiB, trainer and eager (doubling from 8, then bisecting)
+#   MAX_MB_RECOMPUTE=1                     # the search also for the trainer with --gradient-checkpointing
 #   CHECK=0 bench/gpu.sh                   # skip the correctness check (a later call of a split job)
 # One device command may run 10 minutes: split the presets over calls (docs/perf.md, runbook).
 set -euo pipefail
@@ -18,6 +19,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
 GRAPH_PRESETS="${GRAPH_PRESETS-tiny:8 small:8}"
 MAX_MB_PRESETS="${MAX_MB_PRESETS:-}" MEM_LIMIT_GIB="${MEM_LIMIT_GIB:-80}" CHECK="${CHECK:-1}"
+MAX_MB_RECOMPUTE="${MAX_MB_RECOMPUTE:-0}"
 SEQ="${SEQ:-2048}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}"
 PYTHON="${PYTHON:-python3}"
 REFERENCE="${TORCH_REFERENCE:-../shared/reference/torch_reference.py}"
@@ -108,6 +110,10 @@ for pm in $MAX_MB_PRESETS; do
   preset="${pm%%:*}" mb="${pm##*:}"
   short=(--preset "$preset" --seq "$SEQ" --steps 1 --warmup 1)
   largest "$preset max-mb trainer" "$mb" "$TRAINER" bench "${short[@]}" --precision bf16-mixed --memory-limit-gib "$MEM_LIMIT_GIB"
+  if [ "$MAX_MB_RECOMPUTE" = 1 ]; then
+    largest "$preset max-mb trainer-recompute" "$mb" "$TRAINER" bench "${short[@]}" --precision bf16-mixed \
+      --memory-limit-gib "$MEM_LIMIT_GIB" --gradient-checkpointing
+  fi
   largest "$preset max-mb eager" "$mb" capped_reference "${short[@]}"
 done
 
