@@ -203,12 +203,7 @@ impl Model {
             x = self.block(i, &x)?;
         }
         let (loss, grad, head) = self.head_backward_chunked(&x.f_detach()?, targets, scale, chunk)?;
-        let (mut roots, mut grads) = (vec![x], vec![grad]);
-        for (p, g, _) in head {
-            roots.push(p);
-            grads.push(g);
-        }
-        crate::ffi::backward(&roots, &grads)?;
+        backward_from(x, grad, head)?;
         Ok(loss)
     }
 
@@ -338,25 +333,16 @@ impl Model {
         // The head's own parameters go with the first backward pass, so data
         // parallelism can send them early; a tied embedding goes with the last.
         let (tied, mut untied): (Vec<_>, Vec<_>) = head.into_iter().partition(|(_, _, tied)| *tied);
-        let pass = |out: Tensor, grad: Tensor, extra: &mut Vec<(Tensor, Tensor, bool)>| {
-            let (mut roots, mut grads) = (vec![out], vec![grad]);
-            for (p, g, _) in extra.drain(..) {
-                roots.push(p);
-                grads.push(g);
-            }
-            crate::ffi::backward(&roots, &grads)
-        };
         if r < self.blocks.len() {
-            pass(top, grad, &mut untied)?;
+            backward_from(top, grad, untied.drain(..))?;
             grad = kept_in.f_grad()?;
         }
         for (i, input) in inputs.iter().enumerate().rev() {
             let xi = input.f_detach()?.f_requires_grad_(true)?;
-            pass(self.block(i, &xi)?, grad, &mut untied)?;
+            backward_from(self.block(i, &xi)?, grad, untied.drain(..))?;
             grad = xi.f_grad()?;
         }
-        untied.extend(tied);
-        pass(emb, grad, &mut untied)?;
+        backward_from(emb, grad, untied.into_iter().chain(tied))?;
         Ok(loss)
     }
 }
@@ -364,6 +350,17 @@ impl Model {
 /// The head's parameter gradients from [`Model::head_backward_chunked`]:
 /// (parameter, gradient, whether it is the tied token embedding).
 type HeadGrads = Vec<(Tensor, Tensor, bool)>;
+
+/// One backward pass: `grad` from `out`, and each head parameter's gradient from the
+/// parameter itself, which the engine sums with what reaches it through `out`.
+fn backward_from(out: Tensor, grad: Tensor, head: impl IntoIterator<Item = (Tensor, Tensor, bool)>) -> Result<(), TchError> {
+    let (mut roots, mut grads) = (vec![out], vec![grad]);
+    for (p, g, _) in head {
+        roots.push(p);
+        grads.push(g);
+    }
+    crate::ffi::backward(&roots, &grads)
+}
 
 /// Whether training attention repeats K/V per query head: for cuDNN SDPA (which has no
 /// grouped-query path) on a model with fewer K/V heads than query heads.
