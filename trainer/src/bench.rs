@@ -35,8 +35,9 @@ pub struct BenchOptions {
     /// Run each step through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU)
     /// and the data-parallel gradient reducer, after checking a bf16 all-reduce.
     pub ddp: bool,
-    /// Tokens per lm_head + loss chunk; 0: the full logits at once.
-    pub loss_chunk: i64,
+    /// Tokens per lm_head + loss chunk; 0: the full logits at once (unless
+    /// checkpointing); `None`: training's choice for the vocabulary.
+    pub loss_chunk: Option<i64>,
     /// Capture one whole step (forward, backward, clip, AdamW) as a CUDA graph after
     /// the warm-up, and replay it for each timed step.
     pub cuda_graph: bool,
@@ -102,6 +103,10 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         )));
     }
     let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
+    let loss_chunk = match o.loss_chunk {
+        Some(c) if c > 0 || recompute == 0 => c.max(0),
+        _ => model.loss_chunk(),
+    };
     let ddp = if o.ddp { Some(data_parallel(o.device, &vs.trainable_variables())?) } else { None };
 
     if let Some(gib) = o.memory_limit_gib {
@@ -119,17 +124,12 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         }
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
         let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
-            if o.gradient_checkpointing {
-                let chunk = if o.loss_chunk > 0 { o.loss_chunk } else { crate::model::LOSS_CHUNK_TOKENS };
-                Ok(model.backward_checkpointed(&x, &y, 1.0, chunk, recompute)?)
-            } else {
-                if o.loss_chunk > 0 {
-                    return Ok(model.backward_chunked(&x, &y, 1.0, o.loss_chunk)?);
-                }
+            if loss_chunk == 0 {
                 let loss = model.loss(&x, &y)?;
                 loss.f_backward()?;
-                Ok(loss)
+                return Ok(loss);
             }
+            Ok(model.backward_checkpointed(&x, &y, 1.0, loss_chunk, recompute)?)
         })?;
         if let Some((_, reducer)) = &ddp {
             reducer.finish()?;
@@ -190,7 +190,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "attention_backend": format!("{backend:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "recomputed_blocks": recompute,
-        "loss_chunk": o.loss_chunk,
+        "loss_chunk": loss_chunk,
         "cuda_graph": o.cuda_graph,
         "memory_limit_gib": o.memory_limit_gib,
         "threads": tch::get_num_threads(),

@@ -541,7 +541,7 @@ impl Trainer {
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
             let loss = tch::autocast(self.autocast, || {
-                self.model.backward_checkpointed(&x, &y, scale, crate::model::LOSS_CHUNK_TOKENS, recompute)
+                self.model.backward_checkpointed(&x, &y, scale, self.model.loss_chunk(), recompute)
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
         }

@@ -19,9 +19,16 @@ use llama::LlamaBlock;
 /// Standard deviation of every weight at init (GPT-2 / nanoGPT).
 pub const INIT_STD: f64 = 0.02;
 
-/// Tokens per chunk of the chunked lm_head and cross-entropy: at a 50,304 vocabulary a
-/// chunk's f32 logits are 1.6 GB, against 3.3 GB for micro-batch 8 × 2048 at once.
-pub const LOSS_CHUNK_TOKENS: i64 = 8192;
+/// f32 logits per chunk of the chunked lm_head and cross-entropy: 8,192 tokens at a
+/// 50,304 vocabulary, 1.6 GB, against 3.3 GB for micro-batch 8 × 2048 at once.
+pub const LOSS_CHUNK_BYTES: i64 = 8192 * 50304 * 4;
+
+/// Tokens per loss chunk at vocabulary `vocab`: as many as keep a chunk's f32 logits
+/// within [`LOSS_CHUNK_BYTES`], in multiples of 256 (at least 256), so that LLaMA-3's
+/// and Qwen3's 128K–152K vocabularies hold no more than GPT-2's 50K.
+pub fn loss_chunk_tokens(vocab: i64) -> i64 {
+    (LOSS_CHUNK_BYTES / (4 * vocab.max(1)) / 256 * 256).max(256)
+}
 
 /// The sizes every layer needs, as i64 for tch.
 #[derive(Clone, Copy, Debug)]
@@ -141,6 +148,11 @@ impl Model {
 
     pub fn n_layer(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Tokens per chunk of the training loss ([`loss_chunk_tokens`] of the vocabulary).
+    pub fn loss_chunk(&self) -> i64 {
+        loss_chunk_tokens(self.dims.vocab)
     }
 
     /// Repeats K/V per query head in training attention when `attention` is cuDNN and the

@@ -241,3 +241,19 @@ fn two_micro_batches_accumulated_equal_one_batch_of_four() {
     let diff = max_diff(&whole, &grads(&vs));
     assert!(diff < 1e-7, "accumulated gradients differ by {diff}");
 }
+
+/// The loss chunk holds the same f32 logits at every vocabulary: 8,192 tokens at GPT-2's
+/// 50,304, fewer at LLaMA-3's and Qwen3's, none smaller than 256.
+#[test]
+fn the_loss_chunk_shrinks_with_the_vocabulary() {
+    assert_eq!(loss_chunk_tokens(50304), 8192);
+    assert_eq!(loss_chunk_tokens(32000), 12800);
+    assert_eq!(loss_chunk_tokens(128256), 3072);
+    assert_eq!(loss_chunk_tokens(151936), 2560);
+    assert_eq!(loss_chunk_tokens(1 << 30), 256);
+    for name in ["xlarge", "llama3-1.5b", "qwen3-1.8b", "gpt2-1b"] {
+        let cfg = ModelConfig::from(preset(name).unwrap());
+        let chunk = loss_chunk_tokens(cfg.vocab_size as i64);
+        assert!(chunk % 256 == 0 && chunk * cfg.vocab_size as i64 * 4 <= LOSS_CHUNK_BYTES, "{name}: {chunk}");
+    }
+}
