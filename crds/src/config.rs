@@ -330,4 +330,3 @@ fn json_differences(path: &str, before: &serde_json::Value, after: &serde_json::
         _ => {}
     }
 }
-

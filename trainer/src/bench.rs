@@ -79,6 +79,14 @@ fn peak_cuda_memory_gib() -> Result<Option<f64>, Error> {
 pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let mut model_cfg = o.model.clone();
     model_cfg.max_seq_len = model_cfg.max_seq_len.max(o.seq as u32);
+    if let Some(n) = o.checkpointed_blocks
+        && (!o.gradient_checkpointing || n == 0 || n > model_cfg.n_layer)
+    {
+        return Err(Error::InvalidSpec(format!(
+            "--checkpointed-blocks {n}: needs --gradient-checkpointing and 1 to the model's {} blocks",
+            model_cfg.n_layer
+        )));
+    }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
@@ -94,14 +102,6 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let act = if autocast { Kind::BFloat16 } else { kind };
     let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
-    if let Some(n) = o.checkpointed_blocks
-        && (!o.gradient_checkpointing || n == 0 || n > model_cfg.n_layer)
-    {
-        return Err(Error::InvalidSpec(format!(
-            "--checkpointed-blocks {n}: needs --gradient-checkpointing and 1 to the model's {} blocks",
-            model_cfg.n_layer
-        )));
-    }
     let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
     let loss_chunk = match o.loss_chunk {
         Some(c) if c > 0 || recompute == 0 => c.max(0),
