@@ -1,5 +1,6 @@
 // ATen entry points that tch 0.24 does not expose: backward from several roots with
-// given gradients, fused AdamW, foreach gradient clipping, the SDPA backend switches and, with CUDA, the caching allocator's
+// given gradients, fused AdamW, foreach gradient clipping, the SDPA backend switches,
+// bf16 autocast and, with CUDA, the caching allocator's
 // counters and cap and CUDA graphs. Every function is extern "C", catches
 // every C++ exception and returns it as a malloc'd message (NULL on success) that
 // Rust frees with shim_free_string; nothing may unwind across the FFI boundary.
@@ -9,11 +10,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #ifdef SHIM_CUDA
-#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
@@ -188,6 +189,40 @@ char* shim_sdp_choice(const at::Tensor* q, const at::Tensor* k, const at::Tensor
   return guarded([&] {
     TORCH_CHECK(q != nullptr && k != nullptr && v != nullptr, "sdp_choice: null tensor");
     *out = at::_fused_sdp_choice(*q, *k, *v, std::nullopt, 0.0, is_causal != 0, std::nullopt, enable_gqa != 0);
+  });
+}
+
+// Autocast to bf16 for one device type (CUDA when `cuda`, else CPU), as
+// torch.autocast(device, dtype=torch.bfloat16). tch's autocast switches CUDA autocast
+// on with CUDA's default lower-precision type, float16. Autocast state is thread-local;
+// enter writes the previous state for exit to restore.
+char* shim_autocast_enter(int cuda, int* prev_enabled, int* prev_dtype) {
+  return guarded([&] {
+    auto t = cuda != 0 ? at::kCUDA : at::kCPU;
+    *prev_enabled = at::autocast::is_autocast_enabled(t);
+    *prev_dtype = static_cast<int>(at::autocast::get_autocast_dtype(t));
+    at::autocast::set_autocast_dtype(t, at::kBFloat16);
+    at::autocast::set_autocast_enabled(t, true);
+    at::autocast::increment_nesting();
+  });
+}
+
+// Leaves autocast: the outermost exit drops the cached bf16 copies of the weights.
+char* shim_autocast_exit(int cuda, int prev_enabled, int prev_dtype) {
+  return guarded([&] {
+    auto t = cuda != 0 ? at::kCUDA : at::kCPU;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(t, prev_enabled != 0);
+    at::autocast::set_autocast_dtype(t, static_cast<at::ScalarType>(prev_dtype));
+  });
+}
+
+// This thread's autocast state for one device type.
+char* shim_autocast_state(int cuda, int* enabled, int* dtype) {
+  return guarded([&] {
+    auto t = cuda != 0 ? at::kCUDA : at::kCPU;
+    *enabled = at::autocast::is_autocast_enabled(t);
+    *dtype = static_cast<int>(at::autocast::get_autocast_dtype(t));
   });
 }
 

@@ -99,7 +99,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
     let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
     optim::set_sdp_backend(o.attention)?;
-    let act = if autocast { Kind::BFloat16 } else { kind };
+    let act = crate::train::matmul_kind(kind, autocast, o.device)?;
     let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
 
     let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
@@ -123,7 +123,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             reducer.prepare()?;
         }
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
-        let loss = tch::autocast(autocast, || -> Result<Tensor, Error> {
+        let loss = crate::ffi::autocast(o.device, autocast, || -> Result<Tensor, Error> {
             if loss_chunk == 0 {
                 let loss = model.loss(&x, &y)?;
                 loss.f_backward()?;
@@ -188,6 +188,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "peak_rss_gib": peak_rss_gib().map(|g| round(g, 3)),
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
+        "matmul_dtype": format!("{act:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "recomputed_blocks": recompute,
         "loss_chunk": loss_chunk,

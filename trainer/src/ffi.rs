@@ -5,7 +5,7 @@
 
 use std::ffi::{CStr, c_char, c_int};
 
-use tch::{TchError, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 use torch_sys::C_tensor;
 
 use crate::Error;
@@ -54,6 +54,9 @@ mod raw {
             out: *mut i64,
         ) -> *mut c_char;
         pub fn shim_built_with_cuda() -> c_int;
+        pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
+        pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
+        pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_memory_stats(
             device: c_int,
@@ -303,6 +306,81 @@ pub fn shim_built_with_cuda() -> bool {
     unsafe { raw::shim_built_with_cuda() != 0 }
 }
 
+/// Whether autocast is on for `device`'s type on this thread, and its lower-precision
+/// type (what it casts matmuls and attention to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AutocastState {
+    pub enabled: bool,
+    pub dtype: Kind,
+}
+
+fn autocast_device(device: Device) -> Result<c_int, Error> {
+    match device {
+        Device::Cpu => Ok(0),
+        Device::Cuda(_) => Ok(1),
+        other => Err(Error::Shim(format!("autocast: unsupported device {other:?}"))),
+    }
+}
+
+/// This thread's autocast state for `device`'s type.
+pub fn autocast_state(device: Device) -> Result<AutocastState, Error> {
+    let cuda = autocast_device(device)?;
+    let (mut enabled, mut dtype) = (0, 0);
+    // SAFETY: the shim writes two ints.
+    check("autocast_state", unsafe { raw::shim_autocast_state(cuda, &mut enabled, &mut dtype) })?;
+    let dtype = match dtype {
+        5 => Kind::Half,
+        6 => Kind::Float,
+        15 => Kind::BFloat16,
+        other => return Err(Error::Shim(format!("autocast_state: unexpected at::ScalarType {other}"))),
+    };
+    Ok(AutocastState { enabled: enabled != 0, dtype })
+}
+
+/// The type autocast casts to on `device` now, if it is on there (a KV cache
+/// allocated in it is not re-cast on every decoding step).
+pub fn autocast_kind(device: Device) -> Result<Option<Kind>, Error> {
+    let s = autocast_state(device)?;
+    Ok(s.enabled.then_some(s.dtype))
+}
+
+/// Runs `f` under bf16 autocast for `device`'s type when `enabled`, as
+/// `torch.autocast(device, dtype=torch.bfloat16)`: matmuls and attention run in bf16,
+/// softmax-like ops and reductions in f32, and f32 weights stay the master copy.
+/// (`tch::autocast` turns CUDA autocast on with its default type, float16.)
+pub fn autocast<T, E>(device: Device, enabled: bool, f: impl FnOnce() -> Result<T, E>) -> Result<T, Error>
+where
+    Error: From<E>,
+{
+    if !enabled {
+        return Ok(f()?);
+    }
+    let cuda = autocast_device(device)?;
+    let (mut prev_enabled, mut prev_dtype) = (0, 0);
+    // SAFETY: the shim writes two ints.
+    check("autocast_enter", unsafe { raw::shim_autocast_enter(cuda, &mut prev_enabled, &mut prev_dtype) })?;
+    // Restores the previous state also when `f` panics.
+    struct Exit(c_int, c_int, c_int, bool);
+    impl Exit {
+        fn exit(&mut self) -> Result<(), Error> {
+            self.3 = true;
+            // SAFETY: plain values.
+            check("autocast_exit", unsafe { raw::shim_autocast_exit(self.0, self.1, self.2) })
+        }
+    }
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            if !self.3 {
+                let _ = self.exit();
+            }
+        }
+    }
+    let mut guard = Exit(cuda, prev_enabled, prev_dtype, false);
+    let out = f();
+    guard.exit()?;
+    Ok(out?)
+}
+
 /// CUDA caching-allocator counters for one device, in bytes.
 #[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -421,6 +499,50 @@ mod tests {
     #[test]
     fn shim_cuda_paths_follow_the_feature() {
         assert_eq!(shim_built_with_cuda(), cfg!(feature = "cuda"));
+    }
+
+    /// `autocast` sets bf16 for its device type, where CUDA's own default is float16
+    /// (what `tch::autocast` leaves), nests, and restores the state after, also after
+    /// an error. The state is thread-local, so CUDA's can be read without a GPU.
+    #[test]
+    fn autocast_is_bf16_for_its_device_type_and_restores_the_previous_state() {
+        let cuda = Device::Cuda(0);
+        let off = autocast_state(cuda).unwrap();
+        assert_eq!(off, AutocastState { enabled: false, dtype: Kind::Half }, "libtorch's CUDA default");
+        let on = AutocastState { enabled: true, dtype: Kind::BFloat16 };
+        autocast(cuda, true, || -> Result<(), Error> {
+            assert_eq!(autocast_state(cuda)?, on);
+            assert_eq!(autocast_kind(cuda)?, Some(Kind::BFloat16));
+            assert_eq!(autocast_kind(Device::Cpu)?, None, "CPU autocast stays off");
+            autocast(cuda, true, || autocast_state(cuda).map(|s| assert_eq!(s, on)))?;
+            assert_eq!(autocast_state(cuda)?, on, "an inner exit keeps the outer autocast");
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(autocast_state(cuda).unwrap(), off);
+        let failed = autocast(cuda, true, || Err::<(), _>(Error::InvalidSpec("inside".into())));
+        assert!(matches!(failed, Err(Error::InvalidSpec(_))));
+        assert_eq!(autocast_state(cuda).unwrap(), off, "restored after an error");
+        autocast(cuda, false, || autocast_state(cuda).map(|s| assert_eq!(s, off))).unwrap();
+    }
+
+    /// On CPU the same switch really casts: matmuls run in bf16, the loss stays f32.
+    #[test]
+    fn autocast_runs_matmuls_in_bf16_and_keeps_the_loss_in_f32() {
+        let x = Tensor::randn([4, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([5, 8], (Kind::Float, Device::Cpu));
+        let (y, loss) = autocast(Device::Cpu, true, || -> Result<_, TchError> {
+            let y = x.f_linear(&w, None::<Tensor>)?;
+            let loss = y.f_log_softmax(-1, Kind::Float)?.f_mean(Kind::Float)?;
+            Ok((y, loss))
+        })
+        .unwrap();
+        assert_eq!((y.kind(), loss.kind()), (Kind::BFloat16, Kind::Float));
+        let plain = autocast(Device::Cpu, false, || x.f_linear(&w, None::<Tensor>)).unwrap();
+        assert_eq!(plain.kind(), Kind::Float);
+        let d = (y.to_kind(Kind::Float) - &plain).abs().max().double_value(&[]);
+        assert!(d > 0.0 && d < 0.1, "bf16 rounding, not another result: {d}");
+        assert!(autocast(Device::Mps, true, || Ok::<_, Error>(())).is_err());
     }
 
     /// On a GPU: a captured step replays with new inputs and gives eager's result;

@@ -122,9 +122,21 @@ pub fn precision_plan(precision: Precision, device: Device) -> (Kind, bool, &'st
         (Precision::Bf16Mixed, false) => (
             Kind::Float,
             false,
-            "f32 (bf16-mixed asked for, but libtorch's autocast does nothing on CPU)",
+            "f32 (bf16-mixed autocasts on CUDA only: bf16 matmuls are slower than f32 on most CPUs)",
         ),
     }
+}
+
+/// The dtype the model's matmuls run in on `device`: the weights' `kind`, or what
+/// autocast casts them to. Read from a probe matmul, so logs and benchmarks report what
+/// libtorch does, and a `bf16-mixed` that would not run bf16 is an error.
+pub fn matmul_kind(kind: Kind, autocast: bool, device: Device) -> Result<Kind, Error> {
+    let a = Tensor::f_ones([2, 2], (kind, device))?;
+    let got = crate::ffi::autocast(device, autocast, || a.f_matmul(&a))?.kind();
+    if autocast && got != Kind::BFloat16 {
+        return Err(Error::Shim(format!("bf16 autocast on {device:?} ran a probe matmul in {got:?}")));
+    }
+    Ok(got)
 }
 
 pub struct Trainer {
@@ -198,8 +210,9 @@ impl Trainer {
             RunDevice::Cpu => Device::Cpu,
         };
         let (kind, autocast, what) = precision_plan(cfg.precision, device);
+        let matmuls = matmul_kind(kind, autocast, device)?;
         if p.rank == 0 {
-            tracing::info!("precision: {what}");
+            tracing::info!("precision: {what}; matmuls run in {matmuls:?}");
         }
         // Join first: a rank that cannot meet the others should fail before the slow setup.
         let group = if p.world_size > 1 {
@@ -308,7 +321,7 @@ impl Trainer {
     /// Logs the SDPA backend libtorch picks for the run's shapes, and fails when a
     /// forced `spec.attention` backend cannot run them.
     fn check_attention(&self, kind: Kind) -> Result<(), Error> {
-        let kind = if self.autocast { Kind::BFloat16 } else { kind };
+        let kind = matmul_kind(kind, self.autocast, self.device)?;
         let b = &self.cfg.batch;
         let backend = attention_backend(&self.cfg.model, self.cfg.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
         if self.rank0() && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
@@ -540,7 +553,7 @@ impl Trainer {
             }
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
-            let loss = tch::autocast(self.autocast, || {
+            let loss = crate::ffi::autocast(self.device, self.autocast, || {
                 self.model.backward_checkpointed(&x, &y, scale, self.model.loss_chunk(), recompute)
             })?;
             loss_sum = loss_sum.f_add(&loss)?;
@@ -660,7 +673,7 @@ impl Trainer {
         let record = corpus::mcq_records(self.cfg.seed, 1, Split::Validation).remove(0);
         let prompt = record.prompt();
         let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
-        let mut out = tch::autocast(self.autocast, || {
+        let mut out = crate::ffi::autocast(self.device, self.autocast, || {
             generate::complete(&self.model, &self.tokenizer, &prompt, 1, 24, &greedy, self.device)
         })?;
         let gold = corpus::McqRecord::letter(record.answer);
@@ -942,7 +955,7 @@ pub fn evaluate(
                 }
                 let take = (n - first).min(b) as usize;
                 let (x, y, _) = mix.batch_tensors(first, take)?;
-                let loss = tch::autocast(autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
+                let loss = crate::ffi::autocast(device, autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
                 *total += loss.f_double_value(&[])? * take as f64;
             }
         }

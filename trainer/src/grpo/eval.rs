@@ -63,7 +63,7 @@ pub fn evaluate(
                     p[p.len().saturating_sub(o.max_prompt_tokens)..].to_vec()
                 })
                 .collect();
-            let out = tch::autocast(o.autocast, || {
+            let out = crate::ffi::autocast(o.device, o.autocast, || {
                 generate::generate_cached(model, &prompts, o.max_new_tokens, &greedy, Some(eos as i64), o.device)
             })?;
             for (r, c) in chunk.iter().zip(&out) {

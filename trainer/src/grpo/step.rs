@@ -151,7 +151,7 @@ pub fn pack(rows: &[(&[i64], &[i64])], pad: i64, device: Device) -> Result<Packe
 /// Per-token log-probabilities (B, L−1) of `packed`'s targets under `model`, over the
 /// sampler's support when `keep` (B, L−1, V) is given.
 pub fn packed_logps(model: &Model, packed: &Packed, temperature: f64, autocast: bool, keep: Option<&Tensor>) -> Result<Tensor, Error> {
-    let logits = tch::autocast(autocast, || model.logits(&packed.inputs))?;
+    let logits = crate::ffi::autocast(packed.inputs.device(), autocast, || model.logits(&packed.inputs))?;
     support_logps(&logits, &packed.targets, temperature, keep)
 }
 
@@ -343,7 +343,7 @@ impl Grpo {
             let _rng = crate::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             let key = crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
             tch::manual_seed((key >> 1) as i64);
-            tch::autocast(ctx.autocast, || {
+            crate::ffi::autocast(ctx.device, ctx.autocast, || {
                 generate::generate_cached(ctx.model, &rows, g.max_new_tokens as usize, &sampling, Some(eos), ctx.device)
             })?
         };
@@ -394,7 +394,7 @@ impl Grpo {
                 // The sampling policy's view of the batch: its support and, when the batch
                 // serves several steps, its log-probabilities.
                 let (old, support) = if g.iterations > 1 || truncated {
-                    let logits = tch::autocast(ctx.autocast, || ctx.model.logits(&packed.inputs))?;
+                    let logits = crate::ffi::autocast(ctx.device, ctx.autocast, || ctx.model.logits(&packed.inputs))?;
                     let support = if truncated { Some(keep_mask(&logits, &packed.targets, g.temperature, g.top_p)?) } else { None };
                     let old = if g.iterations > 1 {
                         Some(support_logps(&logits, &packed.targets, g.temperature, support.as_ref())?)

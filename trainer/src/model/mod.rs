@@ -282,10 +282,16 @@ impl Model {
         self.head(&x)
     }
 
-    /// An empty KV cache for `batch` rows of up to `capacity` tokens, in the model's dtype.
+    /// An empty KV cache for `batch` rows of up to `capacity` tokens, in the model's dtype
+    /// or, under autocast, in autocast's (attention would re-cast an f32 cache every step).
     pub fn new_cache(&self, batch: i64, capacity: i64) -> Result<KvCache, TchError> {
         let w = &self.embed_tokens.weight;
-        KvCache::new(&self.dims, batch, capacity.min(self.dims.max_seq), w.kind(), w.device())
+        let kind = match crate::ffi::autocast_kind(w.device()) {
+            Ok(Some(low)) if w.kind() == Kind::Float => low,
+            Ok(_) => w.kind(),
+            Err(e) => return Err(TchError::Torch(e.to_string())),
+        };
+        KvCache::new(&self.dims, batch, capacity.min(self.dims.max_seq), kind, w.device())
     }
 
     /// Incremental decoding: feeds `idx` (B, T) (`real` (B, T) false at left padding)

@@ -257,3 +257,75 @@ fn the_loss_chunk_shrinks_with_the_vocabulary() {
         assert!(chunk % 256 == 0 && chunk * cfg.vocab_size as i64 * 4 <= LOSS_CHUNK_BYTES, "{name}: {chunk}");
     }
 }
+
+fn max_abs(a: &BTreeMap<String, Tensor>) -> f64 {
+    a.values().map(|g| g.abs().max().double_value(&[])).fold(0.0, f64::max)
+}
+
+/// Under bf16 autocast (run here on CPU: the same switch as CUDA's, another device
+/// type) the chunked and the checkpointed backward give plain backward's loss and
+/// gradients up to bf16 rounding, and recomputing any number of blocks changes nothing,
+/// so the recomputed blocks run in bf16 as their first forward did. The loss and the
+/// gradients of the f32 master weights stay f32.
+#[test]
+fn the_backward_passes_agree_under_bf16_autocast() {
+    let bf16 = |f: &mut dyn FnMut() -> Result<Tensor, TchError>| crate::ffi::autocast(Device::Cpu, true, f).unwrap();
+    for (arch, tied) in [(Arch::Llama, false), (Arch::Gpt2, true)] {
+        let mut cfg = small(arch, tied);
+        cfg.n_layer = 3;
+        let (vs, model) = build(&cfg, 8);
+        let idx = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
+        let tgt = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
+        let zero = || vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+        model.loss(&idx, &tgt).unwrap().backward();
+        let f32_grads = grads(&vs);
+        zero();
+        let loss = bf16(&mut || model.loss(&idx, &tgt));
+        assert_eq!(loss.kind(), Kind::Float);
+        (&loss * 0.5).backward();
+        let plain = grads(&vs);
+        assert!(plain.values().all(|g| g.kind() == Kind::Float));
+        let scale = max_abs(&plain);
+        // bf16 really ran: the gradients moved from f32's by rounding.
+        let rounding = max_diff(&plain, &f32_grads.iter().map(|(k, g)| (k.clone(), g * 0.5)).collect()) / scale;
+        assert!(rounding > 1e-4 && rounding < 0.1, "{arch:?}: bf16 against f32 gradients: {rounding}");
+        for chunk in [4096, 7] {
+            zero();
+            let chunked_loss = bf16(&mut || model.backward_chunked(&idx, &tgt, 0.5, chunk));
+            assert!((loss.double_value(&[]) - chunked_loss.double_value(&[])).abs() < 1e-2);
+            let chunked = grads(&vs);
+            let d = max_diff(&plain, &chunked) / scale;
+            assert!(d < 0.02, "{arch:?} chunk {chunk}: chunked against plain gradients: {d}");
+            for recompute in 1..=cfg.n_layer as usize {
+                zero();
+                let ck_loss = bf16(&mut || model.backward_checkpointed(&idx, &tgt, 0.5, chunk, recompute));
+                assert!((ck_loss.double_value(&[]) - chunked_loss.double_value(&[])).abs() < 1e-6);
+                let d = max_diff(&chunked, &grads(&vs)) / scale;
+                assert!(d < rounding / 100.0, "{arch:?} chunk {chunk}, {recompute} recomputed: gradients differ by {d}");
+            }
+        }
+    }
+}
+
+/// Under autocast the KV cache is allocated in bf16 (attention would re-cast an f32
+/// cache on every step) and decoding still gives the full forward's logits.
+#[test]
+fn under_autocast_the_kv_cache_is_bf16_and_decodes_as_the_full_forward() {
+    let cfg = small(Arch::Llama, false);
+    let (_vs, model) = build(&cfg, 9);
+    assert_eq!(model.new_cache(1, 8).unwrap().layers[0].0.kind(), Kind::Float);
+    let x = Tensor::from_slice(&[5i64, 17, 3, 8]).view([1, 4]);
+    let (cached, full) = crate::ffi::autocast(Device::Cpu, true, || -> Result<_, TchError> {
+        let mut cache = model.new_cache(1, 8)?;
+        assert!(cache.layers.iter().all(|(k, v)| k.kind() == Kind::BFloat16 && v.kind() == Kind::BFloat16));
+        let real = Tensor::ones([1, 3], (Kind::Bool, Device::Cpu));
+        let _ = tch::no_grad(|| model.decode(&x.narrow(1, 0, 3), &real, &mut cache))?;
+        let last = tch::no_grad(|| model.decode(&x.narrow(1, 3, 1), &real.narrow(1, 0, 1), &mut cache))?;
+        let full = tch::no_grad(|| model.logits(&x))?.get(0).get(3);
+        Ok((last.get(0).to_kind(Kind::Float), full.to_kind(Kind::Float)))
+    })
+    .unwrap();
+    let d = (&cached - &full).abs().max().double_value(&[]);
+    let scale = full.abs().max().double_value(&[]);
+    assert!(d <= 0.01 * scale, "cached logits differ from the full forward's by {d} (scale {scale})");
+}
