@@ -192,6 +192,16 @@ char* shim_sdp_choice(const at::Tensor* q, const at::Tensor* k, const at::Tensor
   });
 }
 
+// Tensor.pin_memory() without the device argument, which tch always passes and which
+// libtorch deprecates with a warning on every call (four log lines per micro-batch).
+char* shim_pin_memory(const at::Tensor* t, at::Tensor** out) {
+  return guarded([&] {
+    *out = nullptr;
+    TORCH_CHECK(t != nullptr && t->defined(), "pin_memory: undefined tensor");
+    *out = new at::Tensor(t->pin_memory());
+  });
+}
+
 // Autocast to bf16 for one device type (CUDA when `cuda`, else CPU), as
 // torch.autocast(device, dtype=torch.bfloat16). tch's autocast switches CUDA autocast
 // on with CUDA's default lower-precision type, float16. Autocast state is thread-local;

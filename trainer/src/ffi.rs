@@ -54,6 +54,7 @@ mod raw {
             out: *mut i64,
         ) -> *mut c_char;
         pub fn shim_built_with_cuda() -> c_int;
+        pub fn shim_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
         pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
@@ -209,6 +210,16 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Tensor, Error> 
     let err = unsafe { raw::shim_clip_grad_norm(g.as_ptr(), g.len(), max_norm, &mut out) };
     check("clip_grad_norm", err)?;
     // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of (freed by at_free).
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// A copy of CPU tensor `t` in page-locked memory, from which a host-to-device copy can
+/// run asynchronously (`Tensor.pin_memory()`). An error where no accelerator is present.
+pub fn pin_memory(t: &Tensor) -> Result<Tensor, Error> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: a live tensor; on success the shim hands us a new at::Tensor*.
+    check("pin_memory", unsafe { raw::shim_pin_memory(t.as_ptr(), &mut out) })?;
+    // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
@@ -524,6 +535,23 @@ mod tests {
         assert!(matches!(failed, Err(Error::InvalidSpec(_))));
         assert_eq!(autocast_state(cuda).unwrap(), off, "restored after an error");
         autocast(cuda, false, || autocast_state(cuda).map(|s| assert_eq!(s, off))).unwrap();
+    }
+
+    /// Pinning needs an accelerator: with one, a pinned copy of equal values; without,
+    /// a clear error (the loader pins only for CUDA runs).
+    #[test]
+    fn pin_memory_copies_into_page_locked_memory_or_says_it_cannot() {
+        let t = Tensor::arange(6, (Kind::Int64, Device::Cpu)).view([2, 3]);
+        match pin_memory(&t) {
+            Ok(p) => {
+                assert!(tch::Cuda::is_available());
+                assert!(p.is_pinned(Device::Cuda(0)) && p.equal(&t) && p.device() == Device::Cpu);
+            }
+            Err(e) => {
+                assert!(!tch::Cuda::is_available(), "{e}");
+                assert!(e.to_string().starts_with("libtorch shim: pin_memory: "), "{e}");
+            }
+        }
     }
 
     /// On CPU the same switch really casts: matmuls run in bf16, the loss stays f32.

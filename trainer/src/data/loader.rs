@@ -89,7 +89,7 @@ fn fill(mix: &Mix, plan: BatchPlan, mut position: u64, device: Device, tx: &Sync
             let first = plan.first_sample(position, m);
             let batch = (|| -> Result<MicroBatch, Error> {
                 let (x, y, _) = mix.batch_tensors(first, plan.micro_batch as usize)?;
-                let (x, y) = if device.is_cuda() { (x.f_pin_memory(device)?, y.f_pin_memory(device)?) } else { (x, y) };
+                let (x, y) = if device.is_cuda() { (crate::ffi::pin_memory(&x)?, crate::ffi::pin_memory(&y)?) } else { (x, y) };
                 Ok(MicroBatch { first_sample: first, inputs: x, targets: y })
             })();
             // A closed channel means the trainer is done with us.
