@@ -192,6 +192,16 @@ char* shim_sdp_choice(const at::Tensor* q, const at::Tensor* k, const at::Tensor
   });
 }
 
+// Drops each parameter's .grad (optimizer.zero_grad(set_to_none=True)): the memory
+// returns to the allocator until backward produces the next gradients.
+char* shim_clear_grads(at::Tensor* const* params, size_t n) {
+  return guarded([&] {
+    for (auto& p : to_list(params, n, "params")) {
+      if (p.grad().defined()) p.mutable_grad().reset();
+    }
+  });
+}
+
 // Tensor.pin_memory() without the device argument, which tch always passes and which
 // libtorch deprecates with a warning on every call (four log lines per micro-batch).
 char* shim_pin_memory(const at::Tensor* t, at::Tensor** out) {

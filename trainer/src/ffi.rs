@@ -54,6 +54,7 @@ mod raw {
             out: *mut i64,
         ) -> *mut c_char;
         pub fn shim_built_with_cuda() -> c_int;
+        pub fn shim_clear_grads(params: *const *mut C_tensor, n: usize) -> *mut c_char;
         pub fn shim_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
@@ -211,6 +212,13 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Tensor, Error> 
     check("clip_grad_norm", err)?;
     // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of (freed by at_free).
     Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Leaves every tensor in `params` without a `.grad` (torch's `zero_grad(set_to_none=True)`).
+pub fn clear_grads(params: &[Tensor]) -> Result<(), Error> {
+    let p = ptrs(params);
+    // SAFETY: a list of live tensors.
+    check("clear_grads", unsafe { raw::shim_clear_grads(p.as_ptr(), p.len()) })
 }
 
 /// A copy of CPU tensor `t` in page-locked memory, from which a host-to-device copy can

@@ -148,15 +148,12 @@ impl AdamW {
         ffi::clip_grad_norm(&grads, max_norm)
     }
 
-    /// Zeroes every defined grad in place.
+    /// Drops every grad, as `zero_grad(set_to_none=True)`: between steps the gradients
+    /// hold no memory, so the next forward's activations can use it (zeroed grads
+    /// would add the model's size in gradients to the peak at the start of backward).
     pub fn zero_grad(&mut self) -> Result<(), Error> {
-        for s in self.slots() {
-            let mut g = s.param.f_grad()?;
-            if g.defined() {
-                let _ = g.f_detach_()?.f_zero_()?;
-            }
-        }
-        Ok(())
+        let params: Vec<Tensor> = self.slots().map(|s| s.param.shallow_clone()).collect();
+        ffi::clear_grads(&params)
     }
 
     /// Optimizer state for checkpoints, named `<param>.exp_avg`, `<param>.exp_avg_sq`
@@ -639,6 +636,22 @@ mod tests {
 
     fn same(a: &[Tensor], b: &[Tensor]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.equal(y))
+    }
+
+    /// zero_grad drops the gradients (no memory held between steps), and the next
+    /// backward starts from nothing rather than adding to the last one.
+    #[test]
+    fn zero_grad_drops_the_gradients() {
+        let (params, mut opt) = toy();
+        toy_backward(&params, &mut opt, 1);
+        let first: Vec<Tensor> = params.iter().map(|(_, p)| p.grad().copy()).collect();
+        opt.zero_grad().unwrap();
+        assert!(params.iter().all(|(_, p)| !p.grad().defined()));
+        opt.zero_grad().unwrap();
+        toy_backward(&params, &mut opt, 1);
+        for ((_, p), g) in params.iter().zip(&first) {
+            assert!(p.grad().equal(g), "a fresh gradient, not a sum");
+        }
     }
 
     #[test]
