@@ -262,10 +262,12 @@ impl Model {
             let mut grads = Tensor::f_run_backward(&[loss.f_mul_scalar(scale)?], &inputs, false, false)?.into_iter();
             grad.f_narrow(0, start, len)?.f_copy_(&grads.next().expect("a gradient per input"))?;
             for (sum, g) in sums.iter_mut().zip(grads) {
-                *sum = Some(match sum.take() {
-                    Some(s) => s.f_add(&g)?,
-                    None => g,
-                });
+                // In place: a new sum per chunk would hold a third copy of the lm_head's
+                // gradient (1.2 GB at Qwen3's vocabulary) for a moment.
+                match sum {
+                    Some(s) => drop(s.f_add_(&g)?),
+                    None => *sum = Some(g),
+                }
             }
             total = total.f_add(&loss.f_detach()?)?;
         }
