@@ -928,6 +928,14 @@ pub struct RunMetrics {
     /// four answer letters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_accuracy_log_likelihood: Option<f64>,
+    /// Peak GPU memory held by tensors on rank 0's GPU since the trainer started, GiB
+    /// (CUDA runs). Against `gpuMemoryTotalGiB`, the headroom for a larger
+    /// `batch.microBatch`.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryPeakGiB")]
+    pub gpu_memory_peak_gib: Option<f64>,
+    /// Memory of rank 0's GPU, GiB (CUDA runs).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryTotalGiB")]
+    pub gpu_memory_total_gib: Option<f64>,
 }
 
 /// A complete checkpoint.

@@ -258,13 +258,15 @@ int shim_built_with_cuda() {
 #ifdef SHIM_CUDA
 // Bytes held by tensors, bytes reserved by the caching allocator, and the peak of
 // the former since the last reset, for one CUDA device.
-char* shim_cuda_memory_stats(int device, int64_t* allocated, int64_t* reserved, int64_t* peak_allocated) {
+char* shim_cuda_memory_stats(int device, int64_t* allocated, int64_t* reserved, int64_t* peak_allocated,
+                             int64_t* total) {
   return guarded([&] {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     *allocated = stats.allocated_bytes[agg].current;
     *reserved = stats.reserved_bytes[agg].current;
     *peak_allocated = stats.allocated_bytes[agg].peak;
+    *total = static_cast<int64_t>(at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device))->totalGlobalMem);
   });
 }
 

@@ -65,17 +65,6 @@ fn reset_peak_cuda_memory() -> Result<(), Error> {
     Ok(())
 }
 
-/// Peak bytes allocated by libtorch's CUDA caching allocator, GiB.
-#[cfg(feature = "cuda")]
-fn peak_cuda_memory_gib() -> Result<Option<f64>, Error> {
-    Ok(Some(crate::ffi::cuda_memory(0)?.peak_allocated as f64 / (1u64 << 30) as f64))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn peak_cuda_memory_gib() -> Result<Option<f64>, Error> {
-    Ok(None)
-}
-
 pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let mut model_cfg = o.model.clone();
     model_cfg.max_seq_len = model_cfg.max_seq_len.max(o.seq as u32);
@@ -168,7 +157,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     let dt = t0.elapsed().as_secs_f64();
     let tok_s = o.steps as f64 * (o.micro_batch * o.seq) as f64 / dt;
     let counts = model_cfg.param_counts();
-    let peak_mem = if o.device.is_cuda() { peak_cuda_memory_gib()? } else { None };
+    // Peak bytes allocated by libtorch's CUDA caching allocator, as the reference reports.
+    let peak_mem = crate::ffi::device_memory(o.device)?.map(|m| m.peak_allocated as f64 / (1u64 << 30) as f64);
     let round = |v: f64, d: i32| (v * 10f64.powi(d)).round() / 10f64.powi(d);
     Ok(json!({
         "impl": "trainer",

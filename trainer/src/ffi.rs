@@ -65,6 +65,7 @@ mod raw {
             allocated: *mut i64,
             reserved: *mut i64,
             peak_allocated: *mut i64,
+            total: *mut i64,
         ) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
@@ -401,7 +402,6 @@ where
 }
 
 /// CUDA caching-allocator counters for one device, in bytes.
-#[cfg(feature = "cuda")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CudaMemory {
     /// Held by live tensors now.
@@ -410,21 +410,35 @@ pub struct CudaMemory {
     pub reserved: i64,
     /// Peak of `allocated` since the last [`cuda_reset_peak_memory`].
     pub peak_allocated: i64,
+    /// The device's memory.
+    pub total: i64,
 }
 
 /// Reads the caching allocator's counters for CUDA device `device`.
 #[cfg(feature = "cuda")]
 pub fn cuda_memory(device: usize) -> Result<CudaMemory, Error> {
-    let (mut a, mut r, mut p) = (0, 0, 0);
+    let (mut a, mut r, mut p, mut t) = (0, 0, 0, 0);
     let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
-    // SAFETY: the shim writes three i64s; a bad index throws and comes back as Err.
-    let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p) };
+    // SAFETY: the shim writes four i64s; a bad index throws and comes back as Err.
+    let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p, &mut t) };
     check("cuda_memory", err)?;
     Ok(CudaMemory {
         allocated: a,
         reserved: r,
         peak_allocated: p,
+        total: t,
     })
+}
+
+/// [`cuda_memory`] of `device` where it is a CUDA device and the shim has CUDA;
+/// `None` elsewhere.
+pub fn device_memory(device: Device) -> Result<Option<CudaMemory>, Error> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(i) = device {
+        return cuda_memory(i).map(Some);
+    }
+    let _ = device;
+    Ok(None)
 }
 
 /// Restarts the peak counter of [`cuda_memory`] for CUDA device `device`.
@@ -518,6 +532,7 @@ mod tests {
     #[test]
     fn shim_cuda_paths_follow_the_feature() {
         assert_eq!(shim_built_with_cuda(), cfg!(feature = "cuda"));
+        assert_eq!(device_memory(Device::Cpu).unwrap(), None, "no GPU memory to report on CPU");
     }
 
     /// `autocast` sets bf16 for its device type, where CUDA's own default is float16
@@ -615,10 +630,13 @@ mod tests {
             let t = Tensor::ones([1024], (tch::Kind::Float, tch::Device::Cuda(0)));
             let m = cuda_memory(0).unwrap();
             assert!(m.allocated >= 4096 && m.peak_allocated >= m.allocated && m.reserved >= m.allocated, "{m:?}");
+            assert!(m.total >= m.reserved && m.total > 1 << 30, "{m:?}");
+            assert_eq!(device_memory(tch::Device::Cuda(0)).unwrap().map(|d| d.total), Some(m.total));
             drop(t);
             cuda_reset_peak_memory(0).unwrap();
         } else {
             assert!(matches!(cuda_memory(0), Err(Error::Shim(_))));
+            assert!(device_memory(tch::Device::Cuda(0)).is_err());
         }
     }
 }

@@ -119,6 +119,9 @@ pub struct StepRecord {
     /// GRPO's metrics of the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpo: Option<crate::grpo::step::GrpoStats>,
+    /// Peak GPU memory of rank 0's tensors so far, GiB (CUDA runs).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryPeakGiB")]
+    pub gpu_memory_peak_gib: Option<f64>,
 }
 
 /// `kind: "accuracy"`.
@@ -148,6 +151,7 @@ impl StepRecord {
             time,
             elapsed_seconds,
             grpo: report.grpo,
+            gpu_memory_peak_gib: report.gpu_memory.map(|g| g.peak_gib()),
         }
     }
 }
@@ -438,6 +442,7 @@ mod tests {
             tokens_per_second: 2048.0,
             mfu: None,
             grpo: None,
+            gpu_memory: None,
         }
     }
 

@@ -202,6 +202,7 @@ mod tests {
                 tokens_per_second: 1e4,
                 mfu: None,
                 grpo: None,
+                gpu_memory: None,
             };
             log.step(&report).unwrap();
             if step % 50 == 0 {

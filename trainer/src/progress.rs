@@ -159,6 +159,9 @@ impl Progress {
         if let Some(mfu) = report.mfu {
             msg.push_str(&format!(" mfu {:.1}%", mfu * 100.0));
         }
+        if let Some(g) = report.gpu_memory {
+            msg.push_str(&format!(" mem {:.1}/{:.0} GiB", g.peak_gib(), g.total_gib()));
+        }
         if let Some(rate) = self.rate {
             let left = self.total_tokens.saturating_sub(report.tokens) as f64 / rate;
             msg.push_str(&format!(" eta {}", human_duration(left)));
@@ -272,6 +275,7 @@ mod tests {
             tokens_per_second: 1000.0,
             mfu: Some(0.5),
             grpo: None,
+            gpu_memory: None,
         }
     }
 
@@ -286,6 +290,14 @@ mod tests {
         let steps: Vec<&str> = lines(&p).iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
         assert_eq!(steps, ["1/25", "11/25", "21/25", "25/25"]);
         assert_eq!(lines(&p)[1], "step 11/25 11.0K/25.0K tok (44.0%) loss 2.5000 lr 3.00e-4 1.0K/s mfu 50.0% eta 14s");
+    }
+
+    #[test]
+    fn a_cuda_step_shows_its_peak_gpu_memory() {
+        let mut p = captured(10, 0, ProgressConfig { log_every_steps: 1, log_interval: Duration::from_secs(3600) });
+        let g = crate::status::GpuMemory { peak_bytes: 45 << 29, total_bytes: 80 << 30 };
+        p.on_step_at(&StepReport { gpu_memory: Some(g), ..report(1) }, Instant::now());
+        assert!(lines(&p)[0].contains(" mfu 50.0% mem 22.5/80 GiB eta "), "{}", lines(&p)[0]);
     }
 
     #[test]

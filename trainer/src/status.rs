@@ -89,6 +89,26 @@ pub struct StepReport {
     pub mfu: Option<f64>,
     /// GRPO's reward, accuracy, KL, clipping and throughput split.
     pub grpo: Option<crate::grpo::step::GrpoStats>,
+    /// This rank's GPU memory (CUDA runs).
+    pub gpu_memory: Option<GpuMemory>,
+}
+
+/// A GPU's memory in bytes: the most libtorch's caching allocator has held in tensors
+/// since the trainer started, and the device's total.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuMemory {
+    pub peak_bytes: i64,
+    pub total_bytes: i64,
+}
+
+impl GpuMemory {
+    pub fn peak_gib(&self) -> f64 {
+        self.peak_bytes as f64 / (1u64 << 30) as f64
+    }
+
+    pub fn total_gib(&self) -> f64 {
+        self.total_bytes as f64 / (1u64 << 30) as f64
+    }
 }
 
 impl StepReport {
@@ -140,6 +160,8 @@ pub struct StatusState {
     pub nonfinite_events: u64,
     /// Failures recorded, per reason.
     pub failures: HashMap<FailureReason, u64>,
+    /// Rank 0's GPU memory at the last step (CUDA runs).
+    pub gpu_memory: Option<GpuMemory>,
 }
 
 impl StatusState {
@@ -165,6 +187,7 @@ impl SharedStatus {
             val_loss_by_source: BTreeMap::new(),
             nonfinite_events: 0,
             failures: HashMap::new(),
+            gpu_memory: None,
         };
         SharedStatus { inner: Arc::new(RwLock::new(state)) }
     }
@@ -239,6 +262,12 @@ impl SharedStatus {
             // A step that reuses its batch samples nothing: keep the last sampling rate.
             m.sampling_tokens_per_second = rate(g.sampling_tokens_per_second).or(m.sampling_tokens_per_second);
             m.training_tokens_per_second = rate(g.training_tokens_per_second);
+        }
+        if let Some(g) = report.gpu_memory {
+            let gib = |v: f64| (v * 100.0).round() / 100.0;
+            state.status.metrics.gpu_memory_peak_gib = Some(gib(g.peak_gib()));
+            state.status.metrics.gpu_memory_total_gib = Some(gib(g.total_gib()));
+            state.gpu_memory = Some(g);
         }
         state.last_step_time = Some(now);
         if report.is_nonfinite() {
@@ -350,6 +379,12 @@ fn metrics_registry(state: &StatusState) -> Registry {
         m.tokens_per_second.map(|t| t as f64),
     );
     gauge("trainer_mfu", "Model FLOPs utilization (0-1) against the device's bf16 peak.", m.mfu);
+    gauge(
+        "trainer_gpu_memory_peak_bytes",
+        "Most GPU memory rank 0's tensors have held since the trainer started.",
+        state.gpu_memory.map(|g| g.peak_bytes as f64),
+    );
+    gauge("trainer_gpu_memory_total_bytes", "Memory of rank 0's GPU.", state.gpu_memory.map(|g| g.total_bytes as f64));
     gauge("trainer_grpo_reward", "GRPO: mean reward of the last step's completions.", m.reward);
     gauge("trainer_grpo_accuracy", "GRPO: fraction of the last step's completions answering correctly.", m.accuracy);
     gauge("trainer_grpo_unparsed_fraction", "GRPO: fraction of the last step's completions with no answer letter.", m.unparsed_fraction);
@@ -603,6 +638,7 @@ mod tests {
             tokens_per_second: 4096.4,
             mfu: Some(0.125),
             grpo: None,
+            gpu_memory: None,
         }
     }
 
@@ -636,6 +672,25 @@ mod tests {
         assert_eq!(got.metrics.tokens_per_second, Some(4096));
         assert_eq!(got.metrics.mfu, Some(0.125));
         assert_eq!(got.last_checkpoint, Some(ckpt));
+    }
+
+    /// A CUDA step's GPU memory shows in the status document (GiB, which the operator
+    /// copies into the run's status) and in `/metrics` (bytes); a CPU step's does not.
+    #[test]
+    fn gpu_memory_shows_where_a_step_reports_it() {
+        let state = shared();
+        state.record_step(&report(1));
+        assert_eq!(sample(&state.metrics_text(), "trainer_gpu_memory_peak_bytes"), None);
+        assert_eq!(state.snapshot().metrics.gpu_memory_peak_gib, None);
+        let g = GpuMemory { peak_bytes: 45 << 29, total_bytes: 85_520_809_984 };
+        state.record_step(&StepReport { gpu_memory: Some(g), ..report(2) });
+        let text = state.metrics_text();
+        assert_eq!(sample(&text, "trainer_gpu_memory_peak_bytes"), Some((45u64 << 29) as f64));
+        assert_eq!(sample(&text, "trainer_gpu_memory_total_bytes"), Some(85_520_809_984.0));
+        let status: serde_json::Value = serde_json::from_str(&state.status_json()).unwrap();
+        assert_eq!((status["gpuMemoryPeakGiB"].as_f64(), status["gpuMemoryTotalGiB"].as_f64()), (Some(22.5), Some(79.65)), "{status}");
+        state.record_step(&report(3));
+        assert_eq!(state.snapshot().metrics.gpu_memory_peak_gib, Some(22.5), "kept until the next reading");
     }
 
     #[test]

@@ -621,6 +621,8 @@ impl Trainer {
             let per_gpu = tokens_per_second / self.cfg.topology.world_size as f64;
             self.cfg.model.mfu(self.cfg.batch.seq_len, per_gpu, H100_PEAK_BF16_FLOPS)
         });
+        let gpu_memory = crate::ffi::device_memory(self.device)?
+            .map(|m| crate::status::GpuMemory { peak_bytes: m.peak_allocated, total_bytes: m.total });
         let mut reports = Vec::with_capacity(pending.len());
         for (p, v) in pending.into_iter().zip(values.chunks(3)) {
             let (loss, grad_norm) = (v[0], v[1]);
@@ -631,7 +633,7 @@ impl Trainer {
             if self.ddp.is_some() {
                 self.stop_agreed = v[2] > 0.0;
             }
-            reports.push(StepReport { step: p.step, tokens: p.tokens, loss, lr: p.lr, grad_norm, tokens_per_second, mfu, grpo: p.grpo });
+            reports.push(StepReport { step: p.step, tokens: p.tokens, loss, lr: p.lr, grad_norm, tokens_per_second, mfu, grpo: p.grpo, gpu_memory });
         }
         Ok(reports)
     }
