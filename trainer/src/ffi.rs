@@ -611,7 +611,7 @@ mod tests {
         let w = Tensor::randn([64, 64], opts);
         let mut g = CudaGraph::new(0).unwrap();
         let work = || Ok(x.matmul(&w).relu().sum(tch::Kind::Float));
-        g.on_side_stream(work).unwrap();
+        drop(g.on_side_stream(work).unwrap());
         let y = g.capture(work).unwrap();
         let mut x2 = x.shallow_clone();
         for seed in 0..3 {
