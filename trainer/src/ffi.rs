@@ -380,22 +380,27 @@ where
     // SAFETY: the shim writes two ints.
     check("autocast_enter", unsafe { raw::shim_autocast_enter(cuda, &mut prev_enabled, &mut prev_dtype) })?;
     // Restores the previous state also when `f` panics.
-    struct Exit(c_int, c_int, c_int, bool);
+    struct Exit {
+        cuda: c_int,
+        prev_enabled: c_int,
+        prev_dtype: c_int,
+        done: bool,
+    }
     impl Exit {
         fn exit(&mut self) -> Result<(), Error> {
-            self.3 = true;
+            self.done = true;
             // SAFETY: plain values.
-            check("autocast_exit", unsafe { raw::shim_autocast_exit(self.0, self.1, self.2) })
+            check("autocast_exit", unsafe { raw::shim_autocast_exit(self.cuda, self.prev_enabled, self.prev_dtype) })
         }
     }
     impl Drop for Exit {
         fn drop(&mut self) {
-            if !self.3 {
+            if !self.done {
                 let _ = self.exit();
             }
         }
     }
-    let mut guard = Exit(cuda, prev_enabled, prev_dtype, false);
+    let mut guard = Exit { cuda, prev_enabled, prev_dtype, done: false };
     let out = f();
     guard.exit()?;
     Ok(out?)

@@ -284,7 +284,7 @@ impl Trainer {
                 (false, None) => 1,
             },
         };
-        trainer.check_attention(kind)?;
+        trainer.check_attention(matmuls)?;
         let loaded = trainer.restore(group.as_deref())?;
         if let Some(t) = &trainer.train {
             trainer.source_epochs = trainer.epochs(&t.counts_at(trainer.data_position));
@@ -318,10 +318,9 @@ impl Trainer {
         self.opts.placement.rank == 0
     }
 
-    /// Logs the SDPA backend libtorch picks for the run's shapes, and fails when a
-    /// forced `spec.attention` backend cannot run them.
+    /// Logs the SDPA backend libtorch picks for the run's shapes with activations of
+    /// `kind`, and fails when a forced `spec.attention` backend cannot run them.
     fn check_attention(&self, kind: Kind) -> Result<(), Error> {
-        let kind = matmul_kind(kind, self.autocast, self.device)?;
         let b = &self.cfg.batch;
         let backend = attention_backend(&self.cfg.model, self.cfg.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
         if self.rank0() && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
