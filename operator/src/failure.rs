@@ -152,6 +152,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         return Some(PodFailure { kind, reason: reason.as_str().into(), message, at });
     }
     let signal = match t.exit_code {
+        134 => " (SIGABRT)",
         137 => " (SIGKILL)",
         143 => " (SIGTERM)",
         139 => " (SIGSEGV)",
@@ -388,6 +389,9 @@ pub(crate) mod tests {
         let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(9), detail: "allreduce".into() };
         let Verdict::Restart { reason, counts, .. } = verdict(&job(json!([])), &[exited(1, 88, "Error", &timeout.to_json())]) else { panic!() };
         assert_eq!((reason.as_str(), counts), ("CollectiveTimeout", true));
+        let aborted = verdict(&job(json!([])), &[exited(1, 134, "Error", "terminate called after throwing an instance of 'c10::Error'\n")]);
+        let Verdict::Restart { message, .. } = aborted else { panic!("{aborted:?}") };
+        assert!(message.ends_with("exited with code 134 (SIGABRT): terminate called after throwing an instance of 'c10::Error'"), "{message}");
     }
 
     #[test]

@@ -74,9 +74,10 @@ pub enum Error {
     #[error("rank {rank} of {world_size}: rendezvous at {addr} failed: {message}")]
     Rendezvous { addr: String, rank: u32, world_size: u32, message: String },
     /// A worker of `trainer launch` failed; its own message is already logged and
-    /// left as the termination message.
-    #[error("worker rank {rank} exited with code {code}")]
-    WorkerFailed { rank: u32, code: i32 },
+    /// left as the termination message. `cause` is what the launcher saw when the
+    /// worker could not report it (the NCCL watchdog's line).
+    #[error("worker rank {rank} exited with code {code}{}", cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default())]
+    WorkerFailed { rank: u32, code: i32, cause: Option<String> },
     #[error("step {step}: non-finite training signal (loss {loss}, gradient norm {grad_norm})")]
     NonFinite { step: u64, loss: f64, grad_norm: f64 },
     #[error("stopped by a signal after step {step}; the checkpoint of that step is saved")]

@@ -72,6 +72,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
             nproc_per_node: cfg.topology.world_size,
             master_addr: "127.0.0.1".into(),
             master_port: crate::dist::free_port()?,
+            program: None,
             worker_args: worker,
             termination_log: crate::status::termination_log(),
             grace: LAUNCH_GRACE,
@@ -159,6 +160,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
         nproc_per_node: nproc,
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,
+        program: None,
         worker_args: worker,
         termination_log: crate::status::termination_log(),
         grace: LAUNCH_GRACE,
@@ -170,7 +172,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
 fn launch_outcome(outcome: launch::LaunchOutcome) -> Result<(), Error> {
     match outcome.failed_rank {
         None => Ok(()),
-        Some(rank) => Err(Error::WorkerFailed { rank, code: outcome.exit_code }),
+        Some(rank) => Err(Error::WorkerFailed { rank, code: outcome.exit_code, cause: outcome.cause }),
     }
 }
 

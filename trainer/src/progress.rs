@@ -9,15 +9,21 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::status::StepReport;
 
+/// Set by `trainer launch` for its workers when its own stderr is a terminal: theirs
+/// is a pipe through the launcher.
+pub const FORCE_COLOR_ENV: &str = "CLICOLOR_FORCE";
+
 /// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`), lines go
-/// to stderr, coloured only when stderr is a terminal. A second call does nothing.
+/// to stderr, coloured only when stderr is a terminal (or `CLICOLOR_FORCE` is set and
+/// not "0"). A second call does nothing.
 pub fn init_logging() {
+    let forced = std::env::var(FORCE_COLOR_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(forced || std::io::stderr().is_terminal())
         .try_init();
 }
 
