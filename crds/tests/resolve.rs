@@ -291,9 +291,12 @@ fn uris_are_parsed_with_clear_errors() {
     fails(&r, "spec.model.tokenizer", "unsupported scheme");
 }
 
+/// An edit to part of a spec, the field it breaks, and a phrase of the error.
+type Edit<T> = (fn(&mut T), &'static str, &'static str);
+
 #[test]
 fn optimizer_rules() {
-    let cases: Vec<(fn(&mut OptimizerSpec), &str, &str)> = vec![
+    let cases: Vec<Edit<OptimizerSpec>> = vec![
         (|o| o.lr = Some(-1.0), "spec.optimizer.lr", "positive"),
         (|o| o.min_lr = Some(1.0), "spec.optimizer.minLr", "between 0 and lr"),
         (|o| o.betas = vec![0.9], "spec.optimizer.betas", "two numbers in [0, 1)"),
@@ -363,7 +366,7 @@ fn grpo_rules() {
     let mut r = grpo_run();
     r.spec.batch.micro_batch = 5;
     fails(&r, "spec.batch.microBatch", "5 does not divide the 128 completions");
-    let edits: Vec<(fn(&mut GrpoSpec), &str, &str)> = vec![
+    let edits: Vec<Edit<GrpoSpec>> = vec![
         (|g| g.generations_per_prompt = 1, "spec.grpo.generationsPerPrompt", "at least 2"),
         (|g| g.max_new_tokens = 256, "spec.grpo.maxNewTokens", "no room for the prompt"),
         (|g| g.temperature = 0.0, "spec.grpo.temperature", "positive"),

@@ -59,10 +59,10 @@ fn explicit(s: &str) -> impl Iterator<Item = usize> + '_ {
     let mut out = Vec::new();
     for i in 0..n {
         // "(x)" with a word boundary before it.
-        if bytes[i] == b'(' && i + 2 < n && bytes[i + 2] == b')' && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric()) {
-            if let Some(o) = option(bytes[i + 1]) {
-                out.push(o);
-            }
+        if bytes[i] == b'(' && i + 2 < n && bytes[i + 2] == b')' && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric())
+            && let Some(o) = option(bytes[i + 1])
+        {
+            out.push(o);
         }
         if bytes[i..].starts_with(b"answer") {
             let mut j = i + 6;
