@@ -84,8 +84,10 @@ pub struct TrainingRunSpec {
     #[serde(default)]
     pub precision: Precision,
 
-    /// Scaled-dot-product attention backend. `auto` lets PyTorch choose; `flash`,
-    /// `cudnn` or `math` force one, and the run fails if it cannot run.
+    /// Scaled-dot-product attention backend. `auto`: on CUDA the trainer times flash and
+    /// cuDNN on the run's attention shapes at start-up, checks each against f32 math
+    /// attention, and keeps the fastest (on CPU, PyTorch chooses). `flash`, `cudnn` or
+    /// `math` force one, and the run fails if it cannot run.
     #[serde(default)]
     pub attention: Attention,
 

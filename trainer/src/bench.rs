@@ -77,19 +77,20 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         )));
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
+    let act = crate::train::matmul_kind(kind, autocast, o.device)?;
+    let (attention, tuned) = crate::train::resolve_attention(o.attention, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
     let mut model = Model::new(&vs.root(), &model_cfg, o.device)?;
-    model.set_attention(o.attention);
+    model.set_attention(attention);
     if kind == Kind::BFloat16 {
         vs.bfloat16();
     }
     vs.set_device(o.device);
     let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
     let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
-    optim::set_sdp_backend(o.attention)?;
-    let act = crate::train::matmul_kind(kind, autocast, o.device)?;
-    let backend = crate::train::attention_backend(&model_cfg, o.attention, o.micro_batch, o.seq, act, o.device)?;
+    optim::set_sdp_backend(attention)?;
+    let backend = crate::train::attention_backend(&model_cfg, attention, o.micro_batch, o.seq, act, o.device)?;
 
     let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
     let loss_chunk = match o.loss_chunk {
@@ -178,6 +179,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "peak_rss_gib": peak_rss_gib().map(|g| round(g, 3)),
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
+        "attention": crate::attention::name(attention),
+        "attention_trials": tuned.map(|c| c.trials),
         "matmul_dtype": format!("{act:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "recomputed_blocks": recompute,

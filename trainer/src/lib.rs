@@ -1,5 +1,6 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
 
+pub mod attention;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;

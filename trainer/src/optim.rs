@@ -228,16 +228,37 @@ pub fn set_sdp_backend(attention: Attention) -> Result<(), Error> {
         cudnn,
     };
     ffi::set_sdp_enabled(match attention {
-        Attention::Auto => SdpEnabled {
-            flash: true,
-            mem_efficient: true,
-            math: true,
-            cudnn: true,
-        },
+        Attention::Auto => ALL_SDP_BACKENDS,
         Attention::Flash => only(true, false, false),
         Attention::Cudnn => only(false, true, false),
         Attention::Math => only(false, false, true),
     })
+}
+
+const ALL_SDP_BACKENDS: SdpEnabled = SdpEnabled {
+    flash: true,
+    mem_efficient: true,
+    math: true,
+    cudnn: true,
+};
+
+/// Every SDPA backend enabled until dropped, then the switches as they were: for the
+/// masked attention of KV-cache decoding, which a backend forced for training may not
+/// run (CUDA flash takes no mask).
+pub struct AllSdpBackends(SdpEnabled);
+
+impl AllSdpBackends {
+    pub fn enable() -> Result<Self, Error> {
+        let before = ffi::sdp_enabled()?;
+        ffi::set_sdp_enabled(ALL_SDP_BACKENDS)?;
+        Ok(AllSdpBackends(before))
+    }
+}
+
+impl Drop for AllSdpBackends {
+    fn drop(&mut self) {
+        let _ = ffi::set_sdp_enabled(self.0);
+    }
 }
 
 /// The backend SDPA picks for these inputs under the current switches, checked

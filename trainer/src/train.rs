@@ -144,6 +144,8 @@ pub struct Trainer {
     opts: RunOptions,
     device: Device,
     autocast: bool,
+    /// `spec.attention`, `auto` resolved on CUDA ([`resolve_attention`]).
+    attention: Attention,
     vs: VarStore,
     model: Model,
     opt: AdamW,
@@ -226,6 +228,14 @@ impl Trainer {
             None
         };
 
+        let b = &cfg.batch;
+        let (attention, tuned) = resolve_attention(cfg.attention, &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
+        if let (Some(t), 0) = (&tuned, p.rank) {
+            tracing::info!(
+                "attention: auto timed one layer's forward and backward at micro-batch {} × {} tokens ({}) and chose {}",
+                b.micro_batch, b.seq_len, t.summary(), crate::attention::name(t.attention)
+            );
+        }
         let tokenizer = load_tokenizer(cfg)?;
         let train = match cfg.grpo {
             Some(_) => None,
@@ -240,19 +250,20 @@ impl Trainer {
             tch::manual_seed(cfg.seed as i64);
             Model::new(&vs.root(), &cfg.model, device)?
         };
-        model.set_attention(cfg.attention);
+        model.set_attention(attention);
         if kind == Kind::BFloat16 {
             vs.bfloat16();
         }
         vs.set_device(device);
         let opt = AdamW::new(sorted_variables(&vs), &cfg.optimizer)?;
 
-        optim::set_sdp_backend(cfg.attention)?;
+        optim::set_sdp_backend(attention)?;
         let mut trainer = Trainer {
             cfg: cfg.clone(),
             opts,
             device,
             autocast,
+            attention,
             vs,
             model,
             opt,
@@ -322,8 +333,8 @@ impl Trainer {
     /// `kind`, and fails when a forced `spec.attention` backend cannot run them.
     fn check_attention(&self, kind: Kind) -> Result<(), Error> {
         let b = &self.cfg.batch;
-        let backend = attention_backend(&self.cfg.model, self.cfg.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
-        if self.rank0() && (self.device.is_cuda() || self.cfg.attention != Attention::Auto) {
+        let backend = attention_backend(&self.cfg.model, self.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
+        if self.rank0() && (self.device.is_cuda() || self.attention != Attention::Auto) {
             tracing::info!("attention: SDPA runs the {backend:?} backend in {kind:?}");
         }
         Ok(())
@@ -411,7 +422,7 @@ impl Trainer {
             let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             Model::new(&vs.root(), &self.cfg.model, self.device)?
         };
-        model.set_attention(self.cfg.attention);
+        model.set_attention(self.attention);
         copy_weights(&vs, &checkpoint::load_weights(&source)?, &source)?;
         if kind == Kind::BFloat16 {
             vs.bfloat16();
@@ -1111,6 +1122,25 @@ fn split_entries<'m>(src: &ResolvedSource, manifest: &'m Manifest, tok: &Tokeniz
         return Err(bad(format!("has no {} shards; prepare it with --validation-fraction above 0", split.name())));
     }
     Ok(entries)
+}
+
+/// `requested` (`spec.attention`), with `auto` on CUDA resolved by timing each exact
+/// backend on the model's attention at this micro-batch and sequence
+/// ([`crate::attention::tune`]); what was timed comes back with it.
+pub fn resolve_attention(
+    requested: Attention,
+    m: &crds::presets::ModelConfig,
+    micro_batch: i64,
+    seq: i64,
+    kind: Kind,
+    device: Device,
+    group: Option<&crate::dist::ProcessGroup>,
+) -> Result<(Attention, Option<crate::attention::Choice>), Error> {
+    if requested != Attention::Auto || !device.is_cuda() {
+        return Ok((requested, None));
+    }
+    let choice = crate::attention::tune(m, micro_batch, seq, kind, device, &crate::attention::CUDA_CANDIDATES, group)?;
+    Ok((choice.attention, Some(choice)))
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,

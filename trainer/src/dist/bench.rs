@@ -30,7 +30,7 @@ pub struct DdpBenchOptions {
 }
 
 /// Runs `f(rank)` on `world` threads and returns rank 0's result.
-fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync) -> Result<T, Error> {
+pub(crate) fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync) -> Result<T, Error> {
     let port = free_port()?;
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world).map(|rank| s.spawn({
@@ -42,7 +42,7 @@ fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync
     })
 }
 
-fn gloo(rank: u32, world: u32, port: u16) -> Result<ProcessGroup, Error> {
+pub(crate) fn gloo(rank: u32, world: u32, port: u16) -> Result<ProcessGroup, Error> {
     ProcessGroup::new(&GroupOptions {
         backend: Backend::Gloo,
         master_addr: "127.0.0.1".into(),

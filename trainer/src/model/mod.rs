@@ -300,6 +300,7 @@ impl Model {
     /// after the tokens already in `cache`, and returns the logits of the last new
     /// position (B, vocab).
     pub fn decode(&self, idx: &Tensor, real: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let _any_backend = crate::optim::AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
         let t = idx.size()[1];
         let (positions, mask) = cache.prepare(real)?;
         let step = Step { positions: &positions, mask: &mask, start: cache.len() };
