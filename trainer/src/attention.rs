@@ -175,19 +175,19 @@ impl Shapes {
         let f32 = |t: &Tensor, heads: i64| -> Result<Tensor, Error> { Ok(t.f_narrow(0, 0, 1)?.f_narrow(1, 0, heads)?.f_to_kind(Kind::Float)?) };
         let g = self.group();
         let (q, k, v, dy) = (f32(&x.q, g)?, f32(&x.k, 1)?, f32(&x.v, 1)?, f32(&x.g, g)?);
-        Ok(Reference(forward_backward(&q, &k, &v, &dy, g > 1, false)?))
+        Ok(Reference(forward_backward(&q, &k, &v, &dy, false)?))
     }
 }
 
-/// Causal SDPA of q, k, v (K/V repeated per query head when `expand`) and the gradients
-/// of `sum(y · g)`: [y, dq, dk, dv].
-fn forward_backward(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, gqa: bool, expand: bool) -> Result<[Tensor; 4], Error> {
+/// Causal SDPA of q, k, v (grouped when K/V have fewer heads, or K/V repeated per query
+/// head when `expand`) and the gradients of `sum(y · g)`: [y, dq, dk, dv].
+fn forward_backward(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, expand: bool) -> Result<[Tensor; 4], Error> {
     let (q, k, v) = (q.f_detach()?.f_requires_grad_(true)?, k.f_detach()?.f_requires_grad_(true)?, v.f_detach()?.f_requires_grad_(true)?);
     let (hq, hk) = (q.size()[1], k.size()[1]);
     let (ke, ve, gqa) = if expand && hq != hk {
         (k.f_repeat_interleave_self_int(hq / hk, 1, None)?, v.f_repeat_interleave_self_int(hq / hk, 1, None)?, false)
     } else {
-        (k.shallow_clone(), v.shallow_clone(), gqa)
+        (k.shallow_clone(), v.shallow_clone(), hq != hk)
     };
     let y = Tensor::f_scaled_dot_product_attention(&q, &ke, &ve, None::<Tensor>, 0.0, true, None, gqa)?;
     let loss = y.f_mul(g)?.f_sum(Kind::Float)?;
@@ -208,8 +208,7 @@ fn trial(
 ) -> Trial {
     let rejected = |why: String| Trial { attention, ms: None, error: None, rejected: Some(why) };
     let expand = crate::model::expands_kv(attention, m);
-    let gqa = s.hq != s.hk;
-    let run = || forward_backward(&x.q, &x.k, &x.v, &x.g, gqa, expand);
+    let run = || forward_backward(&x.q, &x.k, &x.v, &x.g, expand);
     let sync = || {
         if let Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
@@ -217,9 +216,7 @@ fn trial(
     };
     let attempt = || -> Result<Trial, Error> {
         optim::set_sdp_backend(attention)?;
-        let kv_heads = if expand { s.hq } else { s.hk };
-        let probe_kv = Tensor::f_empty([s.b, kv_heads, s.t, s.dh], (kind, device))?;
-        if let Err(e) = optim::check_sdp_backend(attention, &x.q, &probe_kv, &probe_kv, true, gqa && !expand) {
+        if let Err(e) = crate::train::attention_backend(m, attention, s.b, s.t, kind, device) {
             return Ok(rejected(format!("cannot run: {e}")));
         }
         let error = relative_error(&s.slice(&run()?)?, &reference.0)?;
