@@ -159,10 +159,11 @@ for p in dict.fromkeys(presets):
         if r.get("failed") or not r:
             print(f"{p:<14}{impl:<10}{'failed':>12}"); ok = False; continue
         print(f"{p:<14}{impl:<10}{r['tokens_per_s']:>12,.0f}{100*r['mfu']:>7.1f}%{(r.get('peak_mem_gib') or 0):>10.2f}{r.get('attention_backend', ''):>12}")
-        if r.get("attention_trials"):
-            print(f"{'':<14}attention auto chose {r['attention']}: " + "; ".join(
-                f"{t['attention']} {t['ms']:.3f} ms" if t["ms"] is not None else f"{t['attention']} rejected ({t.get('rejected')})"
-                for t in r["attention_trials"]))
+        for key in ("attention", "swiglu"):
+            if r.get(f"{key}_trials"):
+                print(f"{'':<14}{key} auto chose {r[key]}: " + "; ".join(
+                    f"{t['candidate']} {t['ms']:.3f} ms" if t["ms"] is not None else f"{t['candidate']} rejected ({t.get('rejected')})"
+                    for t in r[f"{key}_trials"]))
     t, e, c = (by.get(f"{p} {i}", {}) for i in ("trainer", "eager", "compile"))
     if all(x and not x.get("failed") for x in (t, e)):
         ratios = [f"trainer / eager {t['tokens_per_s']/e['tokens_per_s']:.3f} (goal ≥ 1.2)"]

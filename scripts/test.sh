@@ -3,8 +3,9 @@
 # build, the full wheel plus transformers for the proofs against PyTorch) and the
 # Python validators into ~/.cache/puretransformer (and promtool and Lua 5.1 from
 # Debian), then runs the Rust tests, checks the golden files against PyTorch,
-# validates the CRD and the examples, tests the GPU benchmark job on CPU, and checks the
-# Helm chart, the alert rules and the Argo CD health check.
+# validates the CRD and the examples, compiles the jiterator kernels with NVRTC, tests
+# the GPU benchmark job on CPU, and checks the Helm chart, the alert rules and the Argo
+# CD health check.
 # `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,6 +20,8 @@ scripts/setup-s3.sh
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 "$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
+# The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
+"$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
 cargo build -q --locked -p operator -p trainer
 # bench/gpu.sh (issue 10's GPU job) on CPU: a dry run and its micro-batch search and failures.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gpu-test.sh

@@ -1,9 +1,10 @@
 // ATen entry points that tch 0.24 does not expose: backward from several roots with
 // given gradients, fused AdamW, foreach gradient clipping, the SDPA backend switches,
-// bf16 autocast and, with CUDA, the caching allocator's
-// counters and cap and CUDA graphs. Every function is extern "C", catches
-// every C++ exception and returns it as a malloc'd message (NULL on success) that
-// Rust frees with shim_free_string; nothing may unwind across the FFI boundary.
+// bf16 autocast, SwiGLU as one autograd node and, with CUDA, the caching allocator's
+// counters and cap, CUDA graphs and jiterator-fused SwiGLU kernels. Every function is
+// extern "C", catches every C++ exception and returns it as a malloc'd message (NULL on
+// success) that Rust frees with shim_free_string; nothing may unwind across the FFI
+// boundary.
 //
 // Tensors cross as tch's C_tensor, which is an at::Tensor*.
 
@@ -13,10 +14,12 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #ifdef SHIM_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/jiterator.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -66,6 +69,80 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vecto
   for (size_t i : idx) out.push_back(ts[i]);
   return out;
 }
+
+// SwiGLU's elementwise part, silu(a)·b. As one autograd node it saves only a and b;
+// silu(a) then b·silu(a) as two nodes also keep silu(a), one (tokens, d_ff) activation
+// more per layer. The composed kernels are the ATen ops eager runs, so values and
+// gradients equal eager's bit for bit; the fused ones (CUDA, jiterator) read each
+// input once and round once.
+#ifdef SHIM_CUDA
+const char* const kSwigluForward = R"(
+template <typename T> T swiglu_forward(T a, T b) {
+  float x = a;
+  float y = b;
+  return T(x / (1.0f + expf(-x)) * y);
+})";
+
+const char* const kSwigluBackward = R"(
+template <typename T> void swiglu_backward(T g, T a, T b, T& grad_a, T& grad_b) {
+  float x = a;
+  float s = 1.0f / (1.0f + expf(-x));
+  float dg = g;
+  grad_b = T(dg * x * s);
+  grad_a = T(dg * float(b) * s * (1.0f + x * (1.0f - s)));
+})";
+#endif
+
+void require_fusable(const at::Tensor& a) {
+#ifdef SHIM_CUDA
+  TORCH_CHECK(a.is_cuda(), "swiglu: the fused kernels run on CUDA only, not on ", a.device().str());
+#else
+  TORCH_CHECK(false, "swiglu: the fused kernels need the trainer built with the cuda feature");
+#endif
+}
+
+at::Tensor swiglu_forward(const at::Tensor& a, const at::Tensor& b, bool fused) {
+  if (!fused) return at::silu(a).mul_(b);
+  require_fusable(a);
+#ifdef SHIM_CUDA
+  return at::cuda::CompileAndLaunchKernel(kSwigluForward, "swiglu_forward", 1, {a, b}, {}, false)[0];
+#else
+  return {};
+#endif
+}
+
+// (grad_a, grad_b) for the output's gradient g.
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& g, const at::Tensor& a, const at::Tensor& b,
+                                                  bool fused) {
+  if (!fused) {
+    // As eager's mul and silu nodes: grad_b = g·silu(a), grad_a = silu'(a)·(g·b).
+    at::Tensor grad_b = g * at::silu(a);
+    return {at::silu_backward(g * b, a), std::move(grad_b)};
+  }
+  require_fusable(a);
+#ifdef SHIM_CUDA
+  auto r = at::cuda::CompileAndLaunchKernel(kSwigluBackward, "swiglu_backward", 2, {g, a, b}, {}, true);
+  return {r[0], r[1]};
+#else
+  return {};
+#endif
+}
+
+struct SwiGlu : public torch::autograd::Function<SwiGlu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            bool fused) {
+    ctx->save_for_backward({a, b});
+    ctx->saved_data["fused"] = fused;
+    return swiglu_forward(a, b, fused);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [grad_a, grad_b] = swiglu_backward(grads[0], saved[0], saved[1], ctx->saved_data["fused"].toBool());
+    return {grad_a, grad_b, at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -199,6 +276,18 @@ char* shim_clear_grads(at::Tensor* const* params, size_t n) {
     for (auto& p : to_list(params, n, "params")) {
       if (p.grad().defined()) p.mutable_grad().reset();
     }
+  });
+}
+
+// silu(a)·b as one autograd node (see SwiGlu), with the fused CUDA kernels when `fused`.
+char* shim_swiglu(const at::Tensor* a, const at::Tensor* b, int fused, at::Tensor** out) {
+  return guarded([&] {
+    *out = nullptr;
+    TORCH_CHECK(a != nullptr && a->defined() && b != nullptr && b->defined(), "swiglu: undefined tensor");
+    TORCH_CHECK(a->sizes() == b->sizes(), "swiglu: gate ", a->sizes(), " and up ", b->sizes(), " differ in shape");
+    TORCH_CHECK(a->scalar_type() == b->scalar_type(), "swiglu: gate ", a->scalar_type(), " and up ",
+                b->scalar_type(), " differ in dtype");
+    *out = new at::Tensor(SwiGlu::apply(*a, *b, fused != 0));
   });
 }
 

@@ -3,92 +3,32 @@
 //! exact one is kept. libtorch's own choice takes the first backend that can run
 //! (flash before cuDNN), which on Hopper is often not the fastest for training shapes.
 
-use std::time::Instant;
-
 use crds::presets::ModelConfig;
 use crds::types::Attention;
-use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::ProcessGroup;
+use crate::trials::{self, Candidate, Choice, Trial, relative_error};
 use crate::{Error, optim};
 
 /// The backends `auto` tries on CUDA; the first wins a tie.
 pub const CUDA_CANDIDATES: [Attention; 2] = [Attention::Flash, Attention::Cudnn];
 
-const WARMUP: usize = 2;
-const TIMED: usize = 8;
-
-/// The largest error allowed against f32 math attention, relative to the largest
-/// magnitude of each of the output and the three gradients.
-pub fn tolerance(kind: Kind) -> f64 {
-    match kind {
-        Kind::Float | Kind::Double => 1e-4,
-        _ => 3e-2,
+impl Candidate for Attention {
+    /// `spec.attention`'s spelling.
+    fn name(self) -> &'static str {
+        match self {
+            Attention::Auto => "auto",
+            Attention::Flash => "flash",
+            Attention::Cudnn => "cudnn",
+            Attention::Math => "math",
+        }
     }
 }
 
-/// One backend's trial.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Trial {
-    pub attention: Attention,
-    /// Forward and backward of one layer's attention (K/V expansion included), the
-    /// fastest of the timed repetitions, the slowest rank's; `None` when rejected.
-    pub ms: Option<f64>,
-    /// The largest relative error of the output and the q/k/v gradients against f32 math.
-    pub error: Option<f64>,
-    /// Why the backend was not a candidate.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rejected: Option<String>,
-}
-
-/// What `auto` chose and what each backend measured.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Choice {
-    /// The fastest exact backend, or `Auto` (libtorch's own choice) when none was.
-    pub attention: Attention,
-    pub trials: Vec<Trial>,
-}
-
-impl Choice {
-    /// One line for the log: `cudnn: 1.83 ms; flash: 3.41 ms; …`.
-    pub fn summary(&self) -> String {
-        self.trials
-            .iter()
-            .map(|t| {
-                let name = name(t.attention);
-                match (&t.rejected, t.ms) {
-                    (Some(why), _) => format!("{name}: rejected ({why})"),
-                    (None, Some(ms)) => format!("{name}: {ms:.3} ms (error {:.1e})", t.error.unwrap_or(0.0)),
-                    (None, None) => format!("{name}: not timed"),
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-}
-
-/// `spec.attention`'s spelling.
-pub fn name(a: Attention) -> &'static str {
-    match a {
-        Attention::Auto => "auto",
-        Attention::Flash => "flash",
-        Attention::Cudnn => "cudnn",
-        Attention::Math => "math",
-    }
-}
-
-/// The fastest trial that ran and was exact; the earlier one on a tie; `Auto` when none.
-pub fn fastest(trials: &[Trial]) -> Attention {
-    trials
-        .iter()
-        .filter(|t| t.rejected.is_none())
-        .filter_map(|t| t.ms.map(|ms| (ms, t.attention)))
-        .fold(None, |best: Option<(f64, Attention)>, (ms, a)| match best {
-            Some((b, _)) if b <= ms => best,
-            _ => Some((ms, a)),
-        })
-        .map_or(Attention::Auto, |(_, a)| a)
+/// The fastest exact backend; `Auto` when none was.
+pub fn fastest(trials: &[Trial<Attention>]) -> Attention {
+    trials::fastest(trials).unwrap_or(Attention::Auto)
 }
 
 /// Times `candidates` on attention of the model's shapes at this micro-batch and
@@ -103,27 +43,24 @@ pub fn tune(
     device: Device,
     candidates: &[Attention],
     group: Option<&ProcessGroup>,
-) -> Result<Choice, Error> {
+) -> Result<Choice<Attention>, Error> {
     let shapes = Shapes::of(m, micro_batch, seq);
     // Every failure is a rejection, never an error: the other ranks wait for this rank's times.
     let prepared = shapes.random(kind, device).and_then(|x| {
         let reference = shapes.reference(&x)?;
         Ok((x, reference))
     });
-    let mut trials: Vec<Trial> = match &prepared {
+    let mut trials: Vec<Trial<Attention>> = match &prepared {
         Ok((x, reference)) => candidates.iter().map(|&a| trial(m, &shapes, x, reference, a, kind, device)).collect(),
-        Err(e) => candidates
-            .iter()
-            .map(|&attention| Trial { attention, ms: None, error: None, rejected: Some(format!("no inputs or f32 reference: {e}")) })
-            .collect(),
+        Err(e) => candidates.iter().map(|&a| Trial::rejected(a, format!("no inputs or f32 reference: {e}"))).collect(),
     };
     drop(prepared);
     if let Some(g) = group {
-        agree(g, &mut trials, device)?;
+        trials::agree(g, &mut trials, device)?;
     }
     let attention = fastest(&trials);
     optim::set_sdp_backend(attention)?;
-    Ok(Choice { attention, trials })
+    Ok(Choice { chosen: attention, trials })
 }
 
 struct Shapes {
@@ -205,129 +142,19 @@ fn trial(
     attention: Attention,
     kind: Kind,
     device: Device,
-) -> Trial {
-    let rejected = |why: String| Trial { attention, ms: None, error: None, rejected: Some(why) };
+) -> Trial<Attention> {
     let expand = crate::model::expands_kv(attention, m);
-    let run = || forward_backward(&x.q, &x.k, &x.v, &x.g, expand);
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
-    let attempt = || -> Result<Trial, Error> {
-        optim::set_sdp_backend(attention)?;
-        if let Err(e) = crate::train::attention_backend(m, attention, s.b, s.t, kind, device) {
-            return Ok(rejected(format!("cannot run: {e}")));
-        }
-        let error = relative_error(&s.slice(&run()?)?, &reference.0)?;
-        if error.is_nan() || error > tolerance(kind) {
-            return Ok(Trial { error: Some(error), ..rejected(format!("error {error:.2e} above {:.0e}", tolerance(kind))) });
-        }
-        for _ in 1..WARMUP {
-            let _ = run()?;
-        }
-        let mut best = f64::INFINITY;
-        for _ in 0..TIMED {
-            sync();
-            let t0 = Instant::now();
-            let _ = run()?;
-            sync();
-            best = best.min(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(Trial { attention, ms: Some(best), error: Some(error), rejected: None })
-    };
-    attempt().unwrap_or_else(|e| rejected(format!("failed: {e}")))
-}
-
-/// The largest of `max|got − want| / max|want|` over the pairs of tensors.
-fn relative_error(got: &[Tensor], want: &[Tensor]) -> Result<f64, Error> {
-    let mut error = 0f64;
-    for (got, want) in got.iter().zip(want) {
-        let got = got.f_to_kind(Kind::Float)?;
-        let scale = want.f_abs()?.f_max()?.f_double_value(&[])?.max(f64::MIN_POSITIVE);
-        let diff = got.f_sub(want)?.f_abs()?.f_max()?.f_double_value(&[])?;
-        error = error.max(diff / scale);
+    if let Err(e) = optim::set_sdp_backend(attention) {
+        return Trial::rejected(attention, format!("failed: {e}"));
     }
-    Ok(error)
-}
-
-/// Every rank's times, the slowest kept; a backend rejected anywhere is rejected everywhere.
-fn agree(group: &ProcessGroup, trials: &mut [Trial], device: Device) -> Result<(), Error> {
-    let local: Vec<f64> = trials.iter().map(|t| if t.rejected.is_some() { f64::INFINITY } else { t.ms.unwrap_or(f64::INFINITY) }).collect();
-    let times = Tensor::f_from_slice(&local)?.f_to_kind(Kind::Float)?.f_to_device(device)?;
-    group.allreduce(&times, ReduceOp::Max)?.wait()?;
-    let slowest = Vec::<f64>::try_from(times.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
-    for (t, ms) in trials.iter_mut().zip(slowest) {
-        if !ms.is_finite() && t.rejected.is_none() {
-            t.rejected = Some("rejected on another rank".into());
-            t.ms = None;
-        } else if t.rejected.is_none() {
-            t.ms = Some(ms);
-        }
+    if let Err(e) = crate::train::attention_backend(m, attention, s.b, s.t, kind, device) {
+        return Trial::rejected(attention, format!("cannot run: {e}"));
     }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(attention: Attention, ms: Option<f64>, rejected: Option<&str>) -> Trial {
-        Trial { attention, ms, error: ms.map(|_| 1e-3), rejected: rejected.map(String::from) }
-    }
-
-    #[test]
-    fn fastest_exact_backend_wins() {
-        use Attention::{Auto, Cudnn, Flash};
-        assert_eq!(fastest(&[t(Flash, Some(3.4), None), t(Cudnn, Some(1.8), None)]), Cudnn);
-        assert_eq!(fastest(&[t(Flash, Some(1.2), None), t(Cudnn, Some(1.8), None)]), Flash);
-        // A tie goes to the earlier candidate (flash: no K/V expansion, less memory).
-        assert_eq!(fastest(&[t(Flash, Some(2.0), None), t(Cudnn, Some(2.0), None)]), Flash);
-        // Rejected (inexact, cannot run, failed elsewhere) never wins, however fast.
-        assert_eq!(fastest(&[t(Flash, Some(3.4), None), t(Cudnn, Some(0.1), Some("error 2e-1 above 3e-2"))]), Flash);
-        assert_eq!(fastest(&[t(Flash, None, Some("cannot run")), t(Cudnn, Some(5.0), None)]), Cudnn);
-        assert_eq!(fastest(&[t(Flash, None, Some("x")), t(Cudnn, None, Some("y"))]), Auto);
-        assert_eq!(fastest(&[]), Auto);
-    }
-
-    /// Two Gloo ranks: the slower rank's time counts, and a backend one rank rejected is
-    /// rejected on both, so both choose the same.
-    #[test]
-    fn ranks_agree_on_the_slowest_times() {
-        use Attention::{Cudnn, Flash};
-        use crate::dist::bench::{gloo, on_ranks};
-        let chosen = on_ranks(2, |rank, port| {
-            let group = gloo(rank, 2, port)?;
-            let mut trials = match rank {
-                0 => vec![t(Flash, Some(2.0), None), t(Cudnn, Some(1.0), None)],
-                _ => vec![t(Flash, Some(2.5), None), t(Cudnn, None, Some("cannot run: x"))],
-            };
-            agree(&group, &mut trials, Device::Cpu)?;
-            assert_eq!(trials[0].ms, Some(2.5), "rank {rank}");
-            assert_eq!(trials[1].ms, None, "rank {rank}");
-            let why = if rank == 0 { "rejected on another rank" } else { "cannot run: x" };
-            assert_eq!(trials[1].rejected.as_deref(), Some(why), "rank {rank}");
-            Ok(fastest(&trials))
-        })
-        .unwrap();
-        assert_eq!(chosen, Flash);
-    }
-
-    #[test]
-    fn summary_names_each_backend() {
-        let c = Choice {
-            attention: Attention::Cudnn,
-            trials: vec![t(Attention::Flash, Some(3.41), None), t(Attention::Cudnn, None, Some("cannot run: x"))],
-        };
-        assert_eq!(c.summary(), "flash: 3.410 ms (error 1.0e-3); cudnn: rejected (cannot run: x)");
-    }
-
-    #[test]
-    fn relative_error_is_the_worst_tensor() {
-        let want = [Tensor::from_slice(&[1.0f32, -2.0]), Tensor::from_slice(&[4.0f32, 0.5])];
-        let got = [Tensor::from_slice(&[1.0f32, -2.02]), Tensor::from_slice(&[4.0f32, 0.9])];
-        let e = relative_error(&got, &want).unwrap();
-        assert!((e - 0.1).abs() < 1e-6, "{e}"); // 0.4 / 4 beats 0.02 / 2
-        assert_eq!(relative_error(&want, &want).unwrap(), 0.0);
-    }
+    Trial::measure(
+        attention,
+        kind,
+        device,
+        || forward_backward(&x.q, &x.k, &x.v, &x.g, expand),
+        |out| relative_error(&s.slice(&out)?, &reference.0),
+    )
 }

@@ -28,6 +28,8 @@ pub struct BenchOptions {
     pub warmup: u32,
     pub precision: Precision,
     pub attention: Attention,
+    /// SwiGLU's kernels; `None`: timed on CUDA, composed elsewhere.
+    pub swiglu: Option<crate::swiglu::Kernels>,
     pub device: Device,
     pub gradient_checkpointing: bool,
     /// With `gradient_checkpointing`, recompute only this many leading blocks.
@@ -78,7 +80,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     let act = crate::train::matmul_kind(kind, autocast, o.device)?;
-    let (attention, tuned) = crate::train::resolve_attention(o.attention, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
+    let kernels = crate::train::choose_kernels(o.attention, o.swiglu, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
+    let attention = kernels.attention;
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
     let mut model = Model::new(&vs.root(), &model_cfg, o.device)?;
@@ -179,8 +182,10 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "peak_rss_gib": peak_rss_gib().map(|g| round(g, 3)),
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
-        "attention": crate::attention::name(attention),
-        "attention_trials": tuned.map(|c| c.trials),
+        "attention": crate::trials::Candidate::name(attention),
+        "attention_trials": kernels.attention_trials.map(|c| c.trials),
+        "swiglu": (model_cfg.arch != crds::presets::Arch::Gpt2).then(|| crate::trials::Candidate::name(kernels.swiglu)),
+        "swiglu_trials": kernels.swiglu_trials.map(|c| c.trials),
         "matmul_dtype": format!("{act:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "recomputed_blocks": recompute,

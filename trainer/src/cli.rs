@@ -327,6 +327,11 @@ pub struct BenchArgs {
     /// auto, flash, cudnn or math.
     #[arg(long, default_value = "auto")]
     pub attention: String,
+    /// SwiGLU's kernels: auto (on CUDA the faster exact of composed and fused, timed at
+    /// start-up; composed elsewhere), composed (ATen's silu and mul as one autograd node),
+    /// fused (jiterator, CUDA) or eager (two nodes, which keep silu(gate) too: the baseline).
+    #[arg(long, default_value = "auto")]
+    pub swiglu: String,
     /// cpu or cuda [default: cuda when available].
     #[arg(long)]
     pub device: Option<String>,
@@ -395,6 +400,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 warmup: args.warmup,
                 precision: parse("precision", &args.precision)?,
                 attention: parse("attention", &args.attention)?,
+                swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },
                 device,
                 gradient_checkpointing: args.gradient_checkpointing,
                 checkpointed_blocks: args.checkpointed_blocks,

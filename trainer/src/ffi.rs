@@ -56,6 +56,7 @@ mod raw {
         pub fn shim_built_with_cuda() -> c_int;
         pub fn shim_clear_grads(params: *const *mut C_tensor, n: usize) -> *mut c_char;
         pub fn shim_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn shim_swiglu(a: *const C_tensor, b: *const C_tensor, fused: c_int, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
         pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
@@ -228,6 +229,18 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor, Error> {
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: a live tensor; on success the shim hands us a new at::Tensor*.
     check("pin_memory", unsafe { raw::shim_pin_memory(t.as_ptr(), &mut out) })?;
+    // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// `silu(a) · b` as one autograd node that saves only `a` and `b` (two nodes would also
+/// keep `silu(a)`). Unfused, its value and gradients equal `a.silu() * b`'s bit for bit;
+/// `fused` runs one jiterator kernel each way, CUDA only.
+pub fn swiglu(a: &Tensor, b: &Tensor, fused: bool) -> Result<Tensor, TchError> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: live tensors; on success the shim hands us a new at::Tensor*.
+    let err = unsafe { raw::shim_swiglu(a.as_ptr(), b.as_ptr(), fused.into(), &mut out) };
+    take_message(err).map_or(Ok(()), |m| Err(TchError::Torch(format!("swiglu: {m}"))))?;
     // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
     Ok(unsafe { Tensor::from_ptr(out) })
 }
@@ -578,6 +591,71 @@ mod tests {
             Err(e) => {
                 assert!(!tch::Cuda::is_available(), "{e}");
                 assert!(e.to_string().starts_with("libtorch shim: pin_memory: "), "{e}");
+            }
+        }
+    }
+
+    /// (value, grad_a, grad_b) of `sum(f(a, b) · g)`.
+    fn swiglu_grads(a: &Tensor, b: &Tensor, g: &Tensor, f: impl Fn(&Tensor, &Tensor) -> Tensor) -> [Tensor; 3] {
+        let (a, b) = (a.detach().requires_grad_(true), b.detach().requires_grad_(true));
+        let y = f(&a, &b);
+        let grads = Tensor::run_backward(&[(&y * g).sum(Kind::Float)], &[&a, &b], false, false);
+        [y.detach(), grads[0].shallow_clone(), grads[1].shallow_clone()]
+    }
+
+    /// Unfused, one node gives eager's two nodes' value and gradients to the bit, in f32
+    /// and bf16, and keeps working without autograd (decoding).
+    #[test]
+    fn swiglu_equals_silu_times_up_bit_for_bit() {
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let x = |seed| {
+                tch::manual_seed(seed);
+                Tensor::randn([3, 5, 96], (Kind::Float, Device::Cpu)).to_kind(kind) * 4
+            };
+            let (a, b, g) = (x(1), x(2), x(3));
+            let got = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, false).unwrap());
+            let want = swiglu_grads(&a, &b, &g, |a, b| a.silu() * b);
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(got.kind(), kind);
+                assert!(got.equal(want), "{kind:?} output {i}: max diff {}", (got - want).abs().max().double_value(&[]));
+            }
+            let y = tch::no_grad(|| swiglu(&a.detach().requires_grad_(true), &b, false).unwrap());
+            assert!(!y.requires_grad() && y.equal(&want[0]), "{kind:?} under no_grad");
+        }
+    }
+
+    #[test]
+    fn swiglu_rejects_unequal_inputs_and_fused_kernels_off_cuda() {
+        let a = Tensor::ones([2, 4], (Kind::Float, Device::Cpu));
+        let e = swiglu(&a, &Tensor::ones([2, 3], (Kind::Float, Device::Cpu)), false).unwrap_err().to_string();
+        assert!(e.contains("swiglu: gate [2, 4] and up [2, 3] differ in shape"), "{e}");
+        let e = swiglu(&a, &a.to_kind(Kind::BFloat16), false).unwrap_err().to_string();
+        assert!(e.contains("swiglu: gate Float and up BFloat16 differ in dtype"), "{e}");
+        let e = swiglu(&a, &a, true).unwrap_err().to_string();
+        let why = if shim_built_with_cuda() { "the fused kernels run on CUDA only, not on cpu" } else { "need the trainer built with the cuda feature" };
+        assert!(e.contains(why), "{e}");
+    }
+
+    /// On a GPU the fused kernels agree with the composed ones to rounding (they round
+    /// once where eager rounds twice).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn fused_swiglu_matches_the_composed_kernels_on_cuda() {
+        if !tch::Cuda::is_available() {
+            return;
+        }
+        for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
+            let x = |seed| {
+                tch::manual_seed(seed);
+                Tensor::randn([4, 33, 130], (Kind::Float, Device::Cuda(0))).to_kind(kind) * 4
+            };
+            let (a, b, g) = (x(1), x(2), x(3));
+            let fused = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, true).unwrap());
+            let composed = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, false).unwrap());
+            for (i, (f, c)) in fused.iter().zip(&composed).enumerate() {
+                let (f, c) = (f.to_kind(Kind::Float), c.to_kind(Kind::Float));
+                let rel = (&f - &c).abs().max().double_value(&[]) / c.abs().max().double_value(&[]);
+                assert!(rel <= tol, "{kind:?} output {i}: relative error {rel}");
             }
         }
     }

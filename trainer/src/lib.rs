@@ -19,8 +19,10 @@ pub mod plot;
 pub mod progress;
 pub mod status;
 pub mod storage;
+pub mod swiglu;
 pub mod torch_info;
 pub mod train;
+pub mod trials;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -144,7 +144,7 @@ pub struct Trainer {
     opts: RunOptions,
     device: Device,
     autocast: bool,
-    /// `spec.attention`, `auto` resolved on CUDA ([`resolve_attention`]).
+    /// `spec.attention`, `auto` resolved on CUDA ([`choose_kernels`]).
     attention: Attention,
     vs: VarStore,
     model: Model,
@@ -229,13 +229,11 @@ impl Trainer {
         };
 
         let b = &cfg.batch;
-        let (attention, tuned) = resolve_attention(cfg.attention, &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
-        if let (Some(t), 0) = (&tuned, p.rank) {
-            tracing::info!(
-                "attention: auto timed one layer's forward and backward at micro-batch {} × {} tokens ({}) and chose {}",
-                b.micro_batch, b.seq_len, t.summary(), crate::attention::name(t.attention)
-            );
+        let kernels = choose_kernels(cfg.attention, None, &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
+        if p.rank == 0 {
+            kernels.log(b.micro_batch, b.seq_len);
         }
+        let attention = kernels.attention;
         let tokenizer = load_tokenizer(cfg)?;
         let train = match cfg.grpo {
             Some(_) => None,
@@ -1124,23 +1122,63 @@ fn split_entries<'m>(src: &ResolvedSource, manifest: &'m Manifest, tok: &Tokeniz
     Ok(entries)
 }
 
-/// `requested` (`spec.attention`), with `auto` on CUDA resolved by timing each exact
-/// backend on the model's attention at this micro-batch and sequence
-/// ([`crate::attention::tune`]); what was timed comes back with it.
-pub fn resolve_attention(
-    requested: Attention,
+/// The kernels a run chooses between, and on CUDA what was timed to choose them.
+pub struct ChosenKernels {
+    /// `spec.attention`, `auto` resolved on CUDA ([`crate::attention::tune`]).
+    pub attention: Attention,
+    pub attention_trials: Option<crate::trials::Choice<Attention>>,
+    /// Set for the process ([`crate::swiglu::set`]).
+    pub swiglu: crate::swiglu::Kernels,
+    pub swiglu_trials: Option<crate::trials::Choice<crate::swiglu::Kernels>>,
+}
+
+impl ChosenKernels {
+    /// One log line per timed choice.
+    pub fn log(&self, micro_batch: u32, seq: u32) {
+        use crate::trials::Candidate;
+        let at = format!("one layer's forward and backward at micro-batch {micro_batch} × {seq} tokens");
+        if let Some(t) = &self.attention_trials {
+            tracing::info!("attention: auto timed {at} ({}) and chose {}", t.summary(), t.chosen.name());
+        }
+        if let Some(t) = &self.swiglu_trials {
+            tracing::info!("swiglu: timed {at} ({}) and chose {}", t.summary(), t.chosen.name());
+        }
+    }
+}
+
+/// The SDPA backend (`spec.attention`; `auto` on CUDA timed on the model's attention at
+/// this micro-batch and sequence) and SwiGLU's kernels (`swiglu`, or with `None` timed
+/// on CUDA and ATen's elsewhere; GPT-2 has none), with what was timed. With a `group`,
+/// every rank chooses the same.
+#[allow(clippy::too_many_arguments)]
+pub fn choose_kernels(
+    attention: Attention,
+    swiglu: Option<crate::swiglu::Kernels>,
     m: &crds::presets::ModelConfig,
     micro_batch: i64,
     seq: i64,
     kind: Kind,
     device: Device,
     group: Option<&crate::dist::ProcessGroup>,
-) -> Result<(Attention, Option<crate::attention::Choice>), Error> {
-    if requested != Attention::Auto || !device.is_cuda() {
-        return Ok((requested, None));
-    }
-    let choice = crate::attention::tune(m, micro_batch, seq, kind, device, &crate::attention::CUDA_CANDIDATES, group)?;
-    Ok((choice.attention, Some(choice)))
+) -> Result<ChosenKernels, Error> {
+    use crate::swiglu::Kernels;
+    let attention_trials = if attention == Attention::Auto && device.is_cuda() {
+        Some(crate::attention::tune(m, micro_batch, seq, kind, device, &crate::attention::CUDA_CANDIDATES, group)?)
+    } else {
+        None
+    };
+    let swiglu_trials = if swiglu.is_none() && device.is_cuda() && m.arch != crds::presets::Arch::Gpt2 {
+        Some(crate::swiglu::tune(micro_batch * seq, m.d_ff as i64, kind, device, &crate::swiglu::CUDA_CANDIDATES, group)?)
+    } else {
+        crate::swiglu::set(swiglu.unwrap_or(Kernels::Composed));
+        None
+    };
+    Ok(ChosenKernels {
+        attention: attention_trials.as_ref().map_or(attention, |c| c.chosen),
+        attention_trials,
+        swiglu: crate::swiglu::current(),
+        swiglu_trials,
+    })
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,

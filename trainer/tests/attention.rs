@@ -5,7 +5,8 @@ use crds::presets::{ModelConfig, preset};
 use crds::types::Attention;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use trainer::attention::{CUDA_CANDIDATES, fastest, tolerance, tune};
+use trainer::attention::{CUDA_CANDIDATES, fastest, tune};
+use trainer::trials::tolerance;
 use trainer::ffi;
 use trainer::model::Model;
 use trainer::optim::set_sdp_backend;
@@ -26,11 +27,11 @@ fn auto_times_each_backend_and_decoding_runs_whatever_training_forced() {
         }
         assert!(cudnn.rejected.as_deref().unwrap().starts_with("cannot run: spec.attention=cudnn"), "{cudnn:?}");
         assert_eq!(cudnn.ms, None);
-        assert_eq!(choice.attention, fastest(&choice.trials));
-        assert!(matches!(choice.attention, Attention::Flash | Attention::Math));
+        assert_eq!(choice.chosen, fastest(&choice.trials));
+        assert!(matches!(choice.chosen, Attention::Flash | Attention::Math));
         // The switches are left on the chosen backend alone.
         let on = ffi::sdp_enabled().unwrap();
-        assert_eq!((on.flash, on.math, on.cudnn), (choice.attention == Attention::Flash, choice.attention == Attention::Math, false));
+        assert_eq!((on.flash, on.math, on.cudnn), (choice.chosen == Attention::Flash, choice.chosen == Attention::Math, false));
         // f32 math against itself in f32 is exact to rounding.
         if kind == Kind::Float {
             assert!(math.error.unwrap() < 1e-6, "{math:?}");
@@ -38,7 +39,7 @@ fn auto_times_each_backend_and_decoding_runs_whatever_training_forced() {
     }
     // No backend that can run: libtorch's own choice (auto), not an error.
     let none = tune(&cfg, 1, 8, Kind::Float, Device::Cpu, &[Attention::Cudnn], None).unwrap();
-    assert_eq!(none.attention, Attention::Auto);
+    assert_eq!(none.chosen, Attention::Auto);
     assert_eq!(CUDA_CANDIDATES, [Attention::Flash, Attention::Cudnn]);
 
     // Decoding's masked attention runs even when training forced a backend that cannot
