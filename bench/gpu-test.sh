@@ -42,7 +42,8 @@ assert rows["tiny trainer"]["micro_batch"] == 1 and rows["tiny trainer"]["attent
 assert rows["tiny trainer"]["matmul_dtype"] == "Float", rows["tiny trainer"]
 # auto is timed on CUDA only.
 assert rows["tiny trainer"]["attention"] == "auto" and rows["tiny trainer"]["attention_trials"] is None, rows["tiny trainer"]
-assert rows["tiny trainer"]["swiglu"] == "composed" and rows["tiny trainer"]["swiglu_trials"] is None, rows["tiny trainer"]
+for op in ("swiglu", "rope"):
+    assert rows["tiny trainer"][op] == "composed" and rows["tiny trainer"][f"{op}_trials"] is None, rows["tiny trainer"]
 PY
 
 # 3. and 4. Stand-ins: out of memory above FITS (the trainer's is FITS_RECOMPUTE with
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
 done
 if [ "$mb" -gt "${BREAK:-100000}" ]; then echo "thread 'main' panicked: index out of bounds" >&2; exit 101; fi
 if [ "$mb" -gt "$fits" ]; then echo "Error: torch: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1; fi
-echo "{\"preset\": \"tiny\", \"tokens_per_s\": 1200.0, \"mfu\": 0.5, \"peak_mem_gib\": 1.0, \"final_loss\": ${LOSS:-10.0}, \"attention_backend\": \"CuDnn\", \"attention\": \"cudnn\", \"attention_trials\": [{\"candidate\": \"flash\", \"ms\": 3.41, \"error\": 0.004}, {\"candidate\": \"cudnn\", \"ms\": 1.83, \"error\": 0.005}], \"swiglu\": \"composed\", \"swiglu_trials\": [{\"candidate\": \"composed\", \"ms\": 0.52, \"error\": 0.0}, {\"candidate\": \"fused\", \"ms\": null, \"error\": null, \"rejected\": \"failed: nvrtc\"}]}"
+echo "{\"preset\": \"tiny\", \"tokens_per_s\": 1200.0, \"mfu\": 0.5, \"peak_mem_gib\": 1.0, \"final_loss\": ${LOSS:-10.0}, \"attention_backend\": \"CuDnn\", \"attention\": \"cudnn\", \"attention_trials\": [{\"candidate\": \"flash\", \"ms\": 3.41, \"error\": 0.004}, {\"candidate\": \"cudnn\", \"ms\": 1.83, \"error\": 0.005}], \"swiglu\": \"composed\", \"swiglu_trials\": [{\"candidate\": \"composed\", \"ms\": 0.52, \"error\": 0.0}, {\"candidate\": \"fused\", \"ms\": null, \"error\": null, \"rejected\": \"failed: nvrtc\"}], \"rope\": \"fused\", \"rope_trials\": [{\"candidate\": \"composed\", \"ms\": 0.31, \"error\": 0.0}, {\"candidate\": \"fused\", \"ms\": 0.09, \"error\": 0.004}]}"
 SH
 cat >"$tmp/reference.py" <<'PY'
 import argparse, json
@@ -86,6 +87,7 @@ for want in \
   "tiny          trainer 1,200 50.0% 1.00 CuDnn" \
   "attention auto chose cudnn: flash 3.410 ms; cudnn 1.830 ms" \
   "swiglu auto chose composed: composed 0.520 ms; fused rejected (failed: nvrtc)" \
+  "rope auto chose fused: composed 0.310 ms; fused 0.090 ms" \
   "trainer / eager 1.200 (goal ≥ 1.2), / compile 0.800 (goal ≥ 1.0), peak memory 1.00 vs 2.00 GiB (goal ≤ eager)" \
   "tiny max-mb trainer: largest micro-batch 37 under 80 GiB (first out of memory: 38)" \
   "tiny max-mb trainer-recompute: largest micro-batch 100 under 80 GiB (first out of memory: 101)" \

@@ -32,7 +32,7 @@ struct alignas(2) BFloat16 {
 # (storage dtype, op-math type): what jiterator instantiates for each dtype the trainer runs.
 TYPES = [("float", "float"), ("at::BFloat16", "float"), ("double", "double")]
 # (name in shim.cpp, functor, inputs, outputs by reference; 0 means returned by value)
-KERNELS = [("kSwigluForward", "swiglu_forward", 2, 0), ("kSwigluBackward", "swiglu_backward", 3, 2)]
+KERNELS = [("kSwigluForward", "swiglu_forward", 2, 0), ("kSwigluBackward", "swiglu_backward", 3, 2), ("kRope", "rope", 4, 0)]
 
 
 def nvrtc():

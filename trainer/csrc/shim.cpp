@@ -1,15 +1,16 @@
 // ATen entry points that tch 0.24 does not expose: backward from several roots with
 // given gradients, fused AdamW, foreach gradient clipping, the SDPA backend switches,
-// bf16 autocast, SwiGLU as one autograd node and, with CUDA, the caching allocator's
-// counters and cap, CUDA graphs and jiterator-fused SwiGLU kernels. Every function is
-// extern "C", catches every C++ exception and returns it as a malloc'd message (NULL on
-// success) that Rust frees with shim_free_string; nothing may unwind across the FFI
-// boundary.
+// bf16 autocast, SwiGLU and RoPE as one autograd node each and, with CUDA, the caching
+// allocator's counters and cap, CUDA graphs and jiterator-fused SwiGLU and RoPE kernels.
+// Every function is extern "C", catches every C++ exception and returns it as a malloc'd
+// message (NULL on success) that Rust frees with shim_free_string; nothing may unwind
+// across the FFI boundary.
 //
 // Tensors cross as tch's C_tensor, which is an at::Tensor*.
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
@@ -95,9 +96,9 @@ template <typename T> void swiglu_backward(T g, T a, T b, T& grad_a, T& grad_b) 
 
 void require_fusable(const at::Tensor& a) {
 #ifdef SHIM_CUDA
-  TORCH_CHECK(a.is_cuda(), "swiglu: the fused kernels run on CUDA only, not on ", a.device().str());
+  TORCH_CHECK(a.is_cuda(), "the fused kernels run on CUDA only, not on ", a.device().str());
 #else
-  TORCH_CHECK(false, "swiglu: the fused kernels need the trainer built with the cuda feature");
+  TORCH_CHECK(false, "the fused kernels need the trainer built with the cuda feature");
 #endif
 }
 
@@ -141,6 +142,60 @@ struct SwiGlu : public torch::autograd::Function<SwiGlu> {
     auto saved = ctx->get_saved_variables();
     auto [grad_a, grad_b] = swiglu_backward(grads[0], saved[0], saved[1], ctx->saved_data["fused"].toBool());
     return {grad_a, grad_b, at::Tensor()};
+  }
+};
+
+
+// RoPE (rotate-half, HF Llama) as one autograd node. With x (…, d) viewed (…, 2, d/2),
+// its halves x1, x2 broadcast over the pair dimension as lo and hi, and the tables
+// a = (cos, sin), b = (−sin, cos): rope(x) = lo·a + hi·b = (x1·cos − x2·sin, x2·cos + x1·sin).
+// It is linear in x, so its gradient is the same map with the inverse rotation's tables,
+// (cos, −sin) and (sin, cos), and it saves no activation. Composed, each product is rounded
+// to x's dtype and then summed, as eager's x·cos + cat(−x2, x1)·sin does, so values and
+// gradients equal eager's bit for bit (negation is exact, addition commutes).
+#ifdef SHIM_CUDA
+const char* const kRope = R"(
+template <typename T> T rope(T lo, T hi, T a, T b) {
+  return lo * a + hi * b;
+})";
+#endif
+
+at::Tensor rope_map(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, bool fused) {
+  std::vector<int64_t> pairs = x.sizes().vec();
+  const int64_t d = pairs.back();
+  pairs.back() = 2;
+  pairs.push_back(d / 2);
+  const at::Tensor x5 = x.view(pairs);  // splitting the last dimension is always a view
+  const at::Tensor lo = x5.narrow(-2, 0, 1).expand(pairs);
+  const at::Tensor hi = x5.narrow(-2, 1, 1).expand(pairs);
+  at::Tensor out;
+  if (fused) {
+    require_fusable(x);
+#ifdef SHIM_CUDA
+    out = at::cuda::CompileAndLaunchKernel(kRope, "rope", 1, {lo, hi, a, b}, {}, false)[0];
+#endif
+  } else {
+    out = at::empty_like(x5);  // x's layout, so the reshape below is a view
+    at::mul_out(out, lo, a);
+    out.add_(hi * b);
+  }
+  return out.reshape(x.sizes());
+}
+
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& a,
+                            const at::Tensor& b, const at::Tensor& a_back, const at::Tensor& b_back, bool fused) {
+    ctx->saved_data["a_back"] = a_back;
+    ctx->saved_data["b_back"] = b_back;
+    ctx->saved_data["fused"] = fused;
+    return rope_map(x, a, b, fused);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto grad = rope_map(grads[0], ctx->saved_data["a_back"].toTensor(), ctx->saved_data["b_back"].toTensor(),
+                         ctx->saved_data["fused"].toBool());
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -283,11 +338,35 @@ char* shim_clear_grads(at::Tensor* const* params, size_t n) {
 char* shim_swiglu(const at::Tensor* a, const at::Tensor* b, int fused, at::Tensor** out) {
   return guarded([&] {
     *out = nullptr;
-    TORCH_CHECK(a != nullptr && a->defined() && b != nullptr && b->defined(), "swiglu: undefined tensor");
-    TORCH_CHECK(a->sizes() == b->sizes(), "swiglu: gate ", a->sizes(), " and up ", b->sizes(), " differ in shape");
-    TORCH_CHECK(a->scalar_type() == b->scalar_type(), "swiglu: gate ", a->scalar_type(), " and up ",
+    TORCH_CHECK(a != nullptr && a->defined() && b != nullptr && b->defined(), "undefined tensor");
+    TORCH_CHECK(a->sizes() == b->sizes(), "gate ", a->sizes(), " and up ", b->sizes(), " differ in shape");
+    TORCH_CHECK(a->scalar_type() == b->scalar_type(), "gate ", a->scalar_type(), " and up ",
                 b->scalar_type(), " differ in dtype");
     *out = new at::Tensor(SwiGlu::apply(*a, *b, fused != 0));
+  });
+}
+
+// RoPE of x (…, d) as one autograd node (see RopeFn): `tables` are a, b, a_back, b_back,
+// each broadcastable to (…, 2, d/2) and of x's dtype; the fused CUDA kernels when `fused`.
+char* shim_rope(const at::Tensor* x, const at::Tensor* const* tables, int fused, at::Tensor** out) {
+  return guarded([&] {
+    *out = nullptr;
+    TORCH_CHECK(x != nullptr && x->defined() && x->dim() >= 1, "undefined or 0-d input");
+    const int64_t d = x->size(-1);
+    TORCH_CHECK(d % 2 == 0, "the head dimension ", d, " is odd");
+    std::vector<int64_t> pairs = x->sizes().vec();
+    pairs.back() = 2;
+    pairs.push_back(d / 2);
+    const char* names[] = {"a", "b", "a_back", "b_back"};
+    for (int i = 0; i < 4; ++i) {
+      const at::Tensor* t = tables[i];
+      TORCH_CHECK(t != nullptr && t->defined(), "table ", names[i], " is undefined");
+      TORCH_CHECK(t->scalar_type() == x->scalar_type(), "table ", names[i], " is ", t->scalar_type(),
+                  ", x is ", x->scalar_type());
+      TORCH_CHECK(at::is_expandable_to(t->sizes(), pairs), "table ", names[i], " ", t->sizes(),
+                  " does not broadcast to ", c10::IntArrayRef(pairs));
+    }
+    *out = new at::Tensor(RopeFn::apply(*x, *tables[0], *tables[1], *tables[2], *tables[3], fused != 0));
   });
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crds::config::ResolvedOptimizer;
 use crds::presets::{H100_PEAK_BF16_FLOPS, ModelConfig};
-use crds::types::{Attention, Precision};
+use crds::types::Precision;
 use serde_json::{Value, json};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -14,10 +14,12 @@ use tch::{Device, Kind, Tensor};
 use std::sync::Arc;
 
 use crate::Error;
+use crate::fused::{Kernels, Op};
 use crate::dist::{Backend, DEFAULT_BUCKET_CAP_BYTES, GlooDevice, GradReducer, GroupOptions, ProcessGroup, ReduceOp};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
-use crate::train::{precision_plan, sorted_variables};
+use crate::train::{KernelRequest, precision_plan, sorted_variables};
+use crate::trials::Candidate;
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
@@ -27,9 +29,8 @@ pub struct BenchOptions {
     pub steps: u32,
     pub warmup: u32,
     pub precision: Precision,
-    pub attention: Attention,
-    /// SwiGLU's kernels; `None`: timed on CUDA, composed elsewhere.
-    pub swiglu: Option<crate::swiglu::Kernels>,
+    /// The SDPA backend and SwiGLU's and RoPE's kernels.
+    pub kernels: KernelRequest,
     pub device: Device,
     pub gradient_checkpointing: bool,
     /// With `gradient_checkpointing`, recompute only this many leading blocks.
@@ -80,7 +81,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     let act = crate::train::matmul_kind(kind, autocast, o.device)?;
-    let kernels = crate::train::choose_kernels(o.attention, o.swiglu, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
+    let kernels = crate::train::choose_kernels(o.kernels, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
     let attention = kernels.attention;
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
@@ -164,7 +165,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     // Peak bytes allocated by libtorch's CUDA caching allocator, as the reference reports.
     let peak_mem = crate::ffi::device_memory(o.device)?.map(|m| m.peak_allocated as f64 / (1u64 << 30) as f64);
     let round = |v: f64, d: i32| (v * 10f64.powi(d)).round() / 10f64.powi(d);
-    Ok(json!({
+    let mut report = json!({
         "impl": "trainer",
         "preset": model_cfg.preset,
         "device": if o.device.is_cuda() { "cuda" } else { "cpu" },
@@ -182,10 +183,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "peak_rss_gib": peak_rss_gib().map(|g| round(g, 3)),
         "final_loss": loss.f_double_value(&[])?,
         "attention_backend": format!("{backend:?}"),
-        "attention": crate::trials::Candidate::name(attention),
+        "attention": attention.name(),
         "attention_trials": kernels.attention_trials.map(|c| c.trials),
-        "swiglu": (model_cfg.arch != crds::presets::Arch::Gpt2).then(|| crate::trials::Candidate::name(kernels.swiglu)),
-        "swiglu_trials": kernels.swiglu_trials.map(|c| c.trials),
         "matmul_dtype": format!("{act:?}"),
         "gradient_checkpointing": o.gradient_checkpointing,
         "recomputed_blocks": recompute,
@@ -199,6 +198,46 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             "buckets": r.n_buckets(),
             "bf16_allreduce": "ok",
         })),
+    });
+    // "swiglu", "swiglu_trials", "rope", "rope_trials" (absent for GPT-2).
+    for f in &kernels.fused {
+        report[f.op.name()] = json!(f.kernels.name());
+        report[format!("{}_trials", f.op.name())] = json!(f.trials.as_ref().map(|c| &c.trials));
+    }
+    Ok(report)
+}
+
+/// `trainer bench-kernels`: SwiGLU's and RoPE's kernel sets timed on the model's shapes
+/// at this micro-batch and sequence, each as a run's trial times and checks it
+/// ([`crate::fused::tune`]), and each one's speed-up over eager from the same run. The
+/// fused kernels run on CUDA only; elsewhere they show as rejected.
+pub fn kernels(model: &ModelConfig, micro_batch: i64, seq: i64, precision: Precision, device: Device) -> Result<Value, Error> {
+    if model.arch == crds::presets::Arch::Gpt2 {
+        return Err(Error::InvalidSpec(format!("--preset {}: GPT-2 has neither SwiGLU nor RoPE", model.preset)));
+    }
+    let (kind, autocast, _) = precision_plan(precision, device);
+    let act = crate::train::matmul_kind(kind, autocast, device)?;
+    let candidates = [Kernels::Eager, Kernels::Composed, Kernels::Fused];
+    let mut ops = serde_json::Map::new();
+    for op in [Op::Swiglu, Op::Rope] {
+        let choice = crate::fused::tune(op, model, micro_batch, seq, act, device, &candidates, None)?;
+        let eager = choice.trials[0].ms;
+        let vs_eager: serde_json::Map<String, Value> = choice
+            .trials
+            .iter()
+            .map(|t| (t.candidate.name().to_string(), json!(eager.zip(t.ms).map(|(e, ms)| e / ms))))
+            .collect();
+        ops.insert(op.name().into(), json!({ "chosen": choice.chosen.name(), "trials": choice.trials, "speedup_vs_eager": vs_eager }));
+    }
+    Ok(json!({
+        "preset": model.preset,
+        "device": if device.is_cuda() { "cuda" } else { "cpu" },
+        "precision": serde_json::to_value(precision).expect("precision serializes"),
+        "dtype": format!("{act:?}"),
+        "micro_batch": micro_batch,
+        "seq": seq,
+        "threads": tch::get_num_threads(),
+        "ops": ops,
     }))
 }
 

@@ -65,6 +65,10 @@ pub enum Command {
     /// MFU = tokens/s × (6·N_matmul + 12·L·n_head·d_head·T) / 989e12, where N_matmul
     /// counts every Linear weight (lm_head included, input embedding excluded).
     Bench(BenchArgs),
+    /// One layer's SwiGLU and RoPE on each kernel set (eager, composed and, on CUDA,
+    /// fused), forward and backward on the preset's shapes, each checked against f32 as a
+    /// run's trial checks it, with its speed against eager measured in the same run.
+    BenchKernels(BenchKernelsArgs),
     /// What data parallelism costs here: Gloo all-reduce bandwidth between local
     /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
     BenchDdp(BenchDdpArgs),
@@ -309,6 +313,22 @@ pub struct BenchDdpArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct BenchKernelsArgs {
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: i64,
+    #[arg(long, default_value_t = 2048)]
+    pub seq: i64,
+    /// bf16-mixed, bf16 or f32.
+    #[arg(long, default_value = "bf16-mixed")]
+    pub precision: String,
+    /// cpu or cuda [default: cuda when available].
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     #[arg(long, default_value = "tiny")]
     pub preset: String,
@@ -332,6 +352,10 @@ pub struct BenchArgs {
     /// fused (jiterator, CUDA) or eager (two nodes, which keep silu(gate) too: the baseline).
     #[arg(long, default_value = "auto")]
     pub swiglu: String,
+    /// RoPE's kernels: auto, composed (ATen's mul and add as one autograd node), fused
+    /// (jiterator, CUDA) or eager (rotate-half as separate nodes: the baseline).
+    #[arg(long, default_value = "auto")]
+    pub rope: String,
     /// cpu or cuda [default: cuda when available].
     #[arg(long)]
     pub device: Option<String>,
@@ -399,8 +423,11 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 steps: args.steps,
                 warmup: args.warmup,
                 precision: parse("precision", &args.precision)?,
-                attention: parse("attention", &args.attention)?,
-                swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },
+                kernels: crate::train::KernelRequest {
+                    attention: parse("attention", &args.attention)?,
+                    swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },
+                    rope: if args.rope == "auto" { None } else { Some(parse("rope", &args.rope)?) },
+                },
                 device,
                 gradient_checkpointing: args.gradient_checkpointing,
                 checkpointed_blocks: args.checkpointed_blocks,
@@ -410,6 +437,12 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
                 memory_limit_gib: args.memory_limit_gib,
             };
             println!("{}", crate::bench::run(&opts)?);
+            Ok(())
+        }
+        Command::BenchKernels(a) => {
+            let model = preset_arg(&a.preset)?;
+            let device = bench_device(a.device.as_deref())?;
+            println!("{}", crate::bench::kernels(&model, a.micro_batch, a.seq, parse("precision", &a.precision)?, device)?);
             Ok(())
         }
         Command::BenchData(a) => {

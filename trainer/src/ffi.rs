@@ -57,6 +57,7 @@ mod raw {
         pub fn shim_clear_grads(params: *const *mut C_tensor, n: usize) -> *mut c_char;
         pub fn shim_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_swiglu(a: *const C_tensor, b: *const C_tensor, fused: c_int, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn shim_rope(x: *const C_tensor, tables: *const *const C_tensor, fused: c_int, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
         pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
@@ -241,6 +242,22 @@ pub fn swiglu(a: &Tensor, b: &Tensor, fused: bool) -> Result<Tensor, TchError> {
     // SAFETY: live tensors; on success the shim hands us a new at::Tensor*.
     let err = unsafe { raw::shim_swiglu(a.as_ptr(), b.as_ptr(), fused.into(), &mut out) };
     take_message(err).map_or(Ok(()), |m| Err(TchError::Torch(format!("swiglu: {m}"))))?;
+    // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// RoPE of `x` (…, d) as one autograd node that saves no activation: `x` viewed
+/// (…, 2, d/2) with halves `lo`, `hi` broadcast over the pair dimension gives
+/// `lo·a + hi·b`, and its gradient is the same map with `a_back`, `b_back`; each table
+/// broadcasts to (…, 2, d/2) and has x's dtype ([`crate::model::layers::RopeTables`]).
+/// Unfused, values and gradients equal eager rotate-half's bit for bit; `fused` runs one
+/// jiterator kernel each way, CUDA only.
+pub fn rope(x: &Tensor, [a, b, a_back, b_back]: [&Tensor; 4], fused: bool) -> Result<Tensor, TchError> {
+    let tables = [a.as_ptr(), b.as_ptr(), a_back.as_ptr(), b_back.as_ptr()];
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: live tensors; on success the shim hands us a new at::Tensor*.
+    let err = unsafe { raw::shim_rope(x.as_ptr(), tables.as_ptr(), fused.into(), &mut out) };
+    take_message(err).map_or(Ok(()), |m| Err(TchError::Torch(format!("rope: {m}"))))?;
     // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
     Ok(unsafe { Tensor::from_ptr(out) })
 }
@@ -545,7 +562,9 @@ impl Drop for CudaGraph {
 
 #[cfg(test)]
 mod tests {
+    use super::rope as rope_fn;
     use super::*;
+    use crate::model::layers::{Rope, RopeTables};
 
     #[test]
     fn shim_cuda_paths_follow_the_feature() {
@@ -595,12 +614,36 @@ mod tests {
         }
     }
 
-    /// (value, grad_a, grad_b) of `sum(f(a, b) · g)`.
-    fn swiglu_grads(a: &Tensor, b: &Tensor, g: &Tensor, f: impl Fn(&Tensor, &Tensor) -> Tensor) -> [Tensor; 3] {
-        let (a, b) = (a.detach().requires_grad_(true), b.detach().requires_grad_(true));
-        let y = f(&a, &b);
-        let grads = Tensor::run_backward(&[(&y * g).sum(Kind::Float)], &[&a, &b], false, false);
-        [y.detach(), grads[0].shallow_clone(), grads[1].shallow_clone()]
+    /// [y, d(input)…] of `y = f(inputs)` for y's gradient `g`, through `sum(y · g)`.
+    fn value_and_grads(inputs: &[&Tensor], g: &Tensor, f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Tensor> {
+        let xs: Vec<Tensor> = inputs.iter().map(|x| x.detach().requires_grad_(true)).collect();
+        let y = f(&xs);
+        let mut out = vec![y.detach()];
+        out.extend(Tensor::run_backward(&[(&y * g).sum(Kind::Float)], xs.as_slice(), false, false));
+        out
+    }
+
+    fn swiglu_grads(a: &Tensor, b: &Tensor, g: &Tensor, f: impl Fn(&Tensor, &Tensor) -> Tensor) -> Vec<Tensor> {
+        value_and_grads(&[a, b], g, |x| f(&x[0], &x[1]))
+    }
+
+    /// Asserts each pair equal to the bit, in `kind`.
+    fn assert_bitwise(got: &[Tensor], want: &[Tensor], kind: Kind, what: &str) {
+        assert_eq!(got.len(), want.len());
+        for (i, (got, want)) in got.iter().zip(want).enumerate() {
+            assert_eq!(got.kind(), kind, "{what} output {i}");
+            assert!(got.equal(want), "{what} {kind:?} output {i}: max diff {}", (got - want).abs().max().double_value(&[]));
+        }
+    }
+
+    /// The largest relative difference of each pair, in f32.
+    #[cfg(feature = "cuda")]
+    fn assert_close(got: &[Tensor], want: &[Tensor], tol: f64, what: &str) {
+        for (i, (f, c)) in got.iter().zip(want).enumerate() {
+            let (f, c) = (f.to_kind(Kind::Float), c.to_kind(Kind::Float));
+            let rel = (&f - &c).abs().max().double_value(&[]) / c.abs().max().double_value(&[]);
+            assert!(rel <= tol, "{what} output {i}: relative error {rel}");
+        }
     }
 
     /// Unfused, one node gives eager's two nodes' value and gradients to the bit, in f32
@@ -615,10 +658,7 @@ mod tests {
             let (a, b, g) = (x(1), x(2), x(3));
             let got = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, false).unwrap());
             let want = swiglu_grads(&a, &b, &g, |a, b| a.silu() * b);
-            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(got.kind(), kind);
-                assert!(got.equal(want), "{kind:?} output {i}: max diff {}", (got - want).abs().max().double_value(&[]));
-            }
+            assert_bitwise(&got, &want, kind, "swiglu");
             let y = tch::no_grad(|| swiglu(&a.detach().requires_grad_(true), &b, false).unwrap());
             assert!(!y.requires_grad() && y.equal(&want[0]), "{kind:?} under no_grad");
         }
@@ -652,10 +692,79 @@ mod tests {
             let (a, b, g) = (x(1), x(2), x(3));
             let fused = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, true).unwrap());
             let composed = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, false).unwrap());
-            for (i, (f, c)) in fused.iter().zip(&composed).enumerate() {
-                let (f, c) = (f.to_kind(Kind::Float), c.to_kind(Kind::Float));
-                let rel = (&f - &c).abs().max().double_value(&[]) / c.abs().max().double_value(&[]);
-                assert!(rel <= tol, "{kind:?} output {i}: relative error {rel}");
+            assert_close(&fused, &composed, tol, &format!("swiglu {kind:?}"));
+        }
+    }
+
+    /// q as the model has it, (B, T, n_head, d_head) transposed to (B, n_head, T, d_head),
+    /// scaled so products round in bf16.
+    fn q_like(seed: i64, [b, h, t, d]: [i64; 4], kind: Kind, device: Device) -> Tensor {
+        tch::manual_seed(seed);
+        (Tensor::randn([b, t, h, d], (Kind::Float, device)) * 3).to_kind(kind).transpose(1, 2)
+    }
+
+    /// Composed, one node gives eager rotate-half's value and gradient to the bit, in f32
+    /// and bf16, at an offset and at per-row positions (decoding), keeps x's layout (so
+    /// no copy), and runs without autograd.
+    #[test]
+    fn rope_equals_rotate_half_bit_for_bit() {
+        let shape = [2, 3, 10, 16];
+        let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
+        let positions = Tensor::from_slice(&[7i64, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).view([2, 10]);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let (x, g) = (q_like(1, shape, kind, Device::Cpu), q_like(2, shape, kind, Device::Cpu));
+            for (what, tables) in [("offset 5", rope.tables(kind, 5, 10).unwrap()), ("per-row", rope.tables_at(kind, &positions).unwrap())] {
+                let got = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
+                let want = value_and_grads(&[&x], &g, |x| tables.eager(&x[0]).unwrap());
+                assert_bitwise(&got, &want, kind, &format!("rope {what}"));
+                assert_eq!(got[0].stride(), x.stride(), "rope {what} keeps x's layout");
+            }
+            // Each row of the per-row tables is that row's own offset.
+            let per_row = rope_fn(&x, rope.tables_at(kind, &positions).unwrap().maps(), false).unwrap();
+            for (row, offset) in [(0, 7), (1, 0)] {
+                let one = rope_fn(&x.narrow(0, row, 1), rope.tables(kind, offset, 10).unwrap().maps(), false).unwrap();
+                assert!(one.equal(&per_row.narrow(0, row, 1)), "{kind:?} row {row}");
+            }
+            let y = tch::no_grad(|| rope_fn(&x.detach().requires_grad_(true), rope.tables(kind, 0, 10).unwrap().maps(), false).unwrap());
+            assert!(!y.requires_grad(), "{kind:?} under no_grad");
+        }
+    }
+
+    #[test]
+    fn rope_rejects_bad_tables_and_fused_kernels_off_cuda() {
+        let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
+        let x = q_like(1, [2, 3, 10, 16], Kind::Float, Device::Cpu);
+        let err = |x: &Tensor, t: &RopeTables, fused| rope_fn(x, t.maps(), fused).unwrap_err().to_string();
+        let e = err(&Tensor::ones([2, 10, 15], (Kind::Float, Device::Cpu)), &rope.tables(Kind::Float, 0, 10).unwrap(), false);
+        assert!(e.contains("rope: the head dimension 15 is odd"), "{e}");
+        let e = err(&x.to_kind(Kind::BFloat16), &rope.tables(Kind::Float, 0, 10).unwrap(), false);
+        assert!(e.contains("rope: table a is Float, x is BFloat16"), "{e}");
+        let e = err(&x, &rope.tables(Kind::Float, 0, 12).unwrap(), false);
+        assert!(e.contains("rope: table a [12, 2, 8] does not broadcast to [2, 3, 10, 2, 8]"), "{e}");
+        let e = err(&x, &rope.tables(Kind::Float, 0, 10).unwrap(), true);
+        let why = if shim_built_with_cuda() { "rope: the fused kernels run on CUDA only, not on cpu" } else { "rope: the fused kernels need the trainer built with the cuda feature" };
+        assert!(e.contains(why), "{e}");
+    }
+
+    /// On a GPU the fused kernel agrees with the composed ones to rounding (it rounds once
+    /// where they round each product and the sum), at an offset and per row, and its
+    /// output keeps x's layout, so the reshape back to (B, n_head, T, d_head) copies nothing.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn fused_rope_matches_the_composed_kernels_on_cuda() {
+        if !tch::Cuda::is_available() {
+            return;
+        }
+        let (shape, device) = ([4, 16, 33, 120], Device::Cuda(0));
+        let rope = Rope::new(120, 128, 1e4, device).unwrap();
+        let positions = Tensor::arange(33, (Kind::Int64, device)) + Tensor::from_slice(&[0i64, 5, 50, 95]).to_device(device).view([4, 1]); // (4, 33)
+        for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
+            let (x, g) = (q_like(1, shape, kind, device), q_like(2, shape, kind, device));
+            for tables in [rope.tables(kind, 7, 33).unwrap(), rope.tables_at(kind, &positions).unwrap()] {
+                let fused = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), true).unwrap());
+                let composed = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
+                assert_close(&fused, &composed, tol, &format!("rope {kind:?}"));
+                assert_eq!(fused[0].stride(), x.stride(), "{kind:?}: the fused output keeps x's layout");
             }
         }
     }

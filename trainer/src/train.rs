@@ -26,6 +26,7 @@ use crate::data::remote::RemoteShards;
 use crate::data::shard::{MANIFEST, Manifest, ShardEntry, ShardSet};
 use crate::storage::{self, S3, S3Options};
 use crate::data::tokenizer::Tokenizer;
+use crate::fused::{Kernels, Op};
 use crate::generate::{self, Sampling};
 use crate::grpo::eval::{EvalOptions, McqScore};
 use crate::grpo::step::{Grpo, GrpoStats, StepContext, Sums};
@@ -34,6 +35,7 @@ use crate::mirror::{self, Mirror};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::progress::Progress;
+use crate::trials::Choice;
 use crate::status::{SharedStatus, StatusServer, StepReport};
 
 /// Test-only fault injection: the loss of this optimizer step becomes NaN.
@@ -229,7 +231,7 @@ impl Trainer {
         };
 
         let b = &cfg.batch;
-        let kernels = choose_kernels(cfg.attention, None, &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
+        let kernels = choose_kernels(KernelRequest::auto(cfg.attention), &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
         if p.rank == 0 {
             kernels.log(b.micro_batch, b.seq_len);
         }
@@ -1122,14 +1124,46 @@ fn split_entries<'m>(src: &ResolvedSource, manifest: &'m Manifest, tok: &Tokeniz
     Ok(entries)
 }
 
+/// The kernels a run or `trainer bench` asks for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelRequest {
+    /// `spec.attention`; `auto` is timed on CUDA.
+    pub attention: Attention,
+    /// SwiGLU's kernels; `None`: timed on CUDA, composed elsewhere.
+    pub swiglu: Option<Kernels>,
+    /// RoPE's kernels; `None`: timed on CUDA, composed elsewhere.
+    pub rope: Option<Kernels>,
+}
+
+impl KernelRequest {
+    /// `attention`, and SwiGLU's and RoPE's kernels chosen by the run.
+    pub fn auto(attention: Attention) -> Self {
+        KernelRequest { attention, swiglu: None, rope: None }
+    }
+
+    fn fused(&self, op: Op) -> Option<Kernels> {
+        match op {
+            Op::Swiglu => self.swiglu,
+            Op::Rope => self.rope,
+        }
+    }
+}
+
 /// The kernels a run chooses between, and on CUDA what was timed to choose them.
 pub struct ChosenKernels {
     /// `spec.attention`, `auto` resolved on CUDA ([`crate::attention::tune`]).
     pub attention: Attention,
-    pub attention_trials: Option<crate::trials::Choice<Attention>>,
-    /// Set for the process ([`crate::swiglu::set`]).
-    pub swiglu: crate::swiglu::Kernels,
-    pub swiglu_trials: Option<crate::trials::Choice<crate::swiglu::Kernels>>,
+    pub attention_trials: Option<Choice<Attention>>,
+    /// SwiGLU's and RoPE's kernels, set for the process ([`crate::fused::set`]); empty
+    /// for GPT-2, which has neither.
+    pub fused: Vec<FusedChoice>,
+}
+
+/// One op's kernels, and on CUDA what was timed to choose them.
+pub struct FusedChoice {
+    pub op: Op,
+    pub kernels: Kernels,
+    pub trials: Option<Choice<Kernels>>,
 }
 
 impl ChosenKernels {
@@ -1140,20 +1174,20 @@ impl ChosenKernels {
         if let Some(t) = &self.attention_trials {
             tracing::info!("attention: auto timed {at} ({}) and chose {}", t.summary(), t.chosen.name());
         }
-        if let Some(t) = &self.swiglu_trials {
-            tracing::info!("swiglu: timed {at} ({}) and chose {}", t.summary(), t.chosen.name());
+        for f in &self.fused {
+            if let Some(t) = &f.trials {
+                tracing::info!("{}: timed {at} ({}) and chose {}", f.op.name(), t.summary(), t.chosen.name());
+            }
         }
     }
 }
 
-/// The SDPA backend (`spec.attention`; `auto` on CUDA timed on the model's attention at
-/// this micro-batch and sequence) and SwiGLU's kernels (`swiglu`, or with `None` timed
-/// on CUDA and ATen's elsewhere; GPT-2 has none), with what was timed. With a `group`,
-/// every rank chooses the same.
-#[allow(clippy::too_many_arguments)]
+/// The SDPA backend (`auto` on CUDA timed on the model's attention at this micro-batch
+/// and sequence) and SwiGLU's and RoPE's kernels (timed on CUDA when not requested,
+/// ATen's composed ones elsewhere; GPT-2 has neither), with what was timed. With a
+/// `group`, every rank chooses the same.
 pub fn choose_kernels(
-    attention: Attention,
-    swiglu: Option<crate::swiglu::Kernels>,
+    requested: KernelRequest,
     m: &crds::presets::ModelConfig,
     micro_batch: i64,
     seq: i64,
@@ -1161,24 +1195,25 @@ pub fn choose_kernels(
     device: Device,
     group: Option<&crate::dist::ProcessGroup>,
 ) -> Result<ChosenKernels, Error> {
-    use crate::swiglu::Kernels;
-    let attention_trials = if attention == Attention::Auto && device.is_cuda() {
+    let attention_trials = if requested.attention == Attention::Auto && device.is_cuda() {
         Some(crate::attention::tune(m, micro_batch, seq, kind, device, &crate::attention::CUDA_CANDIDATES, group)?)
     } else {
         None
     };
-    let swiglu_trials = if swiglu.is_none() && device.is_cuda() && m.arch != crds::presets::Arch::Gpt2 {
-        Some(crate::swiglu::tune(micro_batch * seq, m.d_ff as i64, kind, device, &crate::swiglu::CUDA_CANDIDATES, group)?)
-    } else {
-        crate::swiglu::set(swiglu.unwrap_or(Kernels::Composed));
-        None
-    };
-    Ok(ChosenKernels {
-        attention: attention_trials.as_ref().map_or(attention, |c| c.chosen),
-        attention_trials,
-        swiglu: crate::swiglu::current(),
-        swiglu_trials,
-    })
+    let mut fused = Vec::new();
+    if m.arch != crds::presets::Arch::Gpt2 {
+        for op in [Op::Swiglu, Op::Rope] {
+            let trials = match requested.fused(op) {
+                None if device.is_cuda() => Some(crate::fused::tune(op, m, micro_batch, seq, kind, device, &crate::fused::CUDA_CANDIDATES, group)?),
+                k => {
+                    crate::fused::set(op, k.unwrap_or(Kernels::Composed));
+                    None
+                }
+            };
+            fused.push(FusedChoice { op, kernels: crate::fused::current(op), trials });
+        }
+    }
+    Ok(ChosenKernels { attention: attention_trials.as_ref().map_or(requested.attention, |c| c.chosen), attention_trials, fused })
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,

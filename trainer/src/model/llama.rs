@@ -109,7 +109,7 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
-        let h = crate::swiglu::forward(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?; // (B, T, d_ff)
+        let h = crate::fused::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?; // (B, T, d_ff)
         self.down_proj.forward(&h)
     }
 }
