@@ -162,6 +162,21 @@ impl Sim {
         self.phases.lock().unwrap().get(name).cloned().unwrap_or_default()
     }
 
+    /// The phases recorded for `name` once the recorder has seen `last`, which the status
+    /// already shows: the recorder is a watch, so on a busy machine it can trail a status
+    /// read straight from the API.
+    async fn phases_through(&self, name: &str, last: RunPhase) -> Vec<RunPhase> {
+        let start = Instant::now();
+        loop {
+            let phases = self.phases(name);
+            if phases.last() == Some(&last) {
+                return phases;
+            }
+            assert!(start.elapsed() < MINUTES(1), "{name}: the watch never recorded {last:?}: {phases:?}\n{}", self.diagnose(name));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Jobs of a run, by name.
     fn jobs(&self, run: &str) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -319,7 +334,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let running = sim.wait("base", "Running with loss and tokens/s", MINUTES(5), |s| {
         s.phase == Some(RunPhase::Running) && s.metrics.as_ref().is_some_and(|m| m.loss.is_some() && m.tokens_per_second.is_some()) && step(s) >= 1
     }).await;
-    assert_eq!(sim.phases("base"), vec![RunPhase::Pending, RunPhase::Running]);
+    assert_eq!(sim.phases_through("base", RunPhase::Running).await, vec![RunPhase::Pending, RunPhase::Running]);
     let p = running.progress.clone().unwrap();
     assert_eq!((p.total_steps, p.total_tokens), (40, 40 * 1024));
     assert!(p.tokens >= 1024 && p.tokens == p.step * 1024, "{p:?}");
@@ -347,7 +362,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert_eq!((p.step, p.tokens, p.percent), (40, 40 * 1024, 100.0));
     assert_eq!(sim.condition("base", "Succeeded").0, "True");
     sim.expect_event("base", "Normal", "Completed").await;
-    let phases = sim.phases("base");
+    let phases = sim.phases_through("base", RunPhase::Succeeded).await;
     assert_eq!(phases, vec![RunPhase::Pending, RunPhase::Running, RunPhase::Succeeded]);
     assert_eq!(sim.checkpoints("base").last().map(String::as_str), Some("step-00000040"));
     let base = sim.step_losses("base");
@@ -364,7 +379,8 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let s2 = sim.wait_phase("crash", RunPhase::Succeeded, MINUTES(10)).await;
     assert_eq!((s2.attempt, s2.restarts), (2, 1));
     assert_eq!(sim.jobs("crash"), vec!["crash-a2"], "the failed attempt's Job is gone");
-    assert!(sim.phases("crash").contains(&RunPhase::Restarting), "{:?}", sim.phases("crash"));
+    let phases = sim.phases_through("crash", RunPhase::Succeeded).await;
+    assert!(phases.contains(&RunPhase::Restarting), "{phases:?}");
     let (_, reason, message) = sim.condition("crash", "Restarting");
     assert_eq!(reason, "Resumed", "{message}");
     let restart = sim.events("crash").into_iter().find(|e| e.0 == "Warning" && e.2.contains("restarting the gang")).unwrap_or_else(|| panic!("{:?}", sim.events("crash")));
@@ -415,7 +431,8 @@ async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
         let s = sim.status(run);
         assert_eq!((s.attempt, s.restarts), (1, 0), "{run}");
         assert_eq!(sim.jobs(run), vec![format!("{run}-a1")]);
-        assert!(!sim.phases(run).contains(&RunPhase::Restarting), "{run}: {:?}", sim.phases(run));
+        let phases = sim.phases_through(run, RunPhase::Failed).await;
+        assert!(!phases.contains(&RunPhase::Restarting), "{run}: {phases:?}");
     }
     assert!(sim.cluster.running().is_empty(), "every trainer process has ended: {:?}", sim.cluster.running());
 }
@@ -472,7 +489,7 @@ async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
     let s = sim.wait_phase("pause", RunPhase::Succeeded, MINUTES(10)).await;
     assert_eq!((s.attempt, s.restarts), (1, 0), "a resume is not a restart: {}", sim.diagnose("pause"));
     assert_eq!(sim.jobs("pause"), vec!["pause-a1"]);
-    let phases = sim.phases("pause");
+    let phases = sim.phases_through("pause", RunPhase::Succeeded).await;
     let suspended = phases.iter().position(|p| *p == RunPhase::Suspended).unwrap();
     assert!(phases[suspended..].contains(&RunPhase::Running), "{phases:?}");
     let resumed: Vec<u64> = sim.records("pause").iter().filter(|r| r["kind"] == "resume").map(|r| r["step"].as_u64().unwrap()).collect();
@@ -513,7 +530,7 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     let (before, after) = (m.initial_eval_accuracy.expect("initial accuracy"), m.eval_accuracy.expect("final accuracy"));
     assert!((0.0..=1.0).contains(&before) && (0.0..=1.0).contains(&after), "{before} {after}");
     assert!(m.reward.is_some() && m.kl.is_some(), "{m:?}");
-    let phases = sim.phases("tune");
+    let phases = sim.phases_through("tune", RunPhase::Succeeded).await;
     assert_eq!(phases.first(), Some(&RunPhase::Waiting), "{phases:?}");
     let log = std::fs::read_to_string(sim.cluster.log(&sim.fake.list("v1", "Pod", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).find(|n| n.starts_with("tune-a1-0")).unwrap())).unwrap();
     assert!(log.contains("initial weights from"), "the GRPO run starts from base's weights:\n{log}");

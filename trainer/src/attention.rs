@@ -45,19 +45,11 @@ pub fn tune(
     group: Option<&ProcessGroup>,
 ) -> Result<Choice<Attention>, Error> {
     let shapes = Shapes::of(m, micro_batch, seq);
-    // Every failure is a rejection, never an error: the other ranks wait for this rank's times.
     let prepared = shapes.random(kind, device).and_then(|x| {
         let reference = shapes.reference(&x)?;
         Ok((x, reference))
     });
-    let mut trials: Vec<Trial<Attention>> = match &prepared {
-        Ok((x, reference)) => candidates.iter().map(|&a| trial(m, &shapes, x, reference, a, kind, device)).collect(),
-        Err(e) => candidates.iter().map(|&a| Trial::rejected(a, format!("no inputs or f32 reference: {e}"))).collect(),
-    };
-    drop(prepared);
-    if let Some(g) = group {
-        trials::agree(g, &mut trials, device)?;
-    }
+    let trials = trials::run_all(candidates, prepared, |(x, reference), a| trial(m, &shapes, x, reference, a, kind, device), group, device)?;
     let attention = fastest(&trials);
     optim::set_sdp_backend(attention)?;
     Ok(Choice { chosen: attention, trials })

@@ -68,7 +68,7 @@ pub enum Command {
     /// One layer's SwiGLU and RoPE on each kernel set (eager, composed and, on CUDA,
     /// fused), forward and backward on the preset's shapes, each checked against f32 as a
     /// run's trial checks it, with its speed against eager measured in the same run.
-    BenchKernels(BenchKernelsArgs),
+    BenchKernels(BenchShape),
     /// What data parallelism costs here: Gloo all-reduce bandwidth between local
     /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
     BenchDdp(BenchDdpArgs),
@@ -312,8 +312,9 @@ pub struct BenchDdpArgs {
     pub sizes_mib: Vec<f64>,
 }
 
+/// The model, batch, precision and device a benchmark runs.
 #[derive(clap::Args, Debug)]
-pub struct BenchKernelsArgs {
+pub struct BenchShape {
     #[arg(long, default_value = "tiny")]
     pub preset: String,
     #[arg(long, default_value_t = 8)]
@@ -330,20 +331,13 @@ pub struct BenchKernelsArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    #[arg(long, default_value = "tiny")]
-    pub preset: String,
-    #[arg(long, default_value_t = 8)]
-    pub micro_batch: i64,
-    #[arg(long, default_value_t = 2048)]
-    pub seq: i64,
+    #[command(flatten)]
+    pub shape: BenchShape,
     /// Timed steps.
     #[arg(long, default_value_t = 20)]
     pub steps: u32,
     #[arg(long, default_value_t = 5)]
     pub warmup: u32,
-    /// bf16-mixed, bf16 or f32.
-    #[arg(long, default_value = "bf16-mixed")]
-    pub precision: String,
     /// auto, flash, cudnn or math.
     #[arg(long, default_value = "auto")]
     pub attention: String,
@@ -356,9 +350,6 @@ pub struct BenchArgs {
     /// (jiterator, CUDA) or eager (rotate-half as separate nodes: the baseline).
     #[arg(long, default_value = "auto")]
     pub rope: String,
-    /// cpu or cuda [default: cuda when available].
-    #[arg(long)]
-    pub device: Option<String>,
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// With --gradient-checkpointing: recompute only this many leading blocks
@@ -414,15 +405,15 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::Generate(args) => crate::local::generate(&args),
         Command::Export { checkpoint, hf } => crate::local::export(&checkpoint, &hf),
         Command::Bench(args) => {
-            let model = preset_arg(&args.preset)?;
-            let device = bench_device(args.device.as_deref())?;
+            let model = preset_arg(&args.shape.preset)?;
+            let device = bench_device(args.shape.device.as_deref())?;
             let opts = crate::bench::BenchOptions {
                 model,
-                micro_batch: args.micro_batch,
-                seq: args.seq,
+                micro_batch: args.shape.micro_batch,
+                seq: args.shape.seq,
                 steps: args.steps,
                 warmup: args.warmup,
-                precision: parse("precision", &args.precision)?,
+                precision: parse("precision", &args.shape.precision)?,
                 kernels: crate::train::KernelRequest {
                     attention: parse("attention", &args.attention)?,
                     swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },

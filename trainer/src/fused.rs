@@ -119,22 +119,14 @@ pub fn tune(
     candidates: &[Kernels],
     group: Option<&ProcessGroup>,
 ) -> Result<Choice<Kernels>, Error> {
-    // Every failure is a rejection, never an error: the other ranks wait for this rank's times.
     let prepared = Problem::new(op, m, micro_batch, seq, kind, device).and_then(|p| {
         let reference = p.reference()?;
         Ok((p, reference))
     });
-    let mut trials: Vec<Trial<Kernels>> = match &prepared {
-        Ok((p, reference)) => candidates
-            .iter()
-            .map(|&k| Trial::measure(k, kind, device, || p.forward_backward(&p.inputs, &p.g, k), |out| relative_error(&p.first_rows(&out)?, reference)))
-            .collect(),
-        Err(e) => candidates.iter().map(|&k| Trial::rejected(k, format!("no inputs or f32 reference: {e}"))).collect(),
+    let trial = |(p, reference): &(Problem, Vec<Tensor>), k| {
+        Trial::measure(k, kind, device, || p.forward_backward(&p.inputs, &p.g, k), |out| relative_error(&p.first_rows(&out)?, reference))
     };
-    drop(prepared);
-    if let Some(g) = group {
-        trials::agree(g, &mut trials, device)?;
-    }
+    let trials = trials::run_all(candidates, prepared, trial, group, device)?;
     let kernels = trials::fastest(&trials).unwrap_or(Kernels::Composed);
     set(op, kernels);
     Ok(Choice { chosen: kernels, trials })

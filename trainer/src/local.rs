@@ -44,7 +44,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
     write_run_file(&output, &cfg)?;
     let stop = stop_on_signals()?;
-    let init_dir = output.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let init_dir = init_dir_of(&output);
     if cfg.topology.world_size > 1 {
         let mut worker = vec![
             "worker".into(),
@@ -90,6 +90,16 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
         sync_every: args.sync_every,
     };
     train_and_report(&cfg, opts, stop)
+}
+
+/// Where `spec.init` names another run's output: beside this run's `output`, so
+/// `-o out` and `-o runs/x` both look in their parent (`.` for the first, whose parent
+/// is the empty path).
+fn init_dir_of(output: &Path) -> PathBuf {
+    match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// How long workers get to checkpoint and exit after SIGTERM or a peer's failure.
@@ -337,4 +347,17 @@ pub fn export(checkpoint: &Path, hf: &Path) -> Result<(), Error> {
     crate::export::export_hf(&cfg.model, &vs.variables(), hf)?;
     println!("wrote {} (config.json, model.safetensors)", hf.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_dir_is_the_output_parent_and_never_empty() {
+        assert_eq!(init_dir_of(Path::new("out")), PathBuf::from("."));
+        assert_eq!(init_dir_of(Path::new("runs/tiny-local")), PathBuf::from("runs"));
+        assert_eq!(init_dir_of(Path::new("/data/runs/a")), PathBuf::from("/data/runs"));
+        assert_eq!(init_dir_of(Path::new("/")), PathBuf::from("."));
+    }
 }

@@ -140,6 +140,28 @@ pub fn relative_error(got: &[Tensor], want: &[Tensor]) -> Result<f64, Error> {
     Ok(error)
 }
 
+/// Each candidate's trial on what `prepared` holds (the inputs and the f32 answer), every
+/// candidate rejected when preparing failed, then with a `group` the ranks' agreement
+/// ([`agree`]). Every failure is a rejection, never an error: the other ranks wait for
+/// this rank's times.
+pub fn run_all<K: Candidate, P>(
+    candidates: &[K],
+    prepared: Result<P, Error>,
+    trial: impl Fn(&P, K) -> Trial<K>,
+    group: Option<&ProcessGroup>,
+    device: Device,
+) -> Result<Vec<Trial<K>>, Error> {
+    let mut trials: Vec<Trial<K>> = match &prepared {
+        Ok(p) => candidates.iter().map(|&k| trial(p, k)).collect(),
+        Err(e) => candidates.iter().map(|&k| Trial::rejected(k, format!("no inputs or f32 reference: {e}"))).collect(),
+    };
+    drop(prepared); // the inputs' memory, before waiting on the other ranks
+    if let Some(g) = group {
+        agree(g, &mut trials, device)?;
+    }
+    Ok(trials)
+}
+
 /// Every rank's times, the slowest kept; a candidate rejected anywhere is rejected everywhere.
 pub fn agree<K: Candidate>(group: &ProcessGroup, trials: &mut [Trial<K>], device: Device) -> Result<(), Error> {
     let local: Vec<f64> = trials.iter().map(|t| if t.rejected.is_some() { f64::INFINITY } else { t.ms.unwrap_or(f64::INFINITY) }).collect();
