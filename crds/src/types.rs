@@ -612,7 +612,8 @@ pub struct GrpoSpec {
     /// Upper clip ε of the ratio; defaults to clipEpsilon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_epsilon_high: Option<f64>,
-    /// Reward subtracted per completion token.
+    /// Reward subtracted per completion token. A completion with no answer is charged
+    /// for maxNewTokens + 1 tokens, so that it never outscores a wrong answer.
     #[serde(default = "default_length_penalty")]
     pub length_penalty: f64,
     /// Loss aggregation: `grpo` (per-sequence mean), `bnpo` (per-batch token mean) or
@@ -713,7 +714,8 @@ impl GrpoSpec {
 #[serde(rename_all = "lowercase")]
 pub enum GrpoTask {
     // Four-option multiple choice: reward 1 when the parsed answer letter is the
-    // gold letter, minus lengthPenalty per completion token.
+    // gold letter, minus lengthPenalty per completion token (maxNewTokens + 1 tokens
+    // when no letter parses).
     #[default]
     Mcq,
 }

@@ -131,7 +131,7 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     assert_eq!((before.step, after.step), (0, 146));
     assert_eq!((before.score.questions, after.score.questions), (256, 256));
     assert!(
-        after.score.greedy >= before.score.greedy + 0.10 && after.score.greedy >= 0.35,
+        after.score.greedy >= before.score.greedy + 0.20 && after.score.greedy >= 0.50,
         "GRPO must raise held-out accuracy clearly: {:.3} → {:.3}",
         before.score.greedy,
         after.score.greedy
@@ -140,6 +140,9 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     let batch: Vec<f64> = records.iter().filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.accuracy) } else { None }).collect();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     assert!(mean(&batch[batch.len() - 20..]) > mean(&batch[..20]) + 0.1, "{batch:?}");
+    // The policy keeps answering: it has not learned to stop before the letter.
+    let unparsed: Vec<f64> = records.iter().filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.unparsed_fraction) } else { None }).collect();
+    assert!(mean(&unparsed[unparsed.len() - 20..]) < 0.1, "{unparsed:?}");
 
     let Some(ExitReport::Success(status)) = ExitReport::parse(&std::fs::read_to_string(&report).unwrap()) else {
         panic!("the final report is a status document")

@@ -355,7 +355,7 @@ impl Grpo {
         for (i, c) in completions.iter().enumerate() {
             let ended = c.last() == Some(&eos);
             let text_ids: Vec<u32> = c.iter().take_while(|&&t| t != eos).map(|&t| t as u32).collect();
-            let scored = reward::mcq_reward(&tok.decode(&text_ids), records[i / group].answer, text_ids.len(), g.length_penalty);
+            let scored = reward::mcq_reward(&tok.decode(&text_ids), records[i / group].answer, text_ids.len(), g.length_penalty, g.max_new_tokens as usize);
             rewards.push(scored.reward);
             truncated.push(!ended);
             sums.completions += 1.0;
