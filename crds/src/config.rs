@@ -195,8 +195,13 @@ pub struct ResolvedS3 {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum ResolvedInit {
     /// Final checkpoint of another run, mounted read-only at [`crate::contract::INIT_MOUNT`].
-    TrainingRun { name: String },
-    Checkpoint { uri: String, location: Location },
+    TrainingRun {
+        name: String,
+    },
+    Checkpoint {
+        uri: String,
+        location: Location,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

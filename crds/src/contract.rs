@@ -276,7 +276,11 @@ mod tests {
 
     #[test]
     fn exit_report_tells_failure_from_success() {
-        let fail = TerminationMessage { reason: FailureReason::OutOfMemory, step: Some(3), detail: "CUDA out of memory".into() };
+        let fail = TerminationMessage {
+            reason: FailureReason::OutOfMemory,
+            step: Some(3),
+            detail: "CUDA out of memory".into(),
+        };
         assert_eq!(ExitReport::parse(&fail.to_json()), Some(ExitReport::Failure(fail)));
         let done = TrainerStatus {
             phase: TrainerPhase::Done,

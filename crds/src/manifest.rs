@@ -5,8 +5,8 @@ use std::path::Path;
 
 use kube::CustomResourceExt;
 
-use crate::types::{GROUP, KIND, TrainingRun, VERSION};
 use crate::Error;
+use crate::types::{GROUP, KIND, TrainingRun, VERSION};
 
 /// Parses one TrainingRun manifest. `origin` names the file in errors.
 pub fn from_yaml(text: &str, origin: &str) -> Result<TrainingRun, Error> {

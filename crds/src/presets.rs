@@ -47,7 +47,20 @@ const fn p(
     seq_len: u32,
 ) -> Preset {
     let [n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size] = dims;
-    Preset { name, arch, n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, rope_theta, tied_embeddings, seq_len }
+    Preset {
+        name,
+        arch,
+        n_layer,
+        d_model,
+        n_head,
+        n_kv_head,
+        d_head,
+        d_ff,
+        vocab_size,
+        rope_theta,
+        tied_embeddings,
+        seq_len,
+    }
 }
 
 /// Vocabulary of the embedded byte-level BPE tokenizer; `nano` and `micro` match it.

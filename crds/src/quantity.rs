@@ -153,10 +153,7 @@ mod tests {
     fn rejects_bad_spellings() {
         for bad in ["", "B", "11X", "1e9", "-5", "1.5", "1.", ".5B", "11 B", "1,000", "eleven"] {
             let err = parse_tokens(bad).unwrap_err();
-            assert!(
-                matches!(err, QuantityError::Malformed(_) | QuantityError::Fractional(_)),
-                "{bad:?} gave {err:?}"
-            );
+            assert!(matches!(err, QuantityError::Malformed(_) | QuantityError::Fractional(_)), "{bad:?} gave {err:?}");
         }
         assert_eq!(parse_tokens("1.0001K"), Err(QuantityError::Fractional("1.0001K".into())));
         assert_eq!(parse_tokens("0"), Err(QuantityError::Zero));

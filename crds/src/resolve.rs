@@ -50,7 +50,9 @@ impl std::error::Error for InvalidSpec {}
 impl InvalidSpec {
     /// Whether some error names `field` (exactly, or a sub-field of it).
     pub fn names(&self, field: &str) -> bool {
-        self.0.iter().any(|e| e.field == field || e.field.starts_with(&format!("{field}.")) || e.field.starts_with(&format!("{field}[")))
+        self.0.iter().any(|e| {
+            e.field == field || e.field.starts_with(&format!("{field}.")) || e.field.starts_with(&format!("{field}["))
+        })
     }
 }
 
@@ -101,14 +103,20 @@ pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
     }
     for (i, var) in spec.env.iter().enumerate() {
         if crate::contract::env::RESERVED.contains(&var.name.as_str()) {
-            e.add(format!("spec.env[{i}].name"), format!("{} is set by the operator and cannot be overridden", var.name));
+            e.add(
+                format!("spec.env[{i}].name"),
+                format!("{} is set by the operator and cannot be overridden", var.name),
+            );
         }
     }
     if let Some(n) = spec.checkpointed_blocks {
         if !spec.gradient_checkpointing {
             e.add("spec.checkpointedBlocks", "needs spec.gradientCheckpointing: true");
         } else if n == 0 {
-            e.add("spec.checkpointedBlocks", "must be at least 1 (to recompute none, set spec.gradientCheckpointing: false)");
+            e.add(
+                "spec.checkpointedBlocks",
+                "must be at least 1 (to recompute none, set spec.gradientCheckpointing: false)",
+            );
         } else if let Some(m) = &model
             && n > m.n_layer
         {
@@ -183,7 +191,10 @@ fn check_label_value(e: &mut Errors, field: &str, v: &str) {
 fn resolve_model(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ModelConfig> {
     let m = &spec.model;
     let Some(preset) = presets::preset(&m.preset) else {
-        e.add("spec.model.preset", format!("unknown preset {:?}; known presets: {}", m.preset, presets::preset_names().join(", ")));
+        e.add(
+            "spec.model.preset",
+            format!("unknown preset {:?}; known presets: {}", m.preset, presets::preset_names().join(", ")),
+        );
         return None;
     };
     let before = e.0.len();
@@ -207,7 +218,10 @@ fn resolve_model(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ModelConfig> 
         Some(d) => d,
         None if m.d_model.is_some() || m.heads.is_some() => {
             if c.d_model % c.n_head != 0 {
-                e.add("spec.model.heads", format!("{} heads do not divide dModel {}; set dHead or change heads", c.n_head, c.d_model));
+                e.add(
+                    "spec.model.heads",
+                    format!("{} heads do not divide dModel {}; set dHead or change heads", c.n_head, c.d_model),
+                );
             }
             c.d_model / c.n_head.max(1)
         }
@@ -241,7 +255,11 @@ fn resolve_model(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ModelConfig> 
 }
 
 fn resolve_tokenizer(e: &mut Errors, m: &ModelSpec, model: Option<&ModelConfig>) -> Option<Location> {
-    let loc = parse_location(e, "spec.model.tokenizer", if m.tokenizer == "embedded" { "embedded:bpe" } else { &m.tokenizer })?;
+    let loc = parse_location(
+        e,
+        "spec.model.tokenizer",
+        if m.tokenizer == "embedded" { "embedded:bpe" } else { &m.tokenizer },
+    )?;
     if let (Location::Embedded { name }, Some(model)) = (&loc, model) {
         if name != "bpe" {
             e.add("spec.model.tokenizer", format!("{:?}: the embedded tokenizer is written `embedded`", m.tokenizer));
@@ -274,7 +292,10 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
             0
         }
         Err(err) => {
-            e.add("spec.topology.collectiveTimeout", format!("{:?} is not a duration like \"10m\": {err}", t.collective_timeout));
+            e.add(
+                "spec.topology.collectiveTimeout",
+                format!("{:?} is not a duration like \"10m\": {err}", t.collective_timeout),
+            );
             0
         }
     };
@@ -409,10 +430,7 @@ fn resolve_schedule(
     let (budget, per_step, warmup) = (budget?, tokens_per_step?, warmup?);
     let steps = budget / per_step;
     if steps == 0 {
-        e.add(
-            "spec.tokens",
-            format!("budget {} is smaller than one step of {per_step} tokens", format_tokens(budget)),
-        );
+        e.add("spec.tokens", format!("budget {} is smaller than one step of {per_step} tokens", format_tokens(budget)));
         return None;
     }
     let total_tokens = steps * per_step;
@@ -513,7 +531,10 @@ pub fn parse_location_str(uri: &str) -> Result<Location, String> {
         if name == "bpe" || EMBEDDED_SOURCES.contains(&name) {
             return Ok(Location::Embedded { name: name.into() });
         }
-        return Err(format!("{uri:?}: no embedded corpus named {name:?}; embedded corpora: {}", EMBEDDED_SOURCES.join(", ")));
+        return Err(format!(
+            "{uri:?}: no embedded corpus named {name:?}; embedded corpora: {}",
+            EMBEDDED_SOURCES.join(", ")
+        ));
     }
     if let Some((scheme, _)) = uri.split_once("://") {
         return Err(format!("{uri:?}: unsupported scheme {scheme:?}; use s3://, pvc://, embedded: or a path"));
@@ -549,7 +570,10 @@ fn resolve_checkpoint(e: &mut Errors, c: &CheckpointSpec, nodes: u32) -> Option<
         }
         Ok(Location::S3 { bucket, prefix }) => {
             if s.secret_ref.name.trim().is_empty() {
-                e.add("spec.checkpoint.s3.secretRef.name", "must name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+                e.add(
+                    "spec.checkpoint.s3.secretRef.name",
+                    "must name a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                );
             }
             Some(ResolvedS3 {
                 bucket,
@@ -626,7 +650,10 @@ fn resolve_grpo(
         Some(name) => {
             e.add(
                 "spec.grpo.dataset",
-                format!("no embedded question set named {name:?}; embedded question sets: {}", EMBEDDED_QUESTION_SETS.join(", ")),
+                format!(
+                    "no embedded question set named {name:?}; embedded question sets: {}",
+                    EMBEDDED_QUESTION_SETS.join(", ")
+                ),
             );
             None
         }
@@ -739,7 +766,10 @@ fn resolve_failure(e: &mut Errors, f: &FailurePolicy) -> Option<ResolvedFailure>
             None
         }
         Err(err) => {
-            e.add("spec.failurePolicy.stallTimeout", format!("{:?} is not a duration like \"30m\" or \"1h30m\": {err}", f.stall_timeout));
+            e.add(
+                "spec.failurePolicy.stallTimeout",
+                format!("{:?} is not a duration like \"30m\" or \"1h30m\": {err}", f.stall_timeout),
+            );
             None
         }
     }

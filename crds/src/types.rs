@@ -775,7 +775,11 @@ fn default_stall_timeout() -> String {
 
 impl Default for FailurePolicy {
     fn default() -> Self {
-        FailurePolicy { max_restarts: default_max_restarts(), stall_timeout: default_stall_timeout(), on_stall: OnStall::default() }
+        FailurePolicy {
+            max_restarts: default_max_restarts(),
+            stall_timeout: default_stall_timeout(),
+            on_stall: OnStall::default(),
+        }
     }
 }
 

@@ -65,7 +65,11 @@ fn committed_crd_is_fresh() {
 
 #[test]
 fn the_helm_chart_ships_the_same_crd() {
-    let chart = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/trainingrun-operator/crds/trainingruns.yaml")).unwrap();
+    let chart = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/trainingrun-operator/crds/trainingruns.yaml"
+    ))
+    .unwrap();
     assert!(
         chart == crds::manifest::crd_yaml(),
         "charts/trainingrun-operator/crds/trainingruns.yaml differs from the CRD: run `make crds`"
@@ -90,8 +94,11 @@ fn crd_names_scope_and_subresource() {
 fn printer_columns_read_status_fields() {
     let crd = TrainingRun::crd();
     let cols = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
-    let shown: Vec<(String, String)> =
-        cols.iter().filter(|c| c.priority.unwrap_or(0) == 0).map(|c| (c.name.to_uppercase(), c.json_path.clone())).collect();
+    let shown: Vec<(String, String)> = cols
+        .iter()
+        .filter(|c| c.priority.unwrap_or(0) == 0)
+        .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
+        .collect();
     let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["PHASE", "MODEL", "TOPOLOGY", "PROGRESS", "LOSS", "TOKENS/S", "ETA", "AGE"]);
     for (name, path) in &shown {
@@ -177,7 +184,11 @@ fn model_and_phase_are_immutable() {
     rejects(with(base(), "/spec/model/preset", json!("tiny")), Some(&old), "model is immutable");
     rejects(with(base(), "/spec/model/layers", json!(3)), Some(&old), "model is immutable");
     let grpo = with(
-        with(with(with(base(), "/spec/phase", json!("grpo")), "/spec/grpo", json!({"dataset": "embedded:mcq"})), "/spec/data", Value::Null),
+        with(
+            with(with(base(), "/spec/phase", json!("grpo")), "/spec/grpo", json!({"dataset": "embedded:mcq"})),
+            "/spec/data",
+            Value::Null,
+        ),
         "/spec/batch/globalTokens",
         Value::Null,
     );

@@ -26,7 +26,9 @@ fn resolved(name: &str) -> RunConfig {
 #[test]
 fn every_example_parses_resolves_and_passes_cel() {
     let crd = TrainingRun::crd();
-    let schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+    let schema =
+        serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap())
+            .unwrap();
     let files = examples();
     assert!(files.len() >= 12, "expected an example per seed configuration, found {files:?}");
     for file in files {

@@ -77,13 +77,19 @@ fn defaults_follow_the_seeds() {
     let c = ok(&run());
     assert_eq!((c.schedule.lr, c.schedule.min_lr), (3e-4, 3e-5));
     assert_eq!(c.schedule.warmup_tokens, 50_000, "min(100M, tokens / 20)");
-    assert_eq!((c.optimizer.weight_decay, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.grad_clip), (0.1, 0.9, 0.95, 1.0));
+    assert_eq!(
+        (c.optimizer.weight_decay, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.grad_clip),
+        (0.1, 0.9, 0.95, 1.0)
+    );
     assert_eq!(c.checkpoint.dir, "/checkpoints");
     assert_eq!((c.checkpoint.every_steps, c.checkpoint.keep_last), (1000, 3));
     assert_eq!(c.failure.stall_timeout_seconds, 1800);
     assert_eq!(c.failure.max_restarts, 3);
     assert_eq!(c.tokenizer, Location::Embedded { name: "bpe".into() });
-    assert_eq!(c.data.as_ref().unwrap().mix[1].location, Location::S3 { bucket: "bucket".into(), prefix: "shards/b".into() });
+    assert_eq!(
+        c.data.as_ref().unwrap().mix[1].location,
+        Location::S3 { bucket: "bucket".into(), prefix: "shards/b".into() }
+    );
     let g = ok(&grpo_run());
     assert_eq!((g.schedule.lr, g.schedule.min_lr), (1e-5, 1e-5));
     let grpo = g.grpo.unwrap();
@@ -196,7 +202,10 @@ fn model_overrides_are_checked() {
     r.spec.model.heads = Some(8);
     r.spec.model.layers = Some(3);
     let c = ok(&r);
-    assert_eq!((c.model.d_model, c.model.n_head, c.model.n_kv_head, c.model.d_head, c.model.n_layer), (512, 8, 2, 64, 3));
+    assert_eq!(
+        (c.model.d_model, c.model.n_head, c.model.n_kv_head, c.model.d_head, c.model.n_layer),
+        (512, 8, 2, 64, 3)
+    );
 }
 
 #[test]
@@ -284,7 +293,10 @@ fn uris_are_parsed_with_clear_errors() {
     let mut r = run();
     r.spec.data.as_mut().unwrap().mix[1].uri = "pvc://datasets/web/shards/".into();
     let c = ok(&r);
-    assert_eq!(c.data.as_ref().unwrap().mix[1].location, Location::Pvc { claim: "datasets".into(), path: "web/shards".into() });
+    assert_eq!(
+        c.data.as_ref().unwrap().mix[1].location,
+        Location::Pvc { claim: "datasets".into(), path: "web/shards".into() }
+    );
     assert_eq!(c.pvc_claims(), vec!["datasets".to_string()]);
     let mut r = run();
     r.spec.model.tokenizer = "ftp://x/tokenizer.json".into();
@@ -327,7 +339,8 @@ fn checkpoint_rules() {
     r.spec.checkpoint.access_mode = Some(AccessMode::ReadWriteOnce);
     fails(&r, "spec.checkpoint.accessMode", "cannot be mounted by pods on 2 nodes");
     let mut r = run();
-    r.spec.checkpoint.s3 = Some(S3Mirror { uri: "gs://b".into(), secret_ref: SecretRef { name: "c".into() }, ..Default::default() });
+    r.spec.checkpoint.s3 =
+        Some(S3Mirror { uri: "gs://b".into(), secret_ref: SecretRef { name: "c".into() }, ..Default::default() });
     fails(&r, "spec.checkpoint.s3.uri", "must start with s3://");
     let mut r = run();
     r.spec.checkpoint.s3 = Some(S3Mirror { uri: "s3://b/ckpt".into(), ..Default::default() });
@@ -464,7 +477,11 @@ fn all_problems_are_reported_at_once() {
 fn env_cannot_override_the_contract() {
     let mut r = run();
     r.spec.env = vec![
-        k8s_openapi::api::core::v1::EnvVar { name: "NCCL_DEBUG".into(), value: Some("INFO".into()), ..Default::default() },
+        k8s_openapi::api::core::v1::EnvVar {
+            name: "NCCL_DEBUG".into(),
+            value: Some("INFO".into()),
+            ..Default::default()
+        },
         k8s_openapi::api::core::v1::EnvVar { name: "NODE_RANK".into(), value: Some("3".into()), ..Default::default() },
     ];
     fails(&r, "spec.env[1].name", "set by the operator");

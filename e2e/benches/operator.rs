@@ -50,7 +50,8 @@ async fn in_process() -> (f64, f64, f64) {
     let fake = FakeApi::new();
     populate(&fake);
     let client = fake.client();
-    let ctx = Context::new(client.clone(), Settings::default(), Arc::new(Metrics::new().unwrap()), Arc::new(SystemClock));
+    let ctx =
+        Context::new(client.clone(), Settings::default(), Arc::new(Metrics::new().unwrap()), Arc::new(SystemClock));
     let api: Api<TrainingRun> = Api::namespaced(client, NS);
     let mut reconcile_ms = Vec::new();
     let mut get_ms = Vec::new();
@@ -84,7 +85,8 @@ async fn serve(fake: FakeApi) -> u16 {
                     let mut inner = fake.service();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let bytes = http_body_util::BodyExt::collect(body).await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let bytes =
+                            http_body_util::BodyExt::collect(body).await.map(|b| b.to_bytes()).unwrap_or_default();
                         inner.call(http::Request::from_parts(parts, kube::client::Body::from(bytes.to_vec()))).await
                     }
                 });
@@ -98,7 +100,12 @@ async fn serve(fake: FakeApi) -> u16 {
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 async fn binary() -> Option<(u64, f64)> {
@@ -127,7 +134,10 @@ async fn binary() -> Option<(u64, f64)> {
         .spawn()
         .ok()?;
     let done = |fake: &FakeApi| {
-        fake.list("training.puretransformer.dev/v1alpha1", "TrainingRun", Some(NS)).iter().filter(|r| r["status"]["jobName"].is_string()).count()
+        fake.list("training.puretransformer.dev/v1alpha1", "TrainingRun", Some(NS))
+            .iter()
+            .filter(|r| r["status"]["jobName"].is_string())
+            .count()
             == RUNS
             && fake.list("batch/v1", "Job", Some(NS)).len() == RUNS
     };
@@ -150,10 +160,16 @@ async fn main() {
     let (p50, p99, get) = in_process().await;
     println!("reconcile of {RUNS} TrainingRuns × 3 rounds against the fake API (in process):");
     println!("  p50 {p50:.3} ms, p99 {p99:.3} ms (goal < 50 ms: {:.3}× of the goal)", p99 / 50.0);
-    println!("  baseline: one GET round trip through the same fake, p50 {get:.3} ms; a reconcile costs {:.1}× that", p50 / get);
+    println!(
+        "  baseline: one GET round trip through the same fake, p50 {get:.3} ms; a reconcile costs {:.1}× that",
+        p50 / get
+    );
     if let Some((hwm_kib, secs)) = binary().await {
         let mb = hwm_kib as f64 / 1024.0;
         println!("operator binary (release) reconciling {RUNS} runs over HTTP through its watches:");
-        println!("  all runs with a Job and a status after {secs:.1} s; peak RSS {mb:.1} MiB (goal < 64 MB: {:.2}× of the goal)", hwm_kib as f64 * 1024.0 / 64e6);
+        println!(
+            "  all runs with a Job and a status after {secs:.1} s; peak RSS {mb:.1} MiB (goal < 64 MB: {:.2}× of the goal)",
+            hwm_kib as f64 * 1024.0 / 64e6
+        );
     }
 }

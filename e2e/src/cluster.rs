@@ -135,7 +135,9 @@ fn deleting(obj: &Value) -> bool {
 }
 
 fn owned_by(pod: &Value, uid: &str) -> bool {
-    pod.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+    pod.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
 }
 
 fn index_of(pod: &Value) -> Option<u32> {
@@ -157,7 +159,12 @@ static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::n
 fn free_port() -> u16 {
     let span = HOST_PORTS.end - HOST_PORTS.start;
     // Test processes started at once begin at different places.
-    let _ = NEXT_PORT.compare_exchange(0, (std::process::id() % u32::from(span)) as u16 + 1, Ordering::Relaxed, Ordering::Relaxed);
+    let _ = NEXT_PORT.compare_exchange(
+        0,
+        (std::process::id() % u32::from(span)) as u16 + 1,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
     for _ in 0..span {
         let port = HOST_PORTS.start + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
@@ -232,7 +239,13 @@ impl SimulatedCluster {
     /// SIGKILLs the trainer workers of a pod's container (not its launcher): a
     /// trainer process that dies.
     pub fn kill_worker(&self, pod: &str) -> usize {
-        let pid = self.shared.lock().procs.get(pod).map(|p| p.child.id()).unwrap_or_else(|| panic!("no running container in pod {pod}"));
+        let pid = self
+            .shared
+            .lock()
+            .procs
+            .get(pod)
+            .map(|p| p.child.id())
+            .unwrap_or_else(|| panic!("no running container in pod {pod}"));
         let workers = children(pid);
         for w in &workers {
             // SAFETY: kill(2) on a process of the pod's container.
@@ -246,14 +259,21 @@ impl SimulatedCluster {
     /// The kernel's OOM killer in the pod's memory cgroup: SIGKILL, reported as OOMKilled.
     pub fn oom_kill(&self, pod: &str) {
         let mut st = self.shared.lock();
-        let pid = st.procs.get(pod).map(|p| p.child.id()).unwrap_or_else(|| panic!("no running container in pod {pod}"));
+        let pid =
+            st.procs.get(pod).map(|p| p.child.id()).unwrap_or_else(|| panic!("no running container in pod {pod}"));
         st.oom.insert(pod.to_string());
         signal_group(pid, libc::SIGKILL);
     }
 
     /// SIGSTOP to every process of the pod's container (a hung node).
     pub fn pause(&self, pod: &str) {
-        let pid = self.shared.lock().procs.get(pod).map(|p| p.child.id()).unwrap_or_else(|| panic!("no running container in pod {pod}"));
+        let pid = self
+            .shared
+            .lock()
+            .procs
+            .get(pod)
+            .map(|p| p.child.id())
+            .unwrap_or_else(|| panic!("no running container in pod {pod}"));
         signal_group(pid, libc::SIGSTOP);
     }
 
@@ -282,7 +302,10 @@ fn children(pid: u32) -> Vec<u32> {
         let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
         // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
         if ppid == Some(pid) {
             out.push(child);
         }
@@ -327,17 +350,21 @@ impl Shared {
             let uid = str_at(&job, "/metadata/uid").unwrap_or_default().to_string();
             let mine: Vec<&Value> = pods.iter().filter(|p| owned_by(p, &uid)).collect();
             let phase = |p: &Value| str_at(p, "/status/phase").unwrap_or("Pending").to_string();
-            let active: Vec<&Value> = mine.iter().copied().filter(|p| !matches!(phase(p).as_str(), "Succeeded" | "Failed")).collect();
-            let succeeded: BTreeSet<u32> = mine.iter().filter(|p| phase(p) == "Succeeded").filter_map(|p| index_of(p)).collect();
+            let active: Vec<&Value> =
+                mine.iter().copied().filter(|p| !matches!(phase(p).as_str(), "Succeeded" | "Failed")).collect();
+            let succeeded: BTreeSet<u32> =
+                mine.iter().filter(|p| phase(p) == "Succeeded").filter_map(|p| index_of(p)).collect();
             // Pods the controller deleted (suspension, a failed Job) are not failures.
             let failed: Vec<&Value> = mine.iter().copied().filter(|p| phase(p) == "Failed" && !deleting(p)).collect();
             let completions = job.pointer("/spec/completions").and_then(Value::as_u64).unwrap_or(1) as u32;
             let suspended = job.pointer("/spec/suspend").and_then(Value::as_bool) == Some(true);
             let mut conditions: Vec<Value> = Vec::new();
-            let condition = |type_: &str, reason: &str, message: &str| {
-                json!({"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now_rfc3339(), "lastProbeTime": now_rfc3339()})
+            let condition = |type_: &str, reason: &str, message: &str| json!({"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now_rfc3339(), "lastProbeTime": now_rfc3339()});
+            let keep = |type_: &str| {
+                job.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
             };
-            let keep = |type_: &str| job.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned());
             let delete_active = || {
                 for p in active.iter().filter(|p| !deleting(p)) {
                     let _ = self.api.delete("v1", "Pod", Some(&ns), &name_of(p));
@@ -353,11 +380,23 @@ impl Shared {
                     finished = true;
                 }
             } else if succeeded.len() as u32 >= completions {
-                conditions.push(condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"));
-                conditions.push(condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"));
+                conditions.push(condition(
+                    "SuccessCriteriaMet",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                ));
+                conditions.push(condition(
+                    "Complete",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                ));
                 finished = true;
             } else if suspended {
-                conditions.push(keep("Suspended").filter(|c| c["status"] == "True").unwrap_or_else(|| condition("Suspended", "JobSuspended", "Job suspended")));
+                conditions.push(
+                    keep("Suspended")
+                        .filter(|c| c["status"] == "True")
+                        .unwrap_or_else(|| condition("Suspended", "JobSuspended", "Job suspended")),
+                );
                 delete_active();
             } else {
                 if let Some(mut c) = keep("Suspended") {
@@ -428,7 +467,8 @@ impl Shared {
 
     fn kubelet(&self) {
         let ns = self.ns().to_string();
-        let pods: BTreeMap<String, Value> = self.api.list("v1", "Pod", Some(&ns)).into_iter().map(|p| (name_of(&p), p)).collect();
+        let pods: BTreeMap<String, Value> =
+            self.api.list("v1", "Pod", Some(&ns)).into_iter().map(|p| (name_of(&p), p)).collect();
         // Start new pods, rank 0's first: it owns the rendezvous port the others use.
         let mut new: Vec<(&String, &Value)> = pods.iter().collect();
         new.sort_by_key(|(name, pod)| (index_of(pod), name.to_string()));
@@ -479,8 +519,16 @@ impl Shared {
             // The rest of the group (workers) goes with the container.
             signal_group(p.child.id(), libc::SIGKILL);
             let oom = st.oom.remove(&name);
-            let reason = if oom { "OOMKilled" } else if code == 0 { "Completed" } else { "Error" };
-            let mut message = std::fs::read(&p.termination).map(|b| String::from_utf8_lossy(&b[..b.len().min(MESSAGE_BYTES)]).to_string()).unwrap_or_default();
+            let reason = if oom {
+                "OOMKilled"
+            } else if code == 0 {
+                "Completed"
+            } else {
+                "Error"
+            };
+            let mut message = std::fs::read(&p.termination)
+                .map(|b| String::from_utf8_lossy(&b[..b.len().min(MESSAGE_BYTES)]).to_string())
+                .unwrap_or_default();
             if message.trim().is_empty() && code != 0 && p.message_policy == "FallbackToLogsOnError" {
                 message = tail(&p.log, LOG_TAIL_BYTES);
             }
@@ -536,16 +584,25 @@ impl Shared {
                 claims.push(claim.to_string());
                 dir
             } else if let Some(cm) = str_at(&v, "/configMap/name") {
-                let obj = self.api.get("v1", "ConfigMap", Some(&ns), cm).ok_or_else(|| format!("configmap \"{cm}\" not found"))?;
+                let obj = self
+                    .api
+                    .get("v1", "ConfigMap", Some(&ns), cm)
+                    .ok_or_else(|| format!("configmap \"{cm}\" not found"))?;
                 let dir = pod_dir.join("volumes").join(&vname);
                 std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
                 let data = obj["data"].as_object().cloned().unwrap_or_default();
                 let items: Vec<(String, String)> = match v.pointer("/configMap/items").and_then(Value::as_array) {
-                    Some(items) => items.iter().map(|i| (i["key"].as_str().unwrap_or("").into(), i["path"].as_str().unwrap_or("").into())).collect(),
+                    Some(items) => items
+                        .iter()
+                        .map(|i| (i["key"].as_str().unwrap_or("").into(), i["path"].as_str().unwrap_or("").into()))
+                        .collect(),
                     None => data.keys().map(|k| (k.clone(), k.clone())).collect(),
                 };
                 for (key, path) in items {
-                    let text = data.get(&key).and_then(Value::as_str).ok_or_else(|| format!("configmap \"{cm}\" has no key {key:?}"))?;
+                    let text = data
+                        .get(&key)
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("configmap \"{cm}\" has no key {key:?}"))?;
                     std::fs::write(dir.join(path), text).map_err(|e| e.to_string())?;
                 }
                 dir
@@ -586,10 +643,14 @@ impl Shared {
             };
             vars.push((key, value));
         }
-        let termination_path = str_at(container, "/terminationMessagePath").unwrap_or(contract::TERMINATION_LOG).to_string();
+        let termination_path =
+            str_at(container, "/terminationMessagePath").unwrap_or(contract::TERMINATION_LOG).to_string();
         let termination = in_root(&termination_path);
         std::fs::create_dir_all(termination.parent().expect("a file has a parent")).map_err(|e| e.to_string())?;
-        let master = vars.iter().find(|(k, _)| k == env::MASTER_ADDR).map(|(_, v)| v.split('.').next().unwrap_or("").to_string());
+        let master = vars
+            .iter()
+            .find(|(k, _)| k == env::MASTER_ADDR)
+            .map(|(_, v)| v.split('.').next().unwrap_or("").to_string());
         let mut st = self.lock();
         // A new pod behind a hostname gets new ports: its predecessor's may still be
         // in TIME_WAIT.
@@ -613,8 +674,14 @@ impl Shared {
         }
         vars.push((env::TERMINATION_LOG.into(), termination.display().to_string()));
 
-        let command: Vec<String> = container.pointer("/command").and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect());
-        let args: Vec<String> = container.pointer("/args").and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect());
+        let command: Vec<String> = container
+            .pointer("/command")
+            .and_then(Value::as_array)
+            .map_or(vec![], |a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect());
+        let args: Vec<String> = container
+            .pointer("/args")
+            .and_then(Value::as_array)
+            .map_or(vec![], |a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect());
         let mut argv = command.into_iter().chain(args);
         let program = argv.next().ok_or("the container has no command")?;
         if program != "trainer" {
@@ -630,21 +697,42 @@ impl Shared {
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&self.opts.trainer);
         cmd.args(&argv).current_dir(&root).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
-        for inherited in [env::RANK, env::LOCAL_RANK, env::WORLD_SIZE, env::NODE_RANK, env::NNODES, env::NPROC_PER_NODE, "RUST_LOG"] {
+        for inherited in
+            [env::RANK, env::LOCAL_RANK, env::WORLD_SIZE, env::NODE_RANK, env::NNODES, env::NPROC_PER_NODE, "RUST_LOG"]
+        {
             cmd.env_remove(inherited);
         }
         cmd.envs(vars.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().map_err(|e| format!("{}: {e}", self.opts.trainer.display()))?;
         let started_at = now_rfc3339();
         let image = str_at(container, "/image").unwrap_or_default().to_string();
-        let _ = self.api.set_status("v1", "Pod", Some(&ns), name, json!({
-            "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": started_at,
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": container_name(pod), "ready": true, "started": true, "restartCount": 0,
-                "image": image, "imageID": "", "state": {"running": {"startedAt": started_at}}}],
-        }));
+        let _ = self.api.set_status(
+            "v1",
+            "Pod",
+            Some(&ns),
+            name,
+            json!({
+                "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": started_at,
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": container_name(pod), "ready": true, "started": true, "restartCount": 0,
+                    "image": image, "imageID": "", "state": {"running": {"startedAt": started_at}}}],
+            }),
+        );
         let message_policy = str_at(container, "/terminationMessagePolicy").unwrap_or("File").to_string();
-        self.lock().procs.insert(name.to_string(), Proc { child, container: container_name(pod), started_at, image, termination, log, message_policy, claims, term_sent: None });
+        self.lock().procs.insert(
+            name.to_string(),
+            Proc {
+                child,
+                container: container_name(pod),
+                started_at,
+                image,
+                termination,
+                log,
+                message_policy,
+                claims,
+                term_sent: None,
+            },
+        );
         Ok(())
     }
 
@@ -698,12 +786,14 @@ fn forward(mut conn: TcpStream, ports: &BTreeMap<(String, u16), u16>) {
     let reply = ports.get(&(format!("{job}-0"), contract::STATUS_PORT)).and_then(|port| {
         let mut up = TcpStream::connect_timeout(&([127, 0, 0, 1], *port).into(), Duration::from_secs(2)).ok()?;
         up.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        up.write_all(format!("GET /{rest} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").as_bytes()).ok()?;
+        up.write_all(format!("GET /{rest} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").as_bytes())
+            .ok()?;
         let mut body = Vec::new();
         up.read_to_end(&mut body).ok()?;
         (!body.is_empty()).then_some(body)
     });
-    let reply = reply.unwrap_or_else(|| b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec());
+    let reply =
+        reply.unwrap_or_else(|| b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec());
     let _ = conn.write_all(&reply);
 }
 
@@ -718,7 +808,8 @@ fn field(pod: &Value, path: &str) -> Option<String> {
         "metadata.namespace" => str_at(pod, "/metadata/namespace").map(String::from),
         "spec.nodeName" => str_at(pod, "/spec/nodeName").map(String::from),
         "status.podIP" | "status.hostIP" => Some("127.0.0.1".into()),
-        _ => map("metadata.annotations['", "/metadata/annotations").or_else(|| map("metadata.labels['", "/metadata/labels")),
+        _ => map("metadata.annotations['", "/metadata/annotations")
+            .or_else(|| map("metadata.labels['", "/metadata/labels")),
     }
 }
 
@@ -734,7 +825,8 @@ fn failure_of(job: &Value, pod: &Value) -> (String, String) {
     let rules = job.pointer("/spec/podFailurePolicy/rules").and_then(Value::as_array).cloned().unwrap_or_default();
     for (i, r) in rules.iter().enumerate() {
         let Some(req) = r.get("onExitCodes") else { continue };
-        let values: Vec<i64> = req["values"].as_array().map_or(vec![], |v| v.iter().filter_map(Value::as_i64).collect());
+        let values: Vec<i64> =
+            req["values"].as_array().map_or(vec![], |v| v.iter().filter_map(Value::as_i64).collect());
         let hit = code.is_some_and(|c| match req["operator"].as_str() {
             Some("In") => values.contains(&c),
             Some("NotIn") => !values.contains(&c),

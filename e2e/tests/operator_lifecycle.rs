@@ -7,14 +7,14 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crds::TrainingRun;
 use crds::contract::{FailureReason, TerminationMessage, TrainerPhase, TrainerStatus};
 use crds::types::{RunMetrics, RunPhase, TrainingRunStatus};
-use crds::TrainingRun;
 use e2e::fake_api::FakeApi;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use kube::CustomResourceExt;
+use kube::api::Api;
 use operator::clock::ManualClock;
 use operator::controller::{self, Context};
 use operator::metrics::Metrics;
@@ -45,9 +45,14 @@ impl Rank0 {
                 let reply = match &*served.lock().unwrap() {
                     Some(d) => {
                         let body = serde_json::to_string(d).unwrap();
-                        format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
                     }
-                    None => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                    None => {
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+                    }
                 };
                 let _ = conn.write_all(reply.as_bytes());
             }
@@ -101,8 +106,18 @@ impl Harness {
         Harness { fake, clock, metrics, ctx, rank0, network_policy }
     }
 
-    fn context(fake: &FakeApi, clock: &ManualClock, metrics: &Arc<Metrics>, rank0: &Rank0, network_policy: Option<String>) -> Arc<Context> {
-        let settings = Settings { status_url: format!("http://127.0.0.1:{}/status", rank0.port), network_policy, ..Settings::default() };
+    fn context(
+        fake: &FakeApi,
+        clock: &ManualClock,
+        metrics: &Arc<Metrics>,
+        rank0: &Rank0,
+        network_policy: Option<String>,
+    ) -> Arc<Context> {
+        let settings = Settings {
+            status_url: format!("http://127.0.0.1:{}/status", rank0.port),
+            network_policy,
+            ..Settings::default()
+        };
         Context::new(fake.client(), settings, metrics.clone(), Arc::new(clock.clone()))
     }
 
@@ -123,7 +138,9 @@ impl Harness {
     async fn reconcile(&self, name: &str) {
         let api: Api<TrainingRun> = Api::namespaced(self.fake.client(), NS);
         let run = api.get(name).await.unwrap();
-        controller::reconcile(Arc::new(run), self.ctx.clone()).await.unwrap_or_else(|e| panic!("reconcile {name}: {e}"));
+        controller::reconcile(Arc::new(run), self.ctx.clone())
+            .await
+            .unwrap_or_else(|e| panic!("reconcile {name}: {e}"));
     }
 
     /// Reconciles until nothing more is written (at most 6 times).
@@ -151,7 +168,12 @@ impl Harness {
     }
 
     fn jobs(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.fake.list("batch/v1", "Job", Some(NS)).iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect();
+        let mut names: Vec<String> = self
+            .fake
+            .list("batch/v1", "Job", Some(NS))
+            .iter()
+            .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
         names.sort();
         names
     }
@@ -192,11 +214,17 @@ impl Harness {
     }
 
     fn job_condition(&self, job: &str, type_: &str) {
-        self.fake.set_status("batch/v1", "Job", Some(NS), job, json!({"conditions": [{"type": type_, "status": "True"}]})).unwrap();
+        self.fake
+            .set_status("batch/v1", "Job", Some(NS), job, json!({"conditions": [{"type": type_, "status": "True"}]}))
+            .unwrap();
     }
 
     fn pods(&self) -> Vec<String> {
-        self.fake.list("v1", "Pod", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect()
+        self.fake
+            .list("v1", "Pod", Some(NS))
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
     }
 
     /// Events on the run: (type, reason).
@@ -204,7 +232,12 @@ impl Harness {
         self.fake
             .list("events.k8s.io/v1", "Event", Some(NS))
             .iter()
-            .map(|e| (e["type"].as_str().unwrap_or_default().to_string(), e["reason"].as_str().unwrap_or_default().to_string()))
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_string(),
+                    e["reason"].as_str().unwrap_or_default().to_string(),
+                )
+            })
             .collect()
     }
 
@@ -253,12 +286,22 @@ async fn create_builds_every_child_and_a_second_reconcile_writes_nothing() {
     assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteMany"]));
     let job = h.job("llm-a1").unwrap();
     let spec = job.spec.clone().unwrap();
-    assert_eq!((spec.completions, spec.parallelism, spec.completion_mode.as_deref()), (Some(2), Some(2), Some("Indexed")));
+    assert_eq!(
+        (spec.completions, spec.parallelism, spec.completion_mode.as_deref()),
+        (Some(2), Some(2), Some("Indexed"))
+    );
     let uid = h.fake.get(TR, "TrainingRun", Some(NS), "llm").unwrap()["metadata"]["uid"].clone();
-    for (kind, api, child) in [("Job", "batch/v1", "llm-a1"), ("ConfigMap", "v1", "llm-config"), ("Service", "v1", "llm"), ("PersistentVolumeClaim", "v1", "llm-checkpoints")] {
+    for (kind, api, child) in [
+        ("Job", "batch/v1", "llm-a1"),
+        ("ConfigMap", "v1", "llm-config"),
+        ("Service", "v1", "llm"),
+        ("PersistentVolumeClaim", "v1", "llm-checkpoints"),
+    ] {
         let o = h.fake.get(api, kind, Some(NS), child).unwrap();
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], uid, "{kind} {child}");
-        let managers: Vec<&str> = o["metadata"]["managedFields"].as_array().map_or(vec![], |m| m.iter().filter_map(|f| f["manager"].as_str()).collect());
+        let managers: Vec<&str> = o["metadata"]["managedFields"]
+            .as_array()
+            .map_or(vec![], |m| m.iter().filter_map(|f| f["manager"].as_str()).collect());
         assert!(managers.iter().all(|m| *m == "trainingrun-operator"), "{kind}: {managers:?}");
     }
     assert!(h.has_event("Normal", "JobCreated"));
@@ -294,7 +337,12 @@ async fn runs_reports_progress_and_succeeds() {
     assert!(text.contains(r#"trainingrun_loss{name="llm",namespace="ml"} 2.1"#), "{text}");
     assert!(text.contains(r#"trainingrun_last_checkpoint_timestamp_seconds{name="llm",namespace="ml"}"#));
     // Every index completes.
-    let done = TrainerStatus { phase: TrainerPhase::Done, step: 100, tokens: 819200, ..h.rank0.doc.lock().unwrap().clone().unwrap() };
+    let done = TrainerStatus {
+        phase: TrainerPhase::Done,
+        step: 100,
+        tokens: 819200,
+        ..h.rank0.doc.lock().unwrap().clone().unwrap()
+    };
     h.pod_exits("llm-a1-0-abcde", 0, "Completed", &serde_json::to_string(&done).unwrap());
     h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
     h.job_condition("llm-a1", "Complete");
@@ -312,7 +360,8 @@ async fn runs_reports_progress_and_succeeds() {
 async fn nan_fails_the_run_without_a_second_job() {
     let h = Harness::new();
     running(&h, "llm").await;
-    let msg = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(42), detail: "loss=NaN".into() }.to_json();
+    let msg =
+        TerminationMessage { reason: FailureReason::NaNLoss, step: Some(42), detail: "loss=NaN".into() }.to_json();
     h.pod_exits("llm-a1-1-abcde", FailureReason::NaNLoss.exit_code(), "Error", &msg);
     h.settle("llm").await;
     let s = h.status("llm");
@@ -322,7 +371,9 @@ async fn nan_fails_the_run_without_a_second_job() {
     assert!(message.contains("at step 42"), "{message}");
     assert_eq!(h.jobs(), vec!["llm-a1"]);
     assert!(h.has_event("Warning", "NaNLoss"));
-    assert!(h.metrics.render().contains(r#"trainingrun_condition{name="llm",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#));
+    assert!(h.metrics.render().contains(
+        r#"trainingrun_condition{name="llm",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#
+    ));
     // Failed is final.
     h.clock.advance(Duration::from_secs(3600));
     h.settle("llm").await;
@@ -333,7 +384,12 @@ async fn nan_fails_the_run_without_a_second_job() {
 async fn cuda_oom_and_host_oom_are_out_of_memory() {
     let h = Harness::new();
     running(&h, "cuda").await;
-    let msg = TerminationMessage { reason: FailureReason::OutOfMemory, step: Some(1), detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into() }.to_json();
+    let msg = TerminationMessage {
+        reason: FailureReason::OutOfMemory,
+        step: Some(1),
+        detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
+    }
+    .to_json();
     h.pod_exits("cuda-a1-0-abcde", FailureReason::OutOfMemory.exit_code(), "Error", &msg);
     h.settle("cuda").await;
     let (_, reason, message) = h.condition("cuda", "Failed");
@@ -372,7 +428,12 @@ async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
     assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
     assert_eq!(h.condition("llm", "Restarting").1, "Resumed");
     // Two more failures: the second one is over maxRestarts (2).
-    let timeout = TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(30), detail: "allreduce timed out".into() }.to_json();
+    let timeout = TerminationMessage {
+        reason: FailureReason::CollectiveTimeout,
+        step: Some(30),
+        detail: "allreduce timed out".into(),
+    }
+    .to_json();
     h.pod_exits("llm-a2-1-abcde", FailureReason::CollectiveTimeout.exit_code(), "Error", &timeout);
     h.settle("llm").await;
     assert_eq!((h.status("llm").attempt, h.status("llm").restarts), (3, 2));
@@ -381,7 +442,10 @@ async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
     h.pod_exits("llm-a3-0-abcde", 1, "Error", "boom");
     h.settle("llm").await;
     let s = h.status("llm");
-    assert_eq!((s.phase, s.reason.as_deref(), s.attempt, s.restarts), (Some(RunPhase::Failed), Some("MaxRestartsExceeded"), 3, 2));
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
+        (Some(RunPhase::Failed), Some("MaxRestartsExceeded"), 3, 2)
+    );
     assert_eq!(h.jobs(), vec!["llm-a3"]);
     assert!(h.metrics.render().contains(r#"trainingrun_restarts{name="llm",namespace="ml"} 2"#));
 }
@@ -422,7 +486,12 @@ async fn suspend_and_resume() {
     h.settle("llm").await;
     let job = h.job("llm-a1").unwrap();
     assert_eq!(job.spec.unwrap().suspend, Some(false));
-    assert!(!job.metadata.annotations.unwrap_or_default().contains_key("training.puretransformer.dev/suspended-by-operator"));
+    assert!(
+        !job.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("training.puretransformer.dev/suspended-by-operator")
+    );
     assert_eq!(h.condition("llm", "Suspended").0, "False");
     h.start_pods("llm-a1", "Running");
     h.settle("llm").await;
@@ -454,7 +523,10 @@ async fn kueue_suspension_is_left_to_kueue() {
     }
     h.settle("q").await;
     let s = h.status("q");
-    assert_eq!((s.phase, s.reason.as_deref(), s.attempt, s.restarts), (Some(RunPhase::Pending), Some("WaitingForQueue"), 1, 0));
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
+        (Some(RunPhase::Pending), Some("WaitingForQueue"), 1, 0)
+    );
     assert_eq!(h.job("q-a1").unwrap().spec.unwrap().suspend, Some(true), "still Kueue's to admit");
     assert_eq!(h.jobs(), vec!["q-a1".to_string()]);
     // Re-admitted, it runs again (resuming from its checkpoint).
@@ -556,7 +628,10 @@ async fn init_from_waits_for_the_base_run() {
 async fn delete_removes_children_unless_checkpoints_are_retained() {
     let h = Harness::new();
     running(&h, "gone").await;
-    h.apply("kept", &SPEC.replace("checkpoint: {everySteps: 10}", "checkpoint: {everySteps: 10, retainOnDelete: true}"));
+    h.apply(
+        "kept",
+        &SPEC.replace("checkpoint: {everySteps: 10}", "checkpoint: {everySteps: 10, retainOnDelete: true}"),
+    );
     h.settle("kept").await;
     for name in ["gone", "kept"] {
         h.fake.delete(TR, "TrainingRun", Some(NS), name).unwrap();
@@ -568,7 +643,12 @@ async fn delete_removes_children_unless_checkpoints_are_retained() {
     assert!(h.jobs().is_empty());
     assert!(h.pods().is_empty());
     assert!(h.fake.list("v1", "ConfigMap", Some(NS)).is_empty());
-    let pvcs: Vec<String> = h.fake.list("v1", "PersistentVolumeClaim", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    let pvcs: Vec<String> = h
+        .fake
+        .list("v1", "PersistentVolumeClaim", Some(NS))
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(pvcs, vec!["kept-checkpoints"]);
     assert!(!h.metrics.render().contains(r#"name="gone""#), "the run's series are dropped");
 }
@@ -633,7 +713,12 @@ async fn the_controller_drives_a_run_through_watches() {
 #[tokio::test]
 async fn only_one_replica_leads() {
     let fake = FakeApi::new();
-    let election = |id: &str| operator::leader::Election { lease: "trainingrun-operator".into(), namespace: "ops".into(), identity: id.into(), duration: 5 };
+    let election = |id: &str| operator::leader::Election {
+        lease: "trainingrun-operator".into(),
+        namespace: "ops".into(),
+        identity: id.into(),
+        duration: 5,
+    };
     let (mut a, _ta) = operator::leader::start(fake.client(), &election("a")).await.unwrap();
     let (mut b, _tb) = operator::leader::start(fake.client(), &election("b")).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), async {
@@ -654,7 +739,11 @@ async fn only_one_replica_leads() {
 async fn startup_requires_the_crd() {
     let fake = FakeApi::new();
     let err = controller::check_crd(&fake.client()).await.unwrap_err().to_string();
-    assert!(err.contains("trainingruns.training.puretransformer.dev is not installed") && err.contains("kubectl apply -f crds/trainingruns.yaml"), "{err}");
+    assert!(
+        err.contains("trainingruns.training.puretransformer.dev is not installed")
+            && err.contains("kubectl apply -f crds/trainingruns.yaml"),
+        "{err}"
+    );
     fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
     controller::check_crd(&fake.client()).await.unwrap();
 }

@@ -12,14 +12,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crds::types::{RunPhase, TrainingRunStatus};
 use crds::TrainingRun;
+use crds::types::{RunPhase, TrainingRunStatus};
 use e2e::cluster::{Options, SimulatedCluster};
 use e2e::fake_api::FakeApi;
 use futures::StreamExt;
+use kube::CustomResourceExt;
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube::CustomResourceExt;
 use operator::clock::SystemClock;
 use operator::controller::{self, Context};
 use operator::metrics::Metrics;
@@ -53,7 +53,11 @@ fn trainer_bin() -> PathBuf {
     // target/<profile>/deps/<this test> → target/<profile>/trainer
     let exe = std::env::current_exe().expect("test executable");
     let bin = exe.parent().and_then(|d| d.parent()).expect("target dir").join("trainer");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p trainer` (or `cargo test --workspace`), or set TRAINER_BIN", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p trainer` (or `cargo test --workspace`), or set TRAINER_BIN",
+        bin.display()
+    );
     bin
 }
 
@@ -81,7 +85,12 @@ impl Sim {
         fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
         let cluster = SimulatedCluster::start(
             fake.clone(),
-            Options { namespace: NS.into(), trainer: trainer_bin(), root: dir.clone(), max_grace: Duration::from_secs(30) },
+            Options {
+                namespace: NS.into(),
+                trainer: trainer_bin(),
+                root: dir.clone(),
+                max_grace: Duration::from_secs(30),
+            },
         );
         let phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>> = Arc::default();
         let seen = phases.clone();
@@ -172,7 +181,11 @@ impl Sim {
             if phases.last() == Some(&last) {
                 return phases;
             }
-            assert!(start.elapsed() < MINUTES(1), "{name}: the watch never recorded {last:?}: {phases:?}\n{}", self.diagnose(name));
+            assert!(
+                start.elapsed() < MINUTES(1),
+                "{name}: the watch never recorded {last:?}: {phases:?}\n{}",
+                self.diagnose(name)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -211,7 +224,11 @@ impl Sim {
     async fn expect_event(&self, run: &str, type_: &str, reason: &str) {
         let start = Instant::now();
         while !self.has_event(run, type_, reason) {
-            assert!(start.elapsed() < Duration::from_secs(30), "no {type_} {reason} event about {run}: {:#?}", self.events(run));
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no {type_} {reason} event about {run}: {:#?}",
+                self.events(run)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -237,12 +254,21 @@ impl Sim {
 
     /// (step, loss) of every step record.
     fn step_losses(&self, run: &str) -> Vec<(u64, f64)> {
-        self.records(run).iter().filter(|r| r["kind"] == "step").map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap())).collect()
+        self.records(run)
+            .iter()
+            .filter(|r| r["kind"] == "step")
+            .map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap()))
+            .collect()
     }
 
     fn checkpoints(&self, run: &str) -> Vec<String> {
         let mut found: Vec<String> = std::fs::read_dir(self.checkpoint_dir(run))
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with("step-")).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| n.starts_with("step-"))
+                    .collect()
+            })
             .unwrap_or_default();
         found.sort();
         found
@@ -251,7 +277,8 @@ impl Sim {
     /// What to print when a wait times out: status, events and the pods' log tails.
     fn diagnose(&self, run: &str) -> String {
         let status = self.fake.get(TR, "TrainingRun", Some(NS), run).map(|r| r["status"].clone());
-        let mut out = format!("status of {run}: {status:#?}\nevents: {:#?}\nphases: {:?}\n", self.events(run), self.phases(run));
+        let mut out =
+            format!("status of {run}: {status:#?}\nevents: {:#?}\nphases: {:?}\n", self.events(run), self.phases(run));
         let pods_dir = self.dir.join("pods");
         for e in std::fs::read_dir(&pods_dir).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default() {
             let name = e.file_name().to_string_lossy().to_string();
@@ -265,7 +292,13 @@ impl Sim {
     }
 
     /// Waits until `ok` holds for the run's status.
-    async fn wait(&self, run: &str, what: &str, timeout: Duration, ok: impl Fn(&TrainingRunStatus) -> bool) -> TrainingRunStatus {
+    async fn wait(
+        &self,
+        run: &str,
+        what: &str,
+        timeout: Duration,
+        ok: impl Fn(&TrainingRunStatus) -> bool,
+    ) -> TrainingRunStatus {
         let start = Instant::now();
         loop {
             let s = self.status(run);
@@ -331,9 +364,13 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
 
     // --- 2 × 1 to Succeeded, surviving an operator crash.
     sim.apply("base", SPEC);
-    let running = sim.wait("base", "Running with loss and tokens/s", MINUTES(5), |s| {
-        s.phase == Some(RunPhase::Running) && s.metrics.as_ref().is_some_and(|m| m.loss.is_some() && m.tokens_per_second.is_some()) && step(s) >= 1
-    }).await;
+    let running = sim
+        .wait("base", "Running with loss and tokens/s", MINUTES(5), |s| {
+            s.phase == Some(RunPhase::Running)
+                && s.metrics.as_ref().is_some_and(|m| m.loss.is_some() && m.tokens_per_second.is_some())
+                && step(s) >= 1
+        })
+        .await;
     assert_eq!(sim.phases_through("base", RunPhase::Running).await, vec![RunPhase::Pending, RunPhase::Running]);
     let p = running.progress.clone().unwrap();
     assert_eq!((p.total_steps, p.total_tokens), (40, 40 * 1024));
@@ -346,7 +383,11 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let s = sim.wait("base", "a checkpoint in status", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
     let uri = s.last_checkpoint.unwrap().uri;
     // The pod's `/` is a directory here, so the trainer names `<pod root>/checkpoints/…`.
-    assert!(sim.checkpoints("base").iter().any(|c| uri.ends_with(&format!("/root/checkpoints/{c}"))), "{uri} in {:?}", sim.checkpoints("base"));
+    assert!(
+        sim.checkpoints("base").iter().any(|c| uri.ends_with(&format!("/root/checkpoints/{c}"))),
+        "{uri} in {:?}",
+        sim.checkpoints("base")
+    );
 
     // The operator dies mid-run; the Job keeps running; a new operator picks it up.
     sim.kill_operator().await;
@@ -383,11 +424,17 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert!(phases.contains(&RunPhase::Restarting), "{phases:?}");
     let (_, reason, message) = sim.condition("crash", "Restarting");
     assert_eq!(reason, "Resumed", "{message}");
-    let restart = sim.events("crash").into_iter().find(|e| e.0 == "Warning" && e.2.contains("restarting the gang")).unwrap_or_else(|| panic!("{:?}", sim.events("crash")));
+    let restart = sim
+        .events("crash")
+        .into_iter()
+        .find(|e| e.0 == "Warning" && e.2.contains("restarting the gang"))
+        .unwrap_or_else(|| panic!("{:?}", sim.events("crash")));
     // The killed node (137) and rank 0's failed all-reduce end within moments of each
     // other; the operator reports whichever pod's failure it reads first.
     let killed = restart.2.contains(&format!("pod {pod} (node rank 1) exited with code 137 (SIGKILL)"));
-    let peer_died = restart.2.contains("CollectiveTimeout") && restart.2.contains("(node rank 0)") && restart.2.contains("a peer died");
+    let peer_died = restart.2.contains("CollectiveTimeout")
+        && restart.2.contains("(node rank 0)")
+        && restart.2.contains("a peer died");
     assert!((killed || peer_died) && restart.2.contains("attempt 1 failed"), "{restart:?}");
     sim.expect_metric(r#"trainingrun_restarts{name="crash",namespace="ml"} 1"#).await;
     // Attempt 2 resumed from the checkpoint status named, and retrained to the same losses.
@@ -413,7 +460,10 @@ async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
     assert_eq!((status.as_str(), reason.as_str()), ("True", "NaNLoss"));
     assert!(message.contains("at step 3"), "{message}");
     sim.expect_event("nan", "Warning", "NaNLoss").await;
-    sim.expect_metric(r#"trainingrun_condition{name="nan",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#).await;
+    sim.expect_metric(
+        r#"trainingrun_condition{name="nan",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#,
+    )
+    .await;
 
     sim.wait("oom", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
     let pod = sim.pod("oom-a1", 1).await;
@@ -423,7 +473,10 @@ async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
     let (_, _, message) = sim.condition("oom", "Failed");
     assert!(message.contains(&format!("pod {pod} (node rank 1) was OOMKilled")), "{message}");
     sim.expect_event("oom", "Warning", "OutOfMemory").await;
-    sim.expect_metric(r#"trainingrun_condition{name="oom",namespace="ml",reason="OutOfMemory",status="True",type="Failed"} 1"#).await;
+    sim.expect_metric(
+        r#"trainingrun_condition{name="oom",namespace="ml",reason="OutOfMemory",status="True",type="Failed"} 1"#,
+    )
+    .await;
 
     // Neither run starts a second attempt, even after more reconciles.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -447,16 +500,26 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     sim.wait("stuck", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
     let pod = sim.pod("stuck-a1", 1).await;
     sim.cluster.pause(&pod);
-    let s = sim.wait("stuck", "Stalled", MINUTES(3), |s| s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True")).await;
+    let s = sim
+        .wait("stuck", "Stalled", MINUTES(3), |s| {
+            s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "True")
+        })
+        .await;
     assert_eq!(s.phase, Some(RunPhase::Running), "onStall: Report keeps the run");
     let (_, reason, message) = sim.condition("stuck", "Stalled");
     assert_eq!(reason, "NoProgress");
     assert!(message.contains(&format!("step {} has not advanced", step(&s))), "{message}");
     sim.expect_event("stuck", "Warning", "Stalled").await;
-    sim.expect_metric(r#"trainingrun_condition{name="stuck",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#).await;
+    sim.expect_metric(
+        r#"trainingrun_condition{name="stuck",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#,
+    )
+    .await;
 
     sim.cluster.resume(&pod);
-    sim.wait("stuck", "Stalled to clear", MINUTES(2), |s| s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "False")).await;
+    sim.wait("stuck", "Stalled to clear", MINUTES(2), |s| {
+        s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "False")
+    })
+    .await;
     sim.expect_event("stuck", "Normal", "Progressing").await;
     let s = sim.wait_phase("stuck", RunPhase::Succeeded, MINUTES(10)).await;
     assert_eq!((s.attempt, s.restarts), (1, 0));
@@ -481,7 +544,11 @@ async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let stopped_at = sim.step_losses("pause").last().unwrap().0;
-    assert_eq!(sim.checkpoints("pause").last().cloned(), Some(format!("step-{stopped_at:08}")), "a checkpoint on SIGTERM");
+    assert_eq!(
+        sim.checkpoints("pause").last().cloned(),
+        Some(format!("step-{stopped_at:08}")),
+        "a checkpoint on SIGTERM"
+    );
     assert!(stopped_at < 40, "suspended before the end ({stopped_at})");
     let _ = s;
 
@@ -492,7 +559,8 @@ async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
     let phases = sim.phases_through("pause", RunPhase::Succeeded).await;
     let suspended = phases.iter().position(|p| *p == RunPhase::Suspended).unwrap();
     assert!(phases[suspended..].contains(&RunPhase::Running), "{phases:?}");
-    let resumed: Vec<u64> = sim.records("pause").iter().filter(|r| r["kind"] == "resume").map(|r| r["step"].as_u64().unwrap()).collect();
+    let resumed: Vec<u64> =
+        sim.records("pause").iter().filter(|r| r["kind"] == "resume").map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(resumed, vec![stopped_at]);
     assert_eq!(sim.step_losses("pause").iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
 }
@@ -521,18 +589,32 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     sim.apply("tune", grpo);
     let s = sim.wait_phase("tune", RunPhase::Waiting, MINUTES(1)).await;
     assert_eq!(s.reason.as_deref(), Some("WaitingForInitRun"));
-    let base = SPEC.replace("tokens: 40960", "tokens: 16384").replace("checkpoint: {everySteps: 8, keepLast: 3}", "checkpoint: {everySteps: 8, keepLast: 3, retainOnDelete: true}");
+    let base = SPEC.replace("tokens: 40960", "tokens: 16384").replace(
+        "checkpoint: {everySteps: 8, keepLast: 3}",
+        "checkpoint: {everySteps: 8, keepLast: 3, retainOnDelete: true}",
+    );
     sim.apply("base", &base);
     sim.wait_phase("base", RunPhase::Succeeded, MINUTES(10)).await;
     assert!(sim.jobs("tune").is_empty() || sim.status("tune").phase != Some(RunPhase::Waiting));
     let s = sim.wait_phase("tune", RunPhase::Succeeded, MINUTES(15)).await;
     let m = s.metrics.clone().unwrap();
-    let (before, after) = (m.initial_eval_accuracy.expect("initial accuracy"), m.eval_accuracy.expect("final accuracy"));
+    let (before, after) =
+        (m.initial_eval_accuracy.expect("initial accuracy"), m.eval_accuracy.expect("final accuracy"));
     assert!((0.0..=1.0).contains(&before) && (0.0..=1.0).contains(&after), "{before} {after}");
     assert!(m.reward.is_some() && m.kl.is_some(), "{m:?}");
     let phases = sim.phases_through("tune", RunPhase::Succeeded).await;
     assert_eq!(phases.first(), Some(&RunPhase::Waiting), "{phases:?}");
-    let log = std::fs::read_to_string(sim.cluster.log(&sim.fake.list("v1", "Pod", Some(NS)).iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).find(|n| n.starts_with("tune-a1-0")).unwrap())).unwrap();
+    let log = std::fs::read_to_string(
+        sim.cluster.log(
+            &sim.fake
+                .list("v1", "Pod", Some(NS))
+                .iter()
+                .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+                .find(|n| n.starts_with("tune-a1-0"))
+                .unwrap(),
+        ),
+    )
+    .unwrap();
     assert!(log.contains("initial weights from"), "the GRPO run starts from base's weights:\n{log}");
     assert!(sim.records("tune").iter().any(|r| r["kind"] == "accuracy"));
 
@@ -542,7 +624,10 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     sim.delete("tune");
     sim.delete("base");
     let start = Instant::now();
-    while sim.exists(TR, "TrainingRun", "tune") || sim.exists(TR, "TrainingRun", "base") || sim.exists("v1", "PersistentVolumeClaim", "tune-checkpoints") {
+    while sim.exists(TR, "TrainingRun", "tune")
+        || sim.exists(TR, "TrainingRun", "base")
+        || sim.exists("v1", "PersistentVolumeClaim", "tune-checkpoints")
+    {
         assert!(start.elapsed() < MINUTES(1), "deletion does not finish");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crds::types::RunPhase;
 use crds::TrainingRun;
+use crds::types::RunPhase;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -153,7 +153,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
         apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
         apply::ensure(&Api::<Service>::namespaced(ctx.client.clone(), &ns), resources::service(&inputs)).await?;
-        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), resources::pvc(&inputs)).await?;
+        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), resources::pvc(&inputs))
+            .await?;
         if let Some(operator_ns) = &s.network_policy {
             let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
             apply::ensure(&policies, resources::network_policy(&inputs, operator_ns)).await?;
@@ -161,7 +162,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     }
 
     // 4. observe
-    let mut obs: Observed = if is_terminal(&old) { Observed::default() } else { observe::observe(&ctx.client, &run, &cfg).await? };
+    let mut obs: Observed =
+        if is_terminal(&old) { Observed::default() } else { observe::observe(&ctx.client, &run, &cfg).await? };
     let job_name = resources::job_name(&name, cfg.attempt);
     let rank0_running = obs.pods.iter().any(|p| {
         p.labels().get(resources::ATTEMPT_LABEL) == Some(&cfg.attempt.to_string())
@@ -194,9 +196,13 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         let queued = run.spec.queue_name.is_some();
         // A queued Job is handed back to Kueue suspended; Kueue admits it again.
         let patch = match (suspend, queued) {
-            (true, _) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: "true"}}, "spec": {"suspend": true}}),
+            (true, _) => {
+                json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: "true"}}, "spec": {"suspend": true}})
+            }
             (false, true) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}}),
-            (false, false) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}, "spec": {"suspend": false}}),
+            (false, false) => {
+                json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}, "spec": {"suspend": false}})
+            }
         };
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
         jobs.patch(&current, &pp, &Patch::Merge(&patch)).await.map_err(Error::kube("patch", "Job", &ns, &current))?;
@@ -240,9 +246,12 @@ async fn finish(
             "metadata": {"name": name, "resourceVersion": run.resource_version()},
             "status": d.status,
         });
-        runs.patch_status(&name, &apply::params(), &Patch::Apply(&patch))
-            .await
-            .map_err(Error::kube("apply status", "TrainingRun", &ns, &name))?;
+        runs.patch_status(&name, &apply::params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
+            "apply status",
+            "TrainingRun",
+            &ns,
+            &name,
+        ))?;
         ctx.remember(&uid, |m| m.last_write = Some(now));
     }
     for note in &d.notes {
@@ -278,7 +287,11 @@ pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Ac
 }
 
 /// Runs the controller until `shutdown` resolves. `namespace` limits it to one namespace.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = ctx.client.clone();
     fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope>>(c: &Client, ns: &Option<String>) -> Api<K>
     where

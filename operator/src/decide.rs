@@ -102,11 +102,18 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
         type_: "Accepted",
         status: true,
         reason: "Accepted".into(),
-        message: format!("{} on {}: {} steps of {} tokens", cfg.model.preset, cfg.topology.display, cfg.schedule.total_steps, cfg.batch.tokens_per_step),
+        message: format!(
+            "{} on {}: {} steps of {} tokens",
+            cfg.model.preset, cfg.topology.display, cfg.schedule.total_steps, cfg.batch.tokens_per_step
+        ),
     };
     let mut d = Decision::default();
     if status::is_terminal(&old) {
-        let outcome = Outcome::new(old.phase.unwrap_or(RunPhase::Failed), old.reason.as_deref().unwrap_or(""), main_message(&old));
+        let outcome = Outcome::new(
+            old.phase.unwrap_or(RunPhase::Failed),
+            old.reason.as_deref().unwrap_or(""),
+            main_message(&old),
+        );
         return finish(run, &old, new, outcome, accepted, None, now, d);
     }
 
@@ -127,16 +134,26 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
         None if current_name_blocked(obs, &current_name, stale_pods) => Outcome::new(
             RunPhase::Restarting,
             old.reason.as_deref().unwrap_or("Restarting"),
-            restart_cause(&old).unwrap_or_else(|| format!("waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts")),
+            restart_cause(&old).unwrap_or_else(|| {
+                format!(
+                    "waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts"
+                )
+            }),
         ),
         None => match (&cfg.init_from, &obs.init_run) {
-            (Some(ResolvedInit::TrainingRun { name: init }), Some(state)) if *state != InitRun::Phase(Some(RunPhase::Succeeded)) => {
+            (Some(ResolvedInit::TrainingRun { name: init }), Some(state))
+                if *state != InitRun::Phase(Some(RunPhase::Succeeded)) =>
+            {
                 let now_is = match state {
                     InitRun::Missing => "does not exist".to_string(),
                     InitRun::Phase(Some(p)) => format!("is {p:?}"),
                     InitRun::Phase(None) => "has not started".to_string(),
                 };
-                Outcome::new(RunPhase::Waiting, "WaitingForInitRun", format!("waiting for TrainingRun {init} to succeed; it {now_is}"))
+                Outcome::new(
+                    RunPhase::Waiting,
+                    "WaitingForInitRun",
+                    format!("waiting for TrainingRun {init} to succeed; it {now_is}"),
+                )
             }
             _ => {
                 d.create_job = true;
@@ -146,9 +163,14 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                 if spec.suspend {
                     Outcome::new(RunPhase::Suspended, "Suspended", "suspended by spec.suspend")
                 } else if let Some(q) = &spec.queue_name {
-                    Outcome::new(RunPhase::Pending, "WaitingForQueue", format!("Job {current_name} waits for Kueue to admit it from LocalQueue {q}"))
+                    Outcome::new(
+                        RunPhase::Pending,
+                        "WaitingForQueue",
+                        format!("Job {current_name} waits for Kueue to admit it from LocalQueue {q}"),
+                    )
                 } else if attempt > 1 {
-                    let message = restart_cause(&old).unwrap_or_else(|| format!("created Job {current_name} for attempt {attempt}"));
+                    let message = restart_cause(&old)
+                        .unwrap_or_else(|| format!("created Job {current_name} for attempt {attempt}"));
                     Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
                 } else {
                     Outcome::new(RunPhase::Pending, "JobCreated", format!("created Job {current_name}"))
@@ -162,14 +184,30 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                 if !suspended {
                     d.suspend_job = Some(true);
                 }
-                Outcome::new(RunPhase::Suspended, "Suspended", "suspended by spec.suspend; resuming continues from the last checkpoint")
+                Outcome::new(
+                    RunPhase::Suspended,
+                    "Suspended",
+                    "suspended by spec.suspend; resuming continues from the last checkpoint",
+                )
             } else if suspended && ours {
                 d.suspend_job = Some(false);
-                Outcome::new(RunPhase::Pending, "Resuming", format!("resuming Job {current_name} from the last checkpoint"))
+                Outcome::new(
+                    RunPhase::Pending,
+                    "Resuming",
+                    format!("resuming Job {current_name} from the last checkpoint"),
+                )
             } else if suspended {
                 match &spec.queue_name {
-                    Some(q) => Outcome::new(RunPhase::Pending, "WaitingForQueue", format!("Job {current_name} is suspended until Kueue admits it from LocalQueue {q}")),
-                    None => Outcome::new(RunPhase::Suspended, "JobSuspended", format!("Job {current_name} was suspended outside the operator")),
+                    Some(q) => Outcome::new(
+                        RunPhase::Pending,
+                        "WaitingForQueue",
+                        format!("Job {current_name} is suspended until Kueue admits it from LocalQueue {q}"),
+                    ),
+                    None => Outcome::new(
+                        RunPhase::Suspended,
+                        "JobSuspended",
+                        format!("Job {current_name} was suspended outside the operator"),
+                    ),
                 }
             } else {
                 match failure::classify(job, &pods, cfg, now, settings) {
@@ -179,14 +217,27 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                         }
                         status::complete_progress(&mut new, cfg);
                         new.completion_time = Some(Time(now));
-                        let loss = new.metrics.as_ref().and_then(|m| m.loss).map_or(String::new(), |l| format!("; final loss {l:.4}"));
-                        Outcome::new(RunPhase::Succeeded, "Completed", format!("trained {} tokens in {} steps{loss}", cfg.schedule.total_tokens, cfg.schedule.total_steps))
+                        let loss = new
+                            .metrics
+                            .as_ref()
+                            .and_then(|m| m.loss)
+                            .map_or(String::new(), |l| format!("; final loss {l:.4}"));
+                        Outcome::new(
+                            RunPhase::Succeeded,
+                            "Completed",
+                            format!(
+                                "trained {} tokens in {} steps{loss}",
+                                cfg.schedule.total_tokens, cfg.schedule.total_steps
+                            ),
+                        )
                     }
                     Verdict::Failed { reason, message } => {
                         new.completion_time = Some(Time(now));
                         Outcome::new(RunPhase::Failed, &reason, message)
                     }
-                    Verdict::Restart { reason, message, counts } => restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now),
+                    Verdict::Restart { reason, message, counts } => {
+                        restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now)
+                    }
                     Verdict::Running => {
                         let was_running = old.phase == Some(RunPhase::Running) && old.attempt == attempt;
                         let old_step = old.progress.as_ref().map_or(0, |p| p.step);
@@ -195,24 +246,36 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                         }
                         let p = new.progress.as_mut().expect("set above");
                         let last = old.progress.as_ref().and_then(|p| p.last_progress_time.as_ref()).map(|t| t.0);
-                        let s = stall::check(was_running, last, old_step, p.step, now, cfg.failure.stall_timeout_seconds);
+                        let s =
+                            stall::check(was_running, last, old_step, p.step, now, cfg.failure.stall_timeout_seconds);
                         p.last_progress_time = Some(Time(s.last_progress));
                         stall = Some(s.clone());
                         match s.stalled_for {
                             Some(secs) if cfg.failure.on_stall == OnStall::Restart => {
-                                let message = format!("step {} has not advanced for {}", p.step, status::short_duration(secs));
+                                let message =
+                                    format!("step {} has not advanced for {}", p.step, status::short_duration(secs));
                                 stall = None;
                                 restart(&mut new, &mut d, cfg, &current_name, "Stalled", &message, true, now)
                             }
-                            _ => Outcome::new(RunPhase::Running, "Training", format!("{} pod(s) of Job {current_name} running", cfg.topology.nodes)),
+                            _ => Outcome::new(
+                                RunPhase::Running,
+                                "Training",
+                                format!("{} pod(s) of Job {current_name} running", cfg.topology.nodes),
+                            ),
                         }
                     }
-                    Verdict::Pending { stuck: Some((reason, message)) } => Outcome::new(RunPhase::Pending, &reason, message),
+                    Verdict::Pending { stuck: Some((reason, message)) } => {
+                        Outcome::new(RunPhase::Pending, &reason, message)
+                    }
                     Verdict::Pending { stuck: None } if attempt > 1 && old.phase == Some(RunPhase::Restarting) => {
                         let message = restart_cause(&old).unwrap_or_else(|| format!("attempt {attempt} is starting"));
                         Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
                     }
-                    Verdict::Pending { stuck: None } => Outcome::new(RunPhase::Pending, "PodsPending", format!("waiting for the pods of Job {current_name} to run")),
+                    Verdict::Pending { stuck: None } => Outcome::new(
+                        RunPhase::Pending,
+                        "PodsPending",
+                        format!("waiting for the pods of Job {current_name} to run"),
+                    ),
                 }
             }
         }
@@ -245,7 +308,11 @@ fn restart(
     let max = cfg.failure.max_restarts;
     if counts && new.restarts >= max {
         new.completion_time = Some(Time(now));
-        return Outcome::new(RunPhase::Failed, "MaxRestartsExceeded", format!("{reason}: {message}; no restarts left after {} (failurePolicy.maxRestarts {max})", new.restarts));
+        return Outcome::new(
+            RunPhase::Failed,
+            "MaxRestartsExceeded",
+            format!("{reason}: {message}; no restarts left after {} (failurePolicy.maxRestarts {max})", new.restarts),
+        );
     }
     let failed_attempt = new.attempt;
     new.attempt += 1;
@@ -253,8 +320,16 @@ fn restart(
         new.restarts += 1;
     }
     d.delete_jobs.push(job.to_string());
-    let budget = if counts { format!("restart {} of {max}", new.restarts) } else { "not counted toward maxRestarts".into() };
-    Outcome::new(RunPhase::Restarting, reason, format!("attempt {failed_attempt} failed: {message}; restarting the gang from the last checkpoint as attempt {} ({budget})", new.attempt))
+    let budget =
+        if counts { format!("restart {} of {max}", new.restarts) } else { "not counted toward maxRestarts".into() };
+    Outcome::new(
+        RunPhase::Restarting,
+        reason,
+        format!(
+            "attempt {failed_attempt} failed: {message}; restarting the gang from the last checkpoint as attempt {} ({budget})",
+            new.attempt
+        ),
+    )
 }
 
 fn main_message(s: &TrainingRunStatus) -> String {
@@ -286,12 +361,21 @@ fn finish(
     }
     new.reason = Some(o.reason.clone());
     let is = |p: RunPhase| phase == p;
-    let cond = |type_: &'static str, status: bool, reason: &str, message: &str| Cond { type_, status, reason: reason.into(), message: message.into() };
+    let cond = |type_: &'static str, status: bool, reason: &str, message: &str| Cond {
+        type_,
+        status,
+        reason: reason.into(),
+        message: message.into(),
+    };
     let attempt_note = format!("attempt {}", new.attempt);
     let (stalled, stall_reason, stall_message) = match &stall {
         Some(s) if s.stalled_for.is_some() => {
             let step = new.progress.as_ref().map_or(0, |p| p.step);
-            (true, "NoProgress", format!("step {step} has not advanced for {}", status::short_duration(s.stalled_for.unwrap_or(0))))
+            (
+                true,
+                "NoProgress",
+                format!("step {step} has not advanced for {}", status::short_duration(s.stalled_for.unwrap_or(0))),
+            )
         }
         Some(_) => (false, "Progressing", "the step is advancing".to_string()),
         None => (false, "NotRunning", String::new()),
@@ -305,10 +389,22 @@ fn finish(
         } else {
             cond("Restarting", false, if new.attempt > 1 { "Resumed" } else { "FirstAttempt" }, &attempt_note)
         },
-        if is(RunPhase::Succeeded) { cond("Succeeded", true, &o.reason, &o.message) } else { cond("Succeeded", false, "NotCompleted", "") },
-        if is(RunPhase::Failed) { cond("Failed", true, &o.reason, &o.message) } else { cond("Failed", false, "NoFailure", "") },
+        if is(RunPhase::Succeeded) {
+            cond("Succeeded", true, &o.reason, &o.message)
+        } else {
+            cond("Succeeded", false, "NotCompleted", "")
+        },
+        if is(RunPhase::Failed) {
+            cond("Failed", true, &o.reason, &o.message)
+        } else {
+            cond("Failed", false, "NoFailure", "")
+        },
         cond("Stalled", stalled, stall_reason, &stall_message),
-        if is(RunPhase::Suspended) { cond("Suspended", true, &o.reason, &o.message) } else { cond("Suspended", false, "NotSuspended", "") },
+        if is(RunPhase::Suspended) {
+            cond("Suspended", true, &o.reason, &o.message)
+        } else {
+            cond("Suspended", false, "NotSuspended", "")
+        },
     ];
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
 
@@ -324,7 +420,11 @@ fn finish(
         d.notes.push(Note { warning: false, reason: "Progressing".into(), message: "the step advances again".into() });
     }
     if d.create_job {
-        d.notes.push(Note { warning: false, reason: "JobCreated".into(), message: format!("created Job {} (attempt {})", new.job_name.clone().unwrap_or_default(), new.attempt) });
+        d.notes.push(Note {
+            warning: false,
+            reason: "JobCreated".into(),
+            message: format!("created Job {} (attempt {})", new.job_name.clone().unwrap_or_default(), new.attempt),
+        });
     }
     d.status = new;
     d
@@ -401,7 +501,10 @@ mod tests {
         assert_eq!(d.status.phase, Some(RunPhase::Running));
         assert_eq!(d.notes.last().unwrap().reason, "Training");
         assert_eq!(cond(&r, "Running"), ("True".into(), "Training".into()));
-        let obs = Observed { jobs: vec![attempt_job(1, json!([{"type": "Complete", "status": "True"}]))], ..Default::default() };
+        let obs = Observed {
+            jobs: vec![attempt_job(1, json!([{"type": "Complete", "status": "True"}]))],
+            ..Default::default()
+        };
         let d = step(&mut r, &obs, t("05:00:00"));
         assert_eq!(d.status.phase, Some(RunPhase::Succeeded));
         assert_eq!(d.status.progress.as_ref().unwrap().percent, 100.0);
@@ -417,10 +520,18 @@ mod tests {
     fn nan_fails_without_a_new_attempt() {
         let mut r = run(GPU_SPEC);
         step(&mut r, &Observed::default(), t("00:00:00"));
-        let nan = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=nan".into() }.to_json();
-        let obs = Observed { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(exited(1, 86, "Error", &nan), 1)], ..Default::default() };
+        let nan =
+            TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=nan".into() }.to_json();
+        let obs = Observed {
+            jobs: vec![attempt_job(1, json!([]))],
+            pods: vec![labelled(exited(1, 86, "Error", &nan), 1)],
+            ..Default::default()
+        };
         let d = step(&mut r, &obs, t("00:10:00"));
-        assert_eq!((d.status.phase, d.status.reason.as_deref(), d.status.attempt), (Some(RunPhase::Failed), Some("NaNLoss"), 1));
+        assert_eq!(
+            (d.status.phase, d.status.reason.as_deref(), d.status.attempt),
+            (Some(RunPhase::Failed), Some("NaNLoss"), 1)
+        );
         assert!(!d.create_job && d.delete_jobs.is_empty());
         assert!(d.notes[0].warning);
         assert_eq!(cond(&r, "Failed"), ("True".into(), "NaNLoss".into()));
@@ -430,7 +541,11 @@ mod tests {
     fn transient_failures_restart_until_max_restarts() {
         let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{maxRestarts: 1}}\n"));
         step(&mut r, &Observed::default(), t("00:00:00"));
-        let crash = |a| Observed { jobs: vec![attempt_job(a, json!([]))], pods: vec![labelled(exited(0, 1, "Error", "boom"), a)], ..Default::default() };
+        let crash = |a| Observed {
+            jobs: vec![attempt_job(a, json!([]))],
+            pods: vec![labelled(exited(0, 1, "Error", "boom"), a)],
+            ..Default::default()
+        };
         let d = step(&mut r, &crash(1), t("00:10:00"));
         assert_eq!((d.status.phase, d.status.attempt, d.status.restarts), (Some(RunPhase::Restarting), 2, 1));
         assert_eq!(d.delete_jobs, vec!["llm-a1"]);
@@ -445,7 +560,11 @@ mod tests {
         assert!(d.create_job);
         // Attempt 2 runs, then fails too: no restarts left.
         let pods = vec![labelled(running(0), 2), labelled(running(1), 2)];
-        let d = step(&mut r, &Observed { jobs: vec![attempt_job(2, json!([]))], pods, ..Default::default() }, t("00:11:00"));
+        let d = step(
+            &mut r,
+            &Observed { jobs: vec![attempt_job(2, json!([]))], pods, ..Default::default() },
+            t("00:11:00"),
+        );
         assert_eq!(d.status.phase, Some(RunPhase::Running));
         assert_eq!(cond(&r, "Restarting"), ("False".into(), "Resumed".into()));
         let d = step(&mut r, &crash(2), t("00:20:00"));
@@ -457,8 +576,12 @@ mod tests {
     fn disruptions_do_not_count() {
         let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{maxRestarts: 0}}\n"));
         step(&mut r, &Observed::default(), t("00:00:00"));
-        let evicted = crate::failure::tests::pod(0, json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}));
-        let obs = Observed { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(evicted, 1)], ..Default::default() };
+        let evicted = crate::failure::tests::pod(
+            0,
+            json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}),
+        );
+        let obs =
+            Observed { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(evicted, 1)], ..Default::default() };
         let d = step(&mut r, &obs, t("00:10:00"));
         assert_eq!((d.status.phase, d.status.attempt, d.status.restarts), (Some(RunPhase::Restarting), 2, 0));
     }
@@ -530,10 +653,17 @@ mod tests {
     fn stall_can_restart_the_gang() {
         let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{stallTimeout: 10m, onStall: restart}}\n"));
         step(&mut r, &Observed::default(), t("00:00:00"));
-        let obs = Observed { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(running(0), 1), labelled(running(1), 1)], ..Default::default() };
+        let obs = Observed {
+            jobs: vec![attempt_job(1, json!([]))],
+            pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
+            ..Default::default()
+        };
         step(&mut r, &obs, t("00:01:00"));
         let d = step(&mut r, &obs, t("00:20:00"));
-        assert_eq!((d.status.phase, d.status.reason.as_deref(), d.status.attempt, d.status.restarts), (Some(RunPhase::Restarting), Some("Stalled"), 2, 1));
+        assert_eq!(
+            (d.status.phase, d.status.reason.as_deref(), d.status.attempt, d.status.restarts),
+            (Some(RunPhase::Restarting), Some("Stalled"), 2, 1)
+        );
         assert_eq!(d.delete_jobs, vec!["llm-a1"]);
     }
 

@@ -2,8 +2,8 @@
 //! NaN loss, OOM, bad config and bad data end the run; disruptions restart the gang
 //! without counting; anything else restarts it and counts toward maxRestarts.
 
-use crds::contract::{ExitReport, FailureReason, TrainerStatus};
 use crds::RunConfig;
+use crds::contract::{ExitReport, FailureReason, TrainerStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -64,7 +64,11 @@ fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a k8s_openapi::api::core
 
 fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
     let status = pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == CONTAINER)?;
-    status.state.as_ref().and_then(|s| s.terminated.as_ref()).or_else(|| status.last_state.as_ref()?.terminated.as_ref())
+    status
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| status.last_state.as_ref()?.terminated.as_ref())
 }
 
 fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
@@ -80,10 +84,14 @@ fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
             };
             format!("lower spec.batch.microBatch (now {}){more}", cfg.batch.micro_batch)
         }
-        FailureReason::NaNLoss => "lower spec.optimizer.lr or raise warmupTokens; the last checkpoint is before the divergence".into(),
+        FailureReason::NaNLoss => {
+            "lower spec.optimizer.lr or raise warmupTokens; the last checkpoint is before the divergence".into()
+        }
         FailureReason::InvalidConfig => "fix the spec and create a new run".into(),
         FailureReason::DataError => "check the data sources in spec.data and their credentials".into(),
-        FailureReason::CollectiveTimeout => "a peer died or the network failed; restarting from the last checkpoint".into(),
+        FailureReason::CollectiveTimeout => {
+            "a peer died or the network failed; restarting from the last checkpoint".into()
+        }
     }
 }
 
@@ -124,7 +132,12 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     }
     let Some(t) = term else {
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_else(|| "no container status".into());
-        return Some(PodFailure { kind: Kind::Retriable, reason: "PodFailed".into(), message: format!("pod {name}{rank} failed: {detail}"), at: None });
+        return Some(PodFailure {
+            kind: Kind::Retriable,
+            reason: "PodFailed".into(),
+            message: format!("pod {name}{rank} failed: {detail}"),
+            at: None,
+        });
     };
     let at = t.finished_at.as_ref().map(|f| f.0);
     if t.reason.as_deref() == Some("OOMKilled") {
@@ -235,11 +248,19 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
     if let Some(c) = job_condition(job, "Failed").or_else(|| job_condition(job, "FailureTarget")) {
         // The pods are gone; the Job's condition is all that is left.
         let message = c.message.clone().unwrap_or_default();
-        if let Some(reason) = exit_code_in(&message).and_then(FailureReason::from_exit_code).filter(|r| !r.retriable()) {
-            return Verdict::Failed { reason: reason.as_str().into(), message: format!("{message}; {}", hint(reason, cfg)) };
+        if let Some(reason) = exit_code_in(&message).and_then(FailureReason::from_exit_code).filter(|r| !r.retriable())
+        {
+            return Verdict::Failed {
+                reason: reason.as_str().into(),
+                message: format!("{message}; {}", hint(reason, cfg)),
+            };
         }
         let reason = c.reason.clone().unwrap_or_else(|| "JobFailed".into());
-        return Verdict::Restart { reason: "JobFailed".into(), message: format!("Job failed ({reason}): {message}"), counts: true };
+        return Verdict::Restart {
+            reason: "JobFailed".into(),
+            message: format!("Job failed ({reason}): {message}"),
+            counts: true,
+        };
     }
     let nodes = cfg.topology.nodes as usize;
     // A node that finished before the others is done, not pending: the Job is
@@ -333,7 +354,12 @@ pub(crate) mod tests {
     }
 
     fn nan_message() -> String {
-        crds::contract::TerminationMessage { reason: FailureReason::NaNLoss, step: Some(1200), detail: "loss=NaN grad_norm=inf".into() }.to_json()
+        crds::contract::TerminationMessage {
+            reason: FailureReason::NaNLoss,
+            step: Some(1200),
+            detail: "loss=NaN grad_norm=inf".into(),
+        }
+        .to_json()
     }
 
     #[test]
@@ -355,13 +381,28 @@ pub(crate) mod tests {
 
     #[test]
     fn cuda_oom_and_host_oom_both_fail_with_different_hints() {
-        let cuda = crds::contract::TerminationMessage { reason: FailureReason::OutOfMemory, step: Some(3), detail: "CUDA out of memory".into() };
-        let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 87, "Error", &cuda.to_json())]) else { panic!() };
+        let cuda = crds::contract::TerminationMessage {
+            reason: FailureReason::OutOfMemory,
+            step: Some(3),
+            detail: "CUDA out of memory".into(),
+        };
+        let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 87, "Error", &cuda.to_json())])
+        else {
+            panic!()
+        };
         assert_eq!(reason, "OutOfMemory");
-        assert!(message.contains("spec.batch.microBatch (now 8)") && message.contains("gradientCheckpointing"), "{message}");
-        let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 137, "OOMKilled", "")]) else { panic!() };
+        assert!(
+            message.contains("spec.batch.microBatch (now 8)") && message.contains("gradientCheckpointing"),
+            "{message}"
+        );
+        let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 137, "OOMKilled", "")]) else {
+            panic!()
+        };
         assert_eq!(reason, "OutOfMemory");
-        assert!(message.contains("host memory (memory limit 64Gi)") && message.contains("resources.limits.memory"), "{message}");
+        assert!(
+            message.contains("host memory (memory limit 64Gi)") && message.contains("resources.limits.memory"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -384,19 +425,43 @@ pub(crate) mod tests {
         let v = verdict(&job(json!([])), &[exited(0, 1, "Error", "thread panicked\nsegfault in foo\n"), running(1)]);
         assert_eq!(
             v,
-            Verdict::Restart { reason: "PodFailed".into(), message: "pod llm-a1-0-x (node rank 0) exited with code 1: segfault in foo".into(), counts: true }
+            Verdict::Restart {
+                reason: "PodFailed".into(),
+                message: "pod llm-a1-0-x (node rank 0) exited with code 1: segfault in foo".into(),
+                counts: true
+            }
         );
-        let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(9), detail: "allreduce".into() };
-        let Verdict::Restart { reason, counts, .. } = verdict(&job(json!([])), &[exited(1, 88, "Error", &timeout.to_json())]) else { panic!() };
+        let timeout = crds::contract::TerminationMessage {
+            reason: FailureReason::CollectiveTimeout,
+            step: Some(9),
+            detail: "allreduce".into(),
+        };
+        let Verdict::Restart { reason, counts, .. } =
+            verdict(&job(json!([])), &[exited(1, 88, "Error", &timeout.to_json())])
+        else {
+            panic!()
+        };
         assert_eq!((reason.as_str(), counts), ("CollectiveTimeout", true));
-        let aborted = verdict(&job(json!([])), &[exited(1, 134, "Error", "terminate called after throwing an instance of 'c10::Error'\n")]);
+        let aborted = verdict(
+            &job(json!([])),
+            &[exited(1, 134, "Error", "terminate called after throwing an instance of 'c10::Error'\n")],
+        );
         let Verdict::Restart { message, .. } = aborted else { panic!("{aborted:?}") };
-        assert!(message.ends_with("exited with code 134 (SIGABRT): terminate called after throwing an instance of 'c10::Error'"), "{message}");
+        assert!(
+            message.ends_with(
+                "exited with code 134 (SIGABRT): terminate called after throwing an instance of 'c10::Error'"
+            ),
+            "{message}"
+        );
     }
 
     #[test]
     fn a_peer_crash_next_to_a_collective_timeout_is_reported_as_the_cause() {
-        let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: Some(9), detail: "a peer died".into() };
+        let timeout = crds::contract::TerminationMessage {
+            reason: FailureReason::CollectiveTimeout,
+            step: Some(9),
+            detail: "a peer died".into(),
+        };
         let at = |p: Pod, t: &str| {
             let mut v = serde_json::to_value(p).unwrap();
             v["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = json!(t);
@@ -405,7 +470,10 @@ pub(crate) mod tests {
         let waiting = |t: &str| at(exited(0, 88, "Error", &timeout.to_json()), t);
         let killed = |t: &str| at(exited(1, 137, "Error", ""), t);
         // The same second, the timeout listed first: the kill is the cause.
-        for pods in [[waiting("2026-01-01T01:00:00Z"), killed("2026-01-01T01:00:00Z")], [killed("2026-01-01T01:00:03Z"), waiting("2026-01-01T01:00:00Z")]] {
+        for pods in [
+            [waiting("2026-01-01T01:00:00Z"), killed("2026-01-01T01:00:00Z")],
+            [killed("2026-01-01T01:00:03Z"), waiting("2026-01-01T01:00:00Z")],
+        ] {
             let Verdict::Restart { reason, message, counts } = verdict(&job(json!([])), &pods) else { panic!() };
             assert_eq!((reason.as_str(), counts), ("PodFailed", true));
             assert!(message.contains("(node rank 1) exited with code 137 (SIGKILL)"), "{message}");
@@ -422,7 +490,11 @@ pub(crate) mod tests {
             0,
             json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted by high-prio", "lastTransitionTime": "2026-01-01T00:59:00Z"}]}),
         );
-        let timeout = crds::contract::TerminationMessage { reason: FailureReason::CollectiveTimeout, step: None, detail: "peer gone".into() };
+        let timeout = crds::contract::TerminationMessage {
+            reason: FailureReason::CollectiveTimeout,
+            step: None,
+            detail: "peer gone".into(),
+        };
         let v = verdict(&job(json!([])), &[preempted, exited(1, 88, "Error", &timeout.to_json())]);
         let Verdict::Restart { reason, message, counts } = v else { panic!("{v:?}") };
         assert_eq!((reason.as_str(), counts), ("Disruption", false));
@@ -433,7 +505,9 @@ pub(crate) mod tests {
     fn a_pod_stuck_terminating_on_a_lost_node_is_a_disruption() {
         let mut p = running(1);
         p.metadata.deletion_timestamp = Some(Time("2026-01-01T01:58:30Z".parse().unwrap()));
-        let Verdict::Restart { counts, message, .. } = verdict(&job(json!([])), &[running(0), p.clone()]) else { panic!() };
+        let Verdict::Restart { counts, message, .. } = verdict(&job(json!([])), &[running(0), p.clone()]) else {
+            panic!()
+        };
         assert!(!counts && message.contains("node is lost"), "{message}");
         // Just deleted (within the timeout): not yet.
         p.metadata.deletion_timestamp = Some(Time("2026-01-01T01:59:30Z".parse().unwrap()));
@@ -456,27 +530,46 @@ pub(crate) mod tests {
         let pods = [exited(0, 0, "Completed", &serde_json::to_string(&done).unwrap()), exited(1, 0, "Completed", "")];
         let v = verdict(&job(json!([{"type": "Complete", "status": "True"}])), &pods);
         assert_eq!(v, Verdict::Succeeded { report: Some(Box::new(done)) });
-        assert_eq!(verdict(&job(json!([{"type": "Complete", "status": "True"}])), &[]), Verdict::Succeeded { report: None });
+        assert_eq!(
+            verdict(&job(json!([{"type": "Complete", "status": "True"}])), &[]),
+            Verdict::Succeeded { report: None }
+        );
     }
 
     #[test]
     fn a_failed_job_without_pods_is_read_from_its_condition() {
-        let j = job(json!([{"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "Container trainer for pod ml/llm-a1-0 failed with exit code 86 matching FailJob rule at index 1"}]));
+        let j = job(
+            json!([{"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "Container trainer for pod ml/llm-a1-0 failed with exit code 86 matching FailJob rule at index 1"}]),
+        );
         let Verdict::Failed { reason, .. } = verdict(&j, &[]) else { panic!() };
         assert_eq!(reason, "NaNLoss");
-        let j = job(json!([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]));
+        let j = job(
+            json!([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]),
+        );
         let Verdict::Restart { counts, reason, .. } = verdict(&j, &[]) else { panic!() };
         assert_eq!((counts, reason.as_str()), (true, "JobFailed"));
     }
 
     #[test]
     fn pods_stuck_pending_are_reported_after_the_timeout() {
-        let pull = pod(0, json!({"phase": "Pending", "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "i", "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope\""}}}]}));
-        let Verdict::Pending { stuck: Some((reason, message)) } = verdict(&job(json!([])), std::slice::from_ref(&pull)) else { panic!() };
+        let pull = pod(
+            0,
+            json!({"phase": "Pending", "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "i", "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope\""}}}]}),
+        );
+        let Verdict::Pending { stuck: Some((reason, message)) } = verdict(&job(json!([])), std::slice::from_ref(&pull))
+        else {
+            panic!()
+        };
         assert_eq!(reason, "ImagePullBackOff");
         assert!(message.contains("nope"));
-        let unsched = pod(1, json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes have nvidia.com/gpu"}]}));
-        let Verdict::Pending { stuck: Some((reason, _)) } = verdict(&job(json!([])), &[running(0), unsched.clone()]) else { panic!() };
+        let unsched = pod(
+            1,
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes have nvidia.com/gpu"}]}),
+        );
+        let Verdict::Pending { stuck: Some((reason, _)) } = verdict(&job(json!([])), &[running(0), unsched.clone()])
+        else {
+            panic!()
+        };
         assert_eq!(reason, "Unschedulable");
         // Young pods are not stuck yet.
         let mut young = unsched;

@@ -33,12 +33,17 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
 }
 
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
-    if h.ready.load(Ordering::Relaxed) { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "starting") }
+    if h.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
 }
 
 /// Binds `addr` and serves until the process ends. Returns the bound address.
 pub async fn serve(addr: SocketAddr, h: Health) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Http { addr: addr.to_string(), source })?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Http { addr: addr.to_string(), source })?;
     let bound = listener.local_addr().map_err(|source| Error::Http { addr: addr.to_string(), source })?;
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(h)).await {

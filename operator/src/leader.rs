@@ -16,7 +16,10 @@ pub struct Election {
 }
 
 /// Starts the election. The receiver turns true while this replica leads.
-pub async fn start(client: Client, e: &Election) -> Result<(watch::Receiver<bool>, tokio::task::JoinHandle<()>), Error> {
+pub async fn start(
+    client: Client,
+    e: &Election,
+) -> Result<(watch::Receiver<bool>, tokio::task::JoinHandle<()>), Error> {
     let fail = |message: String| Error::Leader { lease: format!("{}/{}", e.namespace, e.lease), message };
     let manager = LeaseManagerBuilder::new(client, &e.lease)
         .with_namespace(&e.namespace)

@@ -34,7 +34,9 @@ pub enum Error {
     NoNamespace(String),
     #[error("finalizer of TrainingRun {name}: {message}")]
     Finalizer { name: String, message: String },
-    #[error("the TrainingRun CRD {crd} is not installed ({source}); install it with `kubectl apply -f crds/trainingruns.yaml` or `helm install trainingrun-operator charts/trainingrun-operator`")]
+    #[error(
+        "the TrainingRun CRD {crd} is not installed ({source}); install it with `kubectl apply -f crds/trainingruns.yaml` or `helm install trainingrun-operator charts/trainingrun-operator`"
+    )]
     CrdMissing {
         crd: String,
         #[source]
@@ -72,7 +74,12 @@ impl Error {
         }
     }
 
-    pub(crate) fn kube(verb: &'static str, kind: impl Into<String>, namespace: &str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+    pub(crate) fn kube(
+        verb: &'static str,
+        kind: impl Into<String>,
+        namespace: &str,
+        name: &str,
+    ) -> impl FnOnce(kube::Error) -> Error {
         let (kind, namespace, name) = (kind.into(), namespace.to_string(), name.to_string());
         move |source| Error::Kube { verb, kind, namespace, name, source }
     }

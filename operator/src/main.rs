@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use kube::Client;
+use operator::Error;
 use operator::clock::SystemClock;
 use operator::controller::{self, Context};
 use operator::http::{self, Health};
 use operator::leader::{self, Election};
 use operator::metrics::Metrics;
 use operator::settings::{DEFAULT_STATUS_URL, Settings};
-use operator::Error;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
@@ -131,12 +131,14 @@ async fn main_inner(args: Args) -> Result<(), Error> {
     };
     let metrics = Arc::new(Metrics::new()?);
     let ready = Arc::new(AtomicBool::new(false));
-    let (addr, _server) = http::serve(args.metrics_addr, Health { metrics: metrics.clone(), ready: ready.clone() }).await?;
+    let (addr, _server) =
+        http::serve(args.metrics_addr, Health { metrics: metrics.clone(), ready: ready.clone() }).await?;
     tracing::info!("serving /metrics, /healthz and /readyz on {addr}");
     let namespace = Some(args.namespace).filter(|n| !n.is_empty());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);

@@ -5,7 +5,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use crds::types::{RunPhase, TrainingRunStatus};
-use prometheus::{Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 const PHASES: [RunPhase; 7] = [
     RunPhase::Pending,
@@ -56,27 +58,51 @@ impl Metrics {
         let registry = Registry::new();
         let run = &["namespace", "name"];
         let m = Metrics {
-            reconciles: IntCounterVec::new(Opts::new("trainingrun_reconcile_total", "Reconciles of TrainingRuns by result."), &["result"])?,
+            reconciles: IntCounterVec::new(
+                Opts::new("trainingrun_reconcile_total", "Reconciles of TrainingRuns by result."),
+                &["result"],
+            )?,
             reconcile_seconds: HistogramVec::new(
                 HistogramOpts::new("trainingrun_reconcile_duration_seconds", "Duration of one reconcile by result.")
                     .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
                 &["result"],
             )?,
-            phase: IntGaugeVec::new(Opts::new("trainingrun_phase", "1 for the run's current phase, 0 for the others."), &["namespace", "name", "phase"])?,
-            progress: GaugeVec::new(Opts::new("trainingrun_progress_ratio", "Tokens trained over tokens planned, 0-1."), run)?,
+            phase: IntGaugeVec::new(
+                Opts::new("trainingrun_phase", "1 for the run's current phase, 0 for the others."),
+                &["namespace", "name", "phase"],
+            )?,
+            progress: GaugeVec::new(
+                Opts::new("trainingrun_progress_ratio", "Tokens trained over tokens planned, 0-1."),
+                run,
+            )?,
             loss: GaugeVec::new(Opts::new("trainingrun_loss", "Training loss last reported by rank 0."), run)?,
-            tokens_per_second: GaugeVec::new(Opts::new("trainingrun_tokens_per_second", "Training throughput, all ranks."), run)?,
-            restarts: IntGaugeVec::new(Opts::new("trainingrun_restarts", "Gang restarts counted toward maxRestarts."), run)?,
+            tokens_per_second: GaugeVec::new(
+                Opts::new("trainingrun_tokens_per_second", "Training throughput, all ranks."),
+                run,
+            )?,
+            restarts: IntGaugeVec::new(
+                Opts::new("trainingrun_restarts", "Gang restarts counted toward maxRestarts."),
+                run,
+            )?,
             attempt: IntGaugeVec::new(Opts::new("trainingrun_attempt", "Current attempt, from 1."), run)?,
             condition: IntGaugeVec::new(
-                Opts::new("trainingrun_condition", "1 for each current condition of a run, by type, reason and status."),
+                Opts::new(
+                    "trainingrun_condition",
+                    "1 for each current condition of a run, by type, reason and status.",
+                ),
                 &["namespace", "name", "type", "reason", "status"],
             )?,
             last_checkpoint: GaugeVec::new(
-                Opts::new("trainingrun_last_checkpoint_timestamp_seconds", "Unix time of the newest complete checkpoint."),
+                Opts::new(
+                    "trainingrun_last_checkpoint_timestamp_seconds",
+                    "Unix time of the newest complete checkpoint.",
+                ),
                 run,
             )?,
-            mfu: GaugeVec::new(Opts::new("trainingrun_mfu", "Model FLOPs utilization (0-1) last reported by rank 0."), run)?,
+            mfu: GaugeVec::new(
+                Opts::new("trainingrun_mfu", "Model FLOPs utilization (0-1) last reported by rank 0."),
+                run,
+            )?,
             checkpoint_every_tokens: GaugeVec::new(
                 Opts::new(
                     "trainingrun_checkpoint_every_tokens",
@@ -85,7 +111,10 @@ impl Metrics {
                 run,
             )?,
             eval_accuracy: GaugeVec::new(
-                Opts::new("trainingrun_eval_accuracy", "GRPO: held-out multiple-choice accuracy (0-1) by method and time (initial or latest)."),
+                Opts::new(
+                    "trainingrun_eval_accuracy",
+                    "GRPO: held-out multiple-choice accuracy (0-1) by method and time (initial or latest).",
+                ),
                 &["namespace", "name", "method", "when"],
             )?,
             conditions: Mutex::new(HashMap::new()),
@@ -150,7 +179,8 @@ impl Metrics {
         }
         self.restarts.with_label_values(&run).set(i64::from(s.restarts));
         self.attempt.with_label_values(&run).set(i64::from(s.attempt));
-        let ckpt_time = s.last_checkpoint.as_ref().and_then(|c| c.time.as_deref()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        let ckpt_time =
+            s.last_checkpoint.as_ref().and_then(|c| c.time.as_deref()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
         if let Some(t) = ckpt_time {
             self.last_checkpoint.with_label_values(&run).set(t.as_millisecond() as f64 / 1000.0);
         }
@@ -173,7 +203,14 @@ impl Metrics {
         for p in PHASES {
             let _ = self.phase.remove_label_values(&[ns, name, phase_name(p)]);
         }
-        for g in [&self.progress, &self.loss, &self.tokens_per_second, &self.last_checkpoint, &self.mfu, &self.checkpoint_every_tokens] {
+        for g in [
+            &self.progress,
+            &self.loss,
+            &self.tokens_per_second,
+            &self.last_checkpoint,
+            &self.mfu,
+            &self.checkpoint_every_tokens,
+        ] {
             let _ = g.remove_label_values(&run);
         }
         for (method, when) in [("greedy", "latest"), ("log_likelihood", "latest"), ("greedy", "initial")] {
@@ -233,8 +270,12 @@ mod tests {
         assert!(text.contains(r#"trainingrun_restarts{name="llm",namespace="ml"} 1"#));
         assert!(text.contains(r#"trainingrun_mfu{name="llm",namespace="ml"} 0.41"#));
         assert!(text.contains(r#"trainingrun_checkpoint_every_tokens{name="llm",namespace="ml"} 819200"#));
-        assert!(text.contains(r#"trainingrun_eval_accuracy{method="greedy",name="llm",namespace="ml",when="latest"} 0.5"#));
-        assert!(text.contains(r#"trainingrun_condition{name="llm",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#));
+        assert!(
+            text.contains(r#"trainingrun_eval_accuracy{method="greedy",name="llm",namespace="ml",when="latest"} 0.5"#)
+        );
+        assert!(text.contains(
+            r#"trainingrun_condition{name="llm",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#
+        ));
         s.conditions = vec![cond("Stalled", "Progressing", "False")];
         m.observe_run("ml", "llm", &s, Some(819200));
         let text = m.render();

@@ -45,7 +45,9 @@ impl StatusClient {
             }
             serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not a trainer status document: {e}"))
         };
-        tokio::time::timeout(self.timeout, fetch).await.map_err(|_| format!("GET {url}: no answer within {:?}", self.timeout))?
+        tokio::time::timeout(self.timeout, fetch)
+            .await
+            .map_err(|_| format!("GET {url}: no answer within {:?}", self.timeout))?
     }
 }
 

@@ -1,14 +1,15 @@
 //! Status, pure parts: conditions that keep their transition times, progress and
 //! ETA from rank 0's report, and what counts as a change worth writing at once.
 
+use crds::RunConfig;
 use crds::contract::TrainerStatus;
 use crds::types::{Progress, RunPhase, TrainingRunStatus};
-use crds::RunConfig;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// Every condition, written from the first reconcile on.
-pub const CONDITION_TYPES: [&str; 7] = ["Accepted", "Running", "Restarting", "Succeeded", "Failed", "Stalled", "Suspended"];
+pub const CONDITION_TYPES: [&str; 7] =
+    ["Accepted", "Running", "Restarting", "Succeeded", "Failed", "Stalled", "Suspended"];
 
 /// One condition as the pipeline decided it.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +25,8 @@ pub fn conditions(old: &[Condition], new: &[Cond], generation: Option<i64>, now:
     new.iter()
         .map(|c| {
             let status = if c.status { "True" } else { "False" };
-            let since = old.iter().find(|o| o.type_ == c.type_ && o.status == status).map(|o| o.last_transition_time.clone());
+            let since =
+                old.iter().find(|o| o.type_ == c.type_ && o.status == status).map(|o| o.last_transition_time.clone());
             Condition {
                 type_: c.type_.into(),
                 status: status.into(),
@@ -154,7 +156,12 @@ mod tests {
             tokens: total / 4,
             total_tokens: total,
             metrics: crds::types::RunMetrics { loss: Some(2.5), tokens_per_second: Some(1000), ..Default::default() },
-            last_checkpoint: Some(crds::types::CheckpointRef { step: 50, tokens: 1, uri: "/checkpoints/step-00000050".into(), time: None }),
+            last_checkpoint: Some(crds::types::CheckpointRef {
+                step: 50,
+                tokens: 1,
+                uri: "/checkpoints/step-00000050".into(),
+                time: None,
+            }),
             tokens_by_source: Default::default(),
         };
         apply_report(&mut s, &cfg, &report);

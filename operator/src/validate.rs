@@ -8,7 +8,10 @@ use crds::resolve::FieldError;
 
 pub fn validate(run: &TrainingRun, attempt: u32) -> Result<RunConfig, InvalidSpec> {
     if run.namespace().is_none() {
-        return Err(InvalidSpec(vec![FieldError { field: "metadata.namespace".into(), message: "is required".into() }]));
+        return Err(InvalidSpec(vec![FieldError {
+            field: "metadata.namespace".into(),
+            message: "is required".into(),
+        }]));
     }
     let mut cfg = crds::resolve(run)?;
     cfg.attempt = attempt.max(1);

@@ -49,7 +49,13 @@ pub fn tune(
         let reference = shapes.reference(&x)?;
         Ok((x, reference))
     });
-    let trials = trials::run_all(candidates, prepared, |(x, reference), a| trial(m, &shapes, x, reference, a, kind, device), group, device)?;
+    let trials = trials::run_all(
+        candidates,
+        prepared,
+        |(x, reference), a| trial(m, &shapes, x, reference, a, kind, device),
+        group,
+        device,
+    )?;
     let attention = fastest(&trials);
     optim::set_sdp_backend(attention)?;
     Ok(Choice { chosen: attention, trials })
@@ -101,7 +107,9 @@ impl Shapes {
     /// held to; one group keeps the f32 (T, T) scores small at long sequences.
     fn reference(&self, x: &Inputs) -> Result<Reference, Error> {
         optim::set_sdp_backend(Attention::Math)?;
-        let f32 = |t: &Tensor, heads: i64| -> Result<Tensor, Error> { Ok(t.f_narrow(0, 0, 1)?.f_narrow(1, 0, heads)?.f_to_kind(Kind::Float)?) };
+        let f32 = |t: &Tensor, heads: i64| -> Result<Tensor, Error> {
+            Ok(t.f_narrow(0, 0, 1)?.f_narrow(1, 0, heads)?.f_to_kind(Kind::Float)?)
+        };
         let g = self.group();
         let (q, k, v, dy) = (f32(&x.q, g)?, f32(&x.k, 1)?, f32(&x.v, 1)?, f32(&x.g, g)?);
         Ok(Reference(forward_backward(&q, &k, &v, &dy, false)?))
@@ -111,7 +119,11 @@ impl Shapes {
 /// Causal SDPA of q, k, v (grouped when K/V have fewer heads, or K/V repeated per query
 /// head when `expand`) and the gradients of `sum(y · g)`: [y, dq, dk, dv].
 fn forward_backward(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, expand: bool) -> Result<[Tensor; 4], Error> {
-    let (q, k, v) = (q.f_detach()?.f_requires_grad_(true)?, k.f_detach()?.f_requires_grad_(true)?, v.f_detach()?.f_requires_grad_(true)?);
+    let (q, k, v) = (
+        q.f_detach()?.f_requires_grad_(true)?,
+        k.f_detach()?.f_requires_grad_(true)?,
+        v.f_detach()?.f_requires_grad_(true)?,
+    );
     let (hq, hk) = (q.size()[1], k.size()[1]);
     let (ke, ve, gqa) = if expand && hq != hk {
         (k.f_repeat_interleave_self_int(hq / hk, 1, None)?, v.f_repeat_interleave_self_int(hq / hk, 1, None)?, false)
@@ -121,7 +133,8 @@ fn forward_backward(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, expand: bool
     let y = Tensor::f_scaled_dot_product_attention(&q, &ke, &ve, None::<Tensor>, 0.0, true, None, gqa)?;
     let loss = y.f_mul(g)?.f_sum(Kind::Float)?;
     let grads = Tensor::f_run_backward(&[&loss], &[&q, &k, &v], false, false)?;
-    let [dq, dk, dv]: [Tensor; 3] = grads.try_into().map_err(|_| Error::Shim("attention trial: expected 3 gradients".into()))?;
+    let [dq, dk, dv]: [Tensor; 3] =
+        grads.try_into().map_err(|_| Error::Shim("attention trial: expected 3 gradients".into()))?;
     Ok([y.f_detach()?, dq, dk, dv])
 }
 

@@ -14,8 +14,8 @@ use tch::{Device, Kind, Tensor};
 use std::sync::Arc;
 
 use crate::Error;
-use crate::fused::{Kernels, Op};
 use crate::dist::{Backend, DEFAULT_BUCKET_CAP_BYTES, GlooDevice, GradReducer, GroupOptions, ProcessGroup, ReduceOp};
+use crate::fused::{Kernels, Op};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::train::{KernelRequest, precision_plan, sorted_variables};
@@ -96,7 +96,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     optim::set_sdp_backend(attention)?;
     let backend = crate::train::attention_backend(&model_cfg, attention, o.micro_batch, o.seq, act, o.device)?;
 
-    let recompute = crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
+    let recompute =
+        crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
     let loss_chunk = match o.loss_chunk {
         Some(c) if c > 0 || recompute == 0 => c.max(0),
         _ => model.loss_chunk(),
@@ -211,7 +212,13 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
 /// at this micro-batch and sequence, each as a run's trial times and checks it
 /// ([`crate::fused::tune`]), and each one's speed-up over eager from the same run. The
 /// fused kernels run on CUDA only; elsewhere they show as rejected.
-pub fn kernels(model: &ModelConfig, micro_batch: i64, seq: i64, precision: Precision, device: Device) -> Result<Value, Error> {
+pub fn kernels(
+    model: &ModelConfig,
+    micro_batch: i64,
+    seq: i64,
+    precision: Precision,
+    device: Device,
+) -> Result<Value, Error> {
     if model.arch == crds::presets::Arch::Gpt2 {
         return Err(Error::InvalidSpec(format!("--preset {}: GPT-2 has neither SwiGLU nor RoPE", model.preset)));
     }
@@ -227,7 +234,10 @@ pub fn kernels(model: &ModelConfig, micro_batch: i64, seq: i64, precision: Preci
             .iter()
             .map(|t| (t.candidate.name().to_string(), json!(eager.zip(t.ms).map(|(e, ms)| e / ms))))
             .collect();
-        ops.insert(op.name().into(), json!({ "chosen": choice.chosen.name(), "trials": choice.trials, "speedup_vs_eager": vs_eager }));
+        ops.insert(
+            op.name().into(),
+            json!({ "chosen": choice.chosen.name(), "trials": choice.trials, "speedup_vs_eager": vs_eager }),
+        );
     }
     Ok(json!({
         "preset": model.preset,

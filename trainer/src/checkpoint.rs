@@ -244,7 +244,8 @@ pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -
     if state.config_hash != config_hash {
         let changed = state.config.as_ref().map(|old| cfg.resume_differences(old)).unwrap_or_default();
         if changed.is_empty() {
-            problems.push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
+            problems
+                .push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
         } else {
             problems.push(format!(
                 "the run changed since it was written ({}); only the micro-batch, gradient checkpointing and the \

@@ -383,8 +383,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Resolve { manifest } => {
             let run = crds::manifest::from_file(&manifest)?;
-            let config = crds::resolve(&run)
-                .map_err(|e| Error::InvalidSpec(format!("{}: {e}", manifest.display())))?;
+            let config = crds::resolve(&run).map_err(|e| Error::InvalidSpec(format!("{}: {e}", manifest.display())))?;
             println!("{}", serde_json::to_string_pretty(&config).expect("RunConfig serializes"));
             Ok(())
         }
@@ -395,7 +394,8 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::Run(args) => crate::local::run(&args),
         Command::Launch(mut args) => {
             if args.node_rank.is_none() {
-                args.node_rank = std::env::var(crds::contract::env::JOB_COMPLETION_INDEX).ok().and_then(|v| v.parse().ok());
+                args.node_rank =
+                    std::env::var(crds::contract::env::JOB_COMPLETION_INDEX).ok().and_then(|v| v.parse().ok());
             }
             crate::local::launch(&args)
         }
@@ -433,7 +433,10 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::BenchKernels(a) => {
             let model = preset_arg(&a.preset)?;
             let device = bench_device(a.device.as_deref())?;
-            println!("{}", crate::bench::kernels(&model, a.micro_batch, a.seq, parse("precision", &a.precision)?, device)?);
+            println!(
+                "{}",
+                crate::bench::kernels(&model, a.micro_batch, a.seq, parse("precision", &a.precision)?, device)?
+            );
             Ok(())
         }
         Command::BenchData(a) => {
@@ -506,12 +509,16 @@ fn prepare(a: PrepareArgs) -> Result<(), Error> {
         return Err(Error::InvalidSpec(format!("--output {}: write s3://bucket/prefix", a.output)));
     }
     let output = match &s3 {
-        Some((_, prefix)) => crate::data::cache_dir()
-            .join("prepare-staging")
-            .join(format!("{}-{}", prefix.replace('/', "_"), std::process::id())),
+        Some((_, prefix)) => crate::data::cache_dir().join("prepare-staging").join(format!(
+            "{}-{}",
+            prefix.replace('/', "_"),
+            std::process::id()
+        )),
         None => PathBuf::from(&a.output),
     };
-    let name = a.name.or_else(|| s3.as_ref().and_then(|(_, p)| p.rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string)));
+    let name = a
+        .name
+        .or_else(|| s3.as_ref().and_then(|(_, p)| p.rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string)));
     let opts = PrepareOptions {
         inputs: a.inputs,
         output: output.clone(),
@@ -556,7 +563,18 @@ fn presets(json: bool) {
     if !json {
         println!(
             "{:<14} {:<6} {:>6} {:>6} {:>5} {:>4} {:>7} {:>6} {:>14} {:>14} {:>14} {:>10}",
-            "preset", "arch", "layers", "dModel", "heads", "kv", "vocab", "ctx", "params", "w/o norms", "matmul", "GFLOP/tok"
+            "preset",
+            "arch",
+            "layers",
+            "dModel",
+            "heads",
+            "kv",
+            "vocab",
+            "ctx",
+            "params",
+            "w/o norms",
+            "matmul",
+            "GFLOP/tok"
         );
     }
     for p in PRESETS {
@@ -608,7 +626,8 @@ fn bench_device(arg: Option<&str>) -> Result<tch::Device, Error> {
         Some("cuda") if tch::Cuda::is_available() => tch::Device::Cuda(0),
         Some("cuda") => {
             return Err(Error::InvalidSpec(
-                "--device cuda: no CUDA device is visible (or this trainer was built without the `cuda` feature)".into(),
+                "--device cuda: no CUDA device is visible (or this trainer was built without the `cuda` feature)"
+                    .into(),
             ));
         }
         Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),

@@ -95,7 +95,8 @@ pub fn export_hf(cfg: &ModelConfig, weights: &HashMap<String, Tensor>, dir: &Pat
         .into_iter()
         .map(|name| {
             let t = &weights[name];
-            let t = if cfg.arch == Arch::Gpt2 && is_gpt2_conv1d(name) { t.f_transpose(0, 1)? } else { t.shallow_clone() };
+            let t =
+                if cfg.arch == Arch::Gpt2 && is_gpt2_conv1d(name) { t.f_transpose(0, 1)? } else { t.shallow_clone() };
             Ok((name.clone(), t.f_contiguous()?))
         })
         .collect::<Result<Vec<_>, tch::TchError>>()?;

@@ -56,8 +56,18 @@ mod raw {
         pub fn shim_built_with_cuda() -> c_int;
         pub fn shim_clear_grads(params: *const *mut C_tensor, n: usize) -> *mut c_char;
         pub fn shim_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
-        pub fn shim_swiglu(a: *const C_tensor, b: *const C_tensor, fused: c_int, out: *mut *mut C_tensor) -> *mut c_char;
-        pub fn shim_rope(x: *const C_tensor, tables: *const *const C_tensor, fused: c_int, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn shim_swiglu(
+            a: *const C_tensor,
+            b: *const C_tensor,
+            fused: c_int,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn shim_rope(
+            x: *const C_tensor,
+            tables: *const *const C_tensor,
+            fused: c_int,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn shim_autocast_enter(cuda: c_int, prev_enabled: *mut c_int, prev_dtype: *mut c_int) -> *mut c_char;
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
         pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
@@ -161,22 +171,13 @@ pub fn fused_adamw(
     found_inf: Option<&Tensor>,
 ) -> Result<(), Error> {
     let n = params.len();
-    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()]
-        .iter()
-        .any(|&l| l != n)
-    {
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()].iter().any(|&l| l != n) {
         return Err(Error::Shim("fused_adamw: tensor lists differ in length".into()));
     }
     if n == 0 {
         return Ok(());
     }
-    let (p, g, m, v, s) = (
-        ptrs(params),
-        ptrs(grads),
-        ptrs(exp_avgs),
-        ptrs(exp_avg_sqs),
-        ptrs(steps),
-    );
+    let (p, g, m, v, s) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs), ptrs(steps));
     let (lr_tensor, lr) = match hp.lr {
         Lr::Value(v) => (std::ptr::null(), v),
         Lr::Tensor(t) => (t.as_ptr(), f64::NAN),
@@ -289,12 +290,7 @@ pub fn sdp_enabled() -> Result<SdpEnabled, Error> {
     // SAFETY: the shim writes four ints.
     let err = unsafe { raw::shim_sdp_get_enabled(&mut f, &mut m, &mut ma, &mut c) };
     check("sdp_get_enabled", err)?;
-    Ok(SdpEnabled {
-        flash: f != 0,
-        mem_efficient: m != 0,
-        math: ma != 0,
-        cudnn: c != 0,
-    })
+    Ok(SdpEnabled { flash: f != 0, mem_efficient: m != 0, math: ma != 0, cudnn: c != 0 })
 }
 
 /// An SDPA backend, as `at::SDPBackend`.
@@ -337,14 +333,7 @@ pub fn sdp_choice(q: &Tensor, k: &Tensor, v: &Tensor, is_causal: bool, enable_gq
     let mut out = -1i64;
     // SAFETY: borrowed live tensors; the shim writes one i64.
     let err = unsafe {
-        raw::shim_sdp_choice(
-            q.as_ptr(),
-            k.as_ptr(),
-            v.as_ptr(),
-            is_causal.into(),
-            enable_gqa.into(),
-            &mut out,
-        )
+        raw::shim_sdp_choice(q.as_ptr(), k.as_ptr(), v.as_ptr(), is_causal.into(), enable_gqa.into(), &mut out)
     };
     check("sdp_choice", err)?;
     SdpBackend::from_raw(out)
@@ -457,12 +446,7 @@ pub fn cuda_memory(device: usize) -> Result<CudaMemory, Error> {
     // SAFETY: the shim writes four i64s; a bad index throws and comes back as Err.
     let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p, &mut t) };
     check("cuda_memory", err)?;
-    Ok(CudaMemory {
-        allocated: a,
-        reserved: r,
-        peak_allocated: p,
-        total: t,
-    })
+    Ok(CudaMemory { allocated: a, reserved: r, peak_allocated: p, total: t })
 }
 
 /// [`cuda_memory`] of `device` where it is a CUDA device and the shim has CUDA;
@@ -525,18 +509,31 @@ impl CudaGraph {
     /// Runs `f` with the graph's side stream current (the stream capture uses), as
     /// warm-up before capturing; the previous stream waits for its work afterwards.
     pub fn on_side_stream<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-        self.between(("cuda_graph_side_begin", raw::shim_cuda_graph_side_begin), ("cuda_graph_side_end", raw::shim_cuda_graph_side_end), f)
+        self.between(
+            ("cuda_graph_side_begin", raw::shim_cuda_graph_side_begin),
+            ("cuda_graph_side_end", raw::shim_cuda_graph_side_end),
+            f,
+        )
     }
 
     /// Records the work `f` launches instead of running it; returns what `f`
     /// returns (tensors the replays write). A graph is captured once.
     pub fn capture<T>(&mut self, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-        self.between(("cuda_graph_capture_begin", raw::shim_cuda_graph_capture_begin), ("cuda_graph_capture_end", raw::shim_cuda_graph_capture_end), f)
+        self.between(
+            ("cuda_graph_capture_begin", raw::shim_cuda_graph_capture_begin),
+            ("cuda_graph_capture_end", raw::shim_cuda_graph_capture_end),
+            f,
+        )
     }
 
     /// Runs `f` between two shim calls on this graph; the second runs even when `f`
     /// fails, and `f`'s error comes first.
-    fn between<T>(&mut self, begin: (&str, GraphCall), end: (&str, GraphCall), f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    fn between<T>(
+        &mut self,
+        begin: (&str, GraphCall),
+        end: (&str, GraphCall),
+        f: impl FnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
         // SAFETY: self.raw is live until Drop.
         check(begin.0, unsafe { (begin.1)(self.raw) })?;
         let out = f();
@@ -632,7 +629,11 @@ mod tests {
         assert_eq!(got.len(), want.len());
         for (i, (got, want)) in got.iter().zip(want).enumerate() {
             assert_eq!(got.kind(), kind, "{what} output {i}");
-            assert!(got.equal(want), "{what} {kind:?} output {i}: max diff {}", (got - want).abs().max().double_value(&[]));
+            assert!(
+                got.equal(want),
+                "{what} {kind:?} output {i}: max diff {}",
+                (got - want).abs().max().double_value(&[])
+            );
         }
     }
 
@@ -672,7 +673,11 @@ mod tests {
         let e = swiglu(&a, &a.to_kind(Kind::BFloat16), false).unwrap_err().to_string();
         assert!(e.contains("swiglu: gate Float and up BFloat16 differ in dtype"), "{e}");
         let e = swiglu(&a, &a, true).unwrap_err().to_string();
-        let why = if shim_built_with_cuda() { "the fused kernels run on CUDA only, not on cpu" } else { "need the trainer built with the cuda feature" };
+        let why = if shim_built_with_cuda() {
+            "the fused kernels run on CUDA only, not on cpu"
+        } else {
+            "need the trainer built with the cuda feature"
+        };
         assert!(e.contains(why), "{e}");
     }
 
@@ -710,10 +715,14 @@ mod tests {
     fn rope_equals_rotate_half_bit_for_bit() {
         let shape = [2, 3, 10, 16];
         let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
-        let positions = Tensor::from_slice(&[7i64, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).view([2, 10]);
+        let positions =
+            Tensor::from_slice(&[7i64, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).view([2, 10]);
         for kind in [Kind::Float, Kind::BFloat16] {
             let (x, g) = (q_like(1, shape, kind, Device::Cpu), q_like(2, shape, kind, Device::Cpu));
-            for (what, tables) in [("offset 5", rope.tables(kind, 5, 10).unwrap()), ("per-row", rope.tables_at(kind, &positions).unwrap())] {
+            for (what, tables) in [
+                ("offset 5", rope.tables(kind, 5, 10).unwrap()),
+                ("per-row", rope.tables_at(kind, &positions).unwrap()),
+            ] {
                 let got = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
                 let want = value_and_grads(&[&x], &g, |x| tables.eager(&x[0]).unwrap());
                 assert_bitwise(&got, &want, kind, &format!("rope {what}"));
@@ -725,7 +734,9 @@ mod tests {
                 let one = rope_fn(&x.narrow(0, row, 1), rope.tables(kind, offset, 10).unwrap().maps(), false).unwrap();
                 assert!(one.equal(&per_row.narrow(0, row, 1)), "{kind:?} row {row}");
             }
-            let y = tch::no_grad(|| rope_fn(&x.detach().requires_grad_(true), rope.tables(kind, 0, 10).unwrap().maps(), false).unwrap());
+            let y = tch::no_grad(|| {
+                rope_fn(&x.detach().requires_grad_(true), rope.tables(kind, 0, 10).unwrap().maps(), false).unwrap()
+            });
             assert!(!y.requires_grad(), "{kind:?} under no_grad");
         }
     }
@@ -735,14 +746,22 @@ mod tests {
         let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
         let x = q_like(1, [2, 3, 10, 16], Kind::Float, Device::Cpu);
         let err = |x: &Tensor, t: &RopeTables, fused| rope_fn(x, t.maps(), fused).unwrap_err().to_string();
-        let e = err(&Tensor::ones([2, 10, 15], (Kind::Float, Device::Cpu)), &rope.tables(Kind::Float, 0, 10).unwrap(), false);
+        let e = err(
+            &Tensor::ones([2, 10, 15], (Kind::Float, Device::Cpu)),
+            &rope.tables(Kind::Float, 0, 10).unwrap(),
+            false,
+        );
         assert!(e.contains("rope: the head dimension 15 is odd"), "{e}");
         let e = err(&x.to_kind(Kind::BFloat16), &rope.tables(Kind::Float, 0, 10).unwrap(), false);
         assert!(e.contains("rope: table a is Float, x is BFloat16"), "{e}");
         let e = err(&x, &rope.tables(Kind::Float, 0, 12).unwrap(), false);
         assert!(e.contains("rope: table a [12, 2, 8] does not broadcast to [2, 3, 10, 2, 8]"), "{e}");
         let e = err(&x, &rope.tables(Kind::Float, 0, 10).unwrap(), true);
-        let why = if shim_built_with_cuda() { "rope: the fused kernels run on CUDA only, not on cpu" } else { "rope: the fused kernels need the trainer built with the cuda feature" };
+        let why = if shim_built_with_cuda() {
+            "rope: the fused kernels run on CUDA only, not on cpu"
+        } else {
+            "rope: the fused kernels need the trainer built with the cuda feature"
+        };
         assert!(e.contains(why), "{e}");
     }
 
@@ -757,7 +776,8 @@ mod tests {
         }
         let (shape, device) = ([4, 16, 33, 120], Device::Cuda(0));
         let rope = Rope::new(120, 128, 1e4, device).unwrap();
-        let positions = Tensor::arange(33, (Kind::Int64, device)) + Tensor::from_slice(&[0i64, 5, 50, 95]).to_device(device).view([4, 1]); // (4, 33)
+        let positions = Tensor::arange(33, (Kind::Int64, device))
+            + Tensor::from_slice(&[0i64, 5, 50, 95]).to_device(device).view([4, 1]); // (4, 33)
         for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
             let (x, g) = (q_like(1, shape, kind, device), q_like(2, shape, kind, device));
             for tables in [rope.tables(kind, 7, 33).unwrap(), rope.tables_at(kind, &positions).unwrap()] {
@@ -811,7 +831,9 @@ mod tests {
             x2.copy_(&input);
             g.replay().unwrap();
             let want = input.matmul(&w).relu().sum(tch::Kind::Float);
-            assert!((y.double_value(&[]) - want.double_value(&[])).abs() <= 1e-3 * want.double_value(&[]).abs().max(1.0));
+            assert!(
+                (y.double_value(&[]) - want.double_value(&[])).abs() <= 1e-3 * want.double_value(&[]).abs().max(1.0)
+            );
         }
     }
 

@@ -124,7 +124,13 @@ pub fn tune(
         Ok((p, reference))
     });
     let trial = |(p, reference): &(Problem, Vec<Tensor>), k| {
-        Trial::measure(k, kind, device, || p.forward_backward(&p.inputs, &p.g, k), |out| relative_error(&p.first_rows(&out)?, reference))
+        Trial::measure(
+            k,
+            kind,
+            device,
+            || p.forward_backward(&p.inputs, &p.g, k),
+            |out| relative_error(&p.first_rows(&out)?, reference),
+        )
     };
     let trials = trials::run_all(candidates, prepared, trial, group, device)?;
     let kernels = trials::fastest(&trials).unwrap_or(Kernels::Composed);
@@ -148,13 +154,23 @@ impl Problem {
             Op::Swiglu => {
                 let shape = [b * t, m.d_ff as i64];
                 // gate spread wider than N(0, 1), so silu's curved part is exercised.
-                Problem { op, inputs: vec![randn(&shape)?.f_mul_scalar(3.0)?, randn(&shape)?], g: randn(&shape)?, rope: None }
+                Problem {
+                    op,
+                    inputs: vec![randn(&shape)?.f_mul_scalar(3.0)?, randn(&shape)?],
+                    g: randn(&shape)?,
+                    rope: None,
+                }
             }
             Op::Rope => {
                 let (h, d) = (m.n_head as i64, m.d_head as i64);
                 // q as the model has it: (B, T, n_head, d_head) transposed.
                 let q = randn(&[b, t, h, d])?.f_transpose(1, 2)?; // (B, n_head, T, d_head)
-                Problem { op, inputs: vec![q], g: randn(&[b, h, t, d])?, rope: Some(Rope::new(d, t, m.rope_theta, device)?) }
+                Problem {
+                    op,
+                    inputs: vec![q],
+                    g: randn(&[b, h, t, d])?,
+                    rope: Some(Rope::new(d, t, m.rope_theta, device)?),
+                }
             }
         })
     }
@@ -176,12 +192,17 @@ impl Problem {
 
     /// `ts` cut to the rows the reference holds.
     fn first_rows(&self, ts: &[Tensor]) -> Result<Vec<Tensor>, Error> {
-        Ok(ts.iter().map(|t| t.f_narrow(0, 0, t.size()[0].min(REFERENCE_ROWS[self.op as usize]))).collect::<Result<_, _>>()?)
+        Ok(ts
+            .iter()
+            .map(|t| t.f_narrow(0, 0, t.size()[0].min(REFERENCE_ROWS[self.op as usize])))
+            .collect::<Result<_, _>>()?)
     }
 
     /// The composed kernels in f32 on the first rows: the answer every candidate is held to.
     fn reference(&self) -> Result<Vec<Tensor>, Error> {
-        let f32 = |ts: &[Tensor]| -> Result<Vec<Tensor>, Error> { Ok(self.first_rows(ts)?.iter().map(|t| t.f_to_kind(Kind::Float)).collect::<Result<_, _>>()?) };
+        let f32 = |ts: &[Tensor]| -> Result<Vec<Tensor>, Error> {
+            Ok(self.first_rows(ts)?.iter().map(|t| t.f_to_kind(Kind::Float)).collect::<Result<_, _>>()?)
+        };
         self.forward_backward(&f32(&self.inputs)?, &f32(std::slice::from_ref(&self.g))?[0], Kernels::Composed)
     }
 }

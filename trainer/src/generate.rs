@@ -54,7 +54,13 @@ pub fn nucleus_drop(logits: &Tensor, top_p: f64) -> Result<Tensor, TchError> {
 /// Extends `prompt` (B, T) by up to `max_new` tokens, stopping early when every row
 /// has produced `stop`. Recomputes the whole prefix each step; the context window
 /// slides when the sequence outgrows the model.
-pub fn generate(model: &Model, prompt: &Tensor, max_new: usize, s: &Sampling, stop: Option<i64>) -> Result<Tensor, TchError> {
+pub fn generate(
+    model: &Model,
+    prompt: &Tensor,
+    max_new: usize,
+    s: &Sampling,
+    stop: Option<i64>,
+) -> Result<Tensor, TchError> {
     let ctx = model.config().max_seq_len as i64;
     tch::no_grad(|| {
         let mut seq = prompt.shallow_clone();
@@ -159,7 +165,10 @@ pub fn complete(
     let max_new = max_new.min(ctx - ids.len());
     let eos = tok.eos_id();
     let rows = generate_cached(model, &vec![ids; n], max_new, s, Some(eos as i64), device)?;
-    Ok(rows.iter().map(|row| tok.decode(&row.iter().map(|&id| id as u32).take_while(|&id| id != eos).collect::<Vec<_>>())).collect())
+    Ok(rows
+        .iter()
+        .map(|row| tok.decode(&row.iter().map(|&id| id as u32).take_while(|&id| id != eos).collect::<Vec<_>>()))
+        .collect())
 }
 
 #[cfg(test)]
@@ -209,7 +218,9 @@ mod tests {
             let alone = model.logits(&Tensor::from_slice(&[5i64, 17, 3]).view([1, 3])).unwrap().get(0).get(2);
             assert!(f64::try_from(last.get(0).f_sub(&alone).unwrap().abs().max()).unwrap() < 1e-5, "{arch:?}");
             let next = Tensor::from_slice(&[4i64, 4]).view([2, 1]);
-            let step = tch::no_grad(|| model.decode(&next, &Tensor::ones([2, 1], (Kind::Bool, tch::Device::Cpu)), &mut cache)).unwrap();
+            let step =
+                tch::no_grad(|| model.decode(&next, &Tensor::ones([2, 1], (Kind::Bool, tch::Device::Cpu)), &mut cache))
+                    .unwrap();
             let alone = model.logits(&Tensor::from_slice(&[8i64, 9, 10, 11, 4]).view([1, 5])).unwrap().get(0).get(4);
             assert!(f64::try_from(step.get(1).f_sub(&alone).unwrap().abs().max()).unwrap() < 1e-5, "{arch:?}");
         }
@@ -231,7 +242,10 @@ mod tests {
         assert_eq!(cut[0], free[0][..=end]);
         let end1 = free[1].iter().position(|&t| t == stop).map_or(free[1].len(), |i| i + 1);
         assert_eq!(cut[1], free[1][..end1]);
-        assert!(generate_cached(&model, &[vec![1; 30]], 5, &greedy, None, tch::Device::Cpu).is_err(), "past the context");
+        assert!(
+            generate_cached(&model, &[vec![1; 30]], 5, &greedy, None, tch::Device::Cpu).is_err(),
+            "past the context"
+        );
     }
 
     #[test]

@@ -1,25 +1,25 @@
 //! The local commands: `trainer run`, `eval`, `generate` and `export`.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crds::config::{Device as RunDevice, RunConfig};
-use tch::nn::VarStore;
 use tch::Device;
+use tch::nn::VarStore;
 
-use crate::{Error, io_err};
 use crate::cli::{GenerateArgs, LaunchArgs, RunArgs, WorkerArgs};
+use crate::data::corpus::{self, Split};
 use crate::dist::Placement;
 use crate::dist::launch::{self, LaunchSpec};
-use crate::status::StatusServer;
-use crate::data::corpus::{self, Split};
 use crate::generate::Sampling;
 use crate::model::Model;
 use crate::status::SharedStatus;
+use crate::status::StatusServer;
 use crate::train::{self, RunOptions, Trainer};
+use crate::{Error, io_err};
 
 /// The resolved run is kept beside its checkpoints, so `eval`, `generate` and
 /// `export` know the model.
@@ -29,7 +29,8 @@ pub const RUN_FILE: &str = "run.json";
 /// 127.0.0.1 through the same launcher a pod uses.
 pub fn run(args: &RunArgs) -> Result<(), Error> {
     let manifest = crds::manifest::from_file(&args.manifest)?;
-    let mut cfg = crds::resolve(&manifest).map_err(|e| Error::InvalidSpec(format!("{}: {e}", args.manifest.display())))?;
+    let mut cfg =
+        crds::resolve(&manifest).map_err(|e| Error::InvalidSpec(format!("{}: {e}", args.manifest.display())))?;
     if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
         cfg.attempt = attempt;
     }
@@ -108,8 +109,9 @@ const LAUNCH_GRACE: Duration = Duration::from_secs(60);
 /// `trainer worker`: one rank, placed by the launcher's environment.
 pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
     let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
-    let mut cfg: RunConfig = serde_json::from_str(&text)
-        .map_err(|e| Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display())))?;
+    let mut cfg: RunConfig = serde_json::from_str(&text).map_err(|e| {
+        Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display()))
+    })?;
     if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
         cfg.attempt = attempt;
     }
@@ -131,8 +133,9 @@ pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
 /// the first one that fails.
 pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
     let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
-    let cfg: RunConfig = serde_json::from_str(&text)
-        .map_err(|e| Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display())))?;
+    let cfg: RunConfig = serde_json::from_str(&text).map_err(|e| {
+        Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display()))
+    })?;
     let t = &cfg.topology;
     let nnodes = args.nnodes.unwrap_or(t.nodes);
     let nproc = args.nproc_per_node.unwrap_or(t.procs_per_node);
@@ -147,11 +150,8 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
     let stop = stop_on_signals()?;
     let status_addr = SocketAddr::from(([0, 0, 0, 0], args.status_port));
     // Rank 0's worker serves the status port; elsewhere the launcher answers /healthz.
-    let _health = if node_rank == 0 {
-        None
-    } else {
-        Some(StatusServer::start(status_addr, SharedStatus::from_config(&cfg))?)
-    };
+    let _health =
+        if node_rank == 0 { None } else { Some(StatusServer::start(status_addr, SharedStatus::from_config(&cfg))?) };
     let mut worker = vec![
         "worker".into(),
         "--config".into(),
@@ -296,11 +296,15 @@ fn eval_mcq(args: &crate::cli::EvalArgs) -> Result<(), Error> {
         (Some(uri), _) => {
             let location = match uri.strip_prefix("embedded:") {
                 Some(name) => crds::config::Location::Embedded { name: name.into() },
-                None => crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?,
+                None => {
+                    crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?
+                }
             };
             crate::grpo::data::eval_set(&cfg, &location, args.questions)?
         }
-        (None, None) => crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?,
+        (None, None) => {
+            crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?
+        }
     };
     if records.is_empty() {
         return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });
@@ -337,7 +341,8 @@ pub fn generate(args: &GenerateArgs) -> Result<(), Error> {
     };
     let sampling = Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     tch::manual_seed(args.seed as i64);
-    let samples = crate::generate::complete(&model, &tokenizer, &prompt, args.n, args.max_new_tokens, &sampling, Device::Cpu)?;
+    let samples =
+        crate::generate::complete(&model, &tokenizer, &prompt, args.n, args.max_new_tokens, &sampling, Device::Cpu)?;
     println!("{}", samples.iter().map(|s| format!("{prompt}{s}")).collect::<Vec<_>>().join("\n---\n"));
     Ok(())
 }

@@ -12,7 +12,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // libtorch appends a C++ backtrace to its messages; it helps nobody here.
             let text = e.to_string();
-            let detail = text.split(['\n']).take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #")).collect::<Vec<_>>().join("\n");
+            let detail = text
+                .split(['\n'])
+                .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
+                .collect::<Vec<_>>()
+                .join("\n");
             eprintln!("error: {detail}");
             if let (Some(reason), Some(path)) = (e.reason(), termination_log()) {
                 let msg = TerminationMessage { reason, step: e.step(), detail };

@@ -14,8 +14,8 @@ use std::time::Instant;
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, io_err};
 use crate::status::{StepReport, unix_now};
+use crate::{Error, io_err};
 
 /// File name of the log inside the checkpoint directory.
 pub const FILE_NAME: &str = "metrics.jsonl";

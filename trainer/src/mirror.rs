@@ -41,7 +41,11 @@ impl Mirror {
                     let started = std::time::Instant::now();
                     last = s3.put_dir(&dir, &bucket, &target, COMPLETE_MARKER).map(|n| {
                         let uri = storage::uri(&bucket, &target);
-                        tracing::info!(files = n, seconds = started.elapsed().as_secs_f64(), "checkpoint mirrored to {uri}");
+                        tracing::info!(
+                            files = n,
+                            seconds = started.elapsed().as_secs_f64(),
+                            "checkpoint mirrored to {uri}"
+                        );
                         Some(uri)
                     });
                     if let Err(e) = &last {
@@ -69,7 +73,10 @@ impl Mirror {
     fn join(&mut self) -> Result<Option<String>, Error> {
         drop(self.tx.take());
         match self.thread.take() {
-            Some(t) => t.join().map_err(|_| Error::Checkpoint { path: "checkpoint mirror".into(), message: "the upload thread panicked".into() })?,
+            Some(t) => t.join().map_err(|_| Error::Checkpoint {
+                path: "checkpoint mirror".into(),
+                message: "the upload thread panicked".into(),
+            })?,
             None => Ok(None),
         }
     }

@@ -8,8 +8,8 @@ use crds::types::Attention;
 use tch::{Kind, Tensor};
 
 use crate::Error;
-use crate::ffi::{self, AdamWParams, SdpEnabled};
 pub use crate::ffi::Lr;
+use crate::ffi::{self, AdamWParams, SdpEnabled};
 pub use crate::ffi::{SdpBackend, sdp_choice};
 
 /// One parameter and its AdamW state.
@@ -45,24 +45,10 @@ impl AdamW {
             let exp_avg = param.f_zeros_like()?;
             let exp_avg_sq = param.f_zeros_like()?;
             let step = Tensor::f_zeros([], (Kind::Float, param.device()))?;
-            let slot = Slot {
-                name,
-                param,
-                exp_avg,
-                exp_avg_sq,
-                step,
-            };
-            if slot.param.dim() >= 2 {
-                decay.push(slot)
-            } else {
-                no_decay.push(slot)
-            }
+            let slot = Slot { name, param, exp_avg, exp_avg_sq, step };
+            if slot.param.dim() >= 2 { decay.push(slot) } else { no_decay.push(slot) }
         }
-        Ok(AdamW {
-            config: config.clone(),
-            decay,
-            no_decay,
-        })
+        Ok(AdamW { config: config.clone(), decay, no_decay })
     }
 
     /// The hyperparameters this optimizer was built with.
@@ -124,13 +110,7 @@ impl AdamW {
                 v.push(slot.exp_avg_sq.shallow_clone());
                 s.push(slot.step.shallow_clone());
             }
-            let hp = AdamWParams {
-                lr,
-                beta1: c.beta1,
-                beta2: c.beta2,
-                weight_decay,
-                eps: c.eps,
-            };
+            let hp = AdamWParams { lr, beta1: c.beta1, beta2: c.beta2, weight_decay, eps: c.eps };
             ffi::fused_adamw(&p, &g, &m, &v, &s, &hp, found_inf)?;
         }
         Ok(())
@@ -180,9 +160,7 @@ impl AdamW {
     pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
         let want = self.state_tensors();
         for (name, live) in &want {
-            let saved = named
-                .get(name)
-                .ok_or_else(|| Error::OptimizerState(format!("{name} is missing")))?;
+            let saved = named.get(name).ok_or_else(|| Error::OptimizerState(format!("{name} is missing")))?;
             if saved.size() != live.size() {
                 return Err(Error::OptimizerState(format!(
                     "{name} has shape {:?}, the model needs {:?}",
@@ -203,9 +181,7 @@ impl AdamW {
             let mut extra: Vec<&String> = named.keys().filter(|n| !known.contains(n.as_str())).collect();
             extra.sort();
             if let Some(name) = extra.first() {
-                return Err(Error::OptimizerState(format!(
-                    "{name} is not a parameter of this model"
-                )));
+                return Err(Error::OptimizerState(format!("{name} is not a parameter of this model")));
             }
         }
         let _guard = tch::no_grad_guard();
@@ -221,12 +197,7 @@ impl AdamW {
 /// [`check_sdp_backend`] with the model's shapes afterwards to learn whether the
 /// forced backend can run them.
 pub fn set_sdp_backend(attention: Attention) -> Result<(), Error> {
-    let only = |flash, cudnn, math| SdpEnabled {
-        flash,
-        mem_efficient: false,
-        math,
-        cudnn,
-    };
+    let only = |flash, cudnn, math| SdpEnabled { flash, mem_efficient: false, math, cudnn };
     ffi::set_sdp_enabled(match attention {
         Attention::Auto => ALL_SDP_BACKENDS,
         Attention::Flash => only(true, false, false),
@@ -235,12 +206,7 @@ pub fn set_sdp_backend(attention: Attention) -> Result<(), Error> {
     })
 }
 
-const ALL_SDP_BACKENDS: SdpEnabled = SdpEnabled {
-    flash: true,
-    mem_efficient: true,
-    math: true,
-    cudnn: true,
-};
+const ALL_SDP_BACKENDS: SdpEnabled = SdpEnabled { flash: true, mem_efficient: true, math: true, cudnn: true };
 
 /// Every SDPA backend enabled until dropped, then the switches as they were: for the
 /// masked attention of KV-cache decoding, which a backend forced for training may not
@@ -278,21 +244,11 @@ pub fn check_sdp_backend(
         Attention::Cudnn => "cudnn",
         Attention::Math => "math",
     };
-    let what = || {
-        format!(
-            "q {:?} {:?} on {:?}, causal={is_causal}, gqa={enable_gqa}",
-            q.size(),
-            q.kind(),
-            q.device()
-        )
-    };
+    let what = || format!("q {:?} {:?} on {:?}, causal={is_causal}, gqa={enable_gqa}", q.size(), q.kind(), q.device());
     let choice = match sdp_choice(q, k, v, is_causal, enable_gqa) {
         Ok(c) => c,
         Err(e) => {
-            return Err(Error::InvalidSpec(format!(
-                "spec.attention={name}: no SDPA backend can run {}: {e}",
-                what()
-            )));
+            return Err(Error::InvalidSpec(format!("spec.attention={name}: no SDPA backend can run {}: {e}", what())));
         }
     };
     let expected = match attention {
@@ -349,20 +305,11 @@ mod tests {
     }
 
     fn floats(v: &Value) -> Vec<f32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect()
+        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
     }
 
     fn shape(g: &Value, name: &str) -> Vec<i64> {
-        g["init"][name]["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_i64().unwrap())
-            .collect()
+        g["init"][name]["shape"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
     }
 
     fn fill(shape: &[i64], kind: Kind, f: impl Fn(usize) -> f64) -> Tensor {
@@ -385,12 +332,7 @@ mod tests {
     fn golden_params(g: &Value, kind: Kind) -> Vec<(String, Tensor)> {
         NAMES
             .iter()
-            .map(|&n| {
-                (
-                    n.to_string(),
-                    fill(&shape(g, n), kind, |i| init_value(n, i)).set_requires_grad(true),
-                )
-            })
+            .map(|&n| (n.to_string(), fill(&shape(g, n), kind, |i| init_value(n, i)).set_requires_grad(true)))
             .collect()
     }
 
@@ -404,9 +346,8 @@ mod tests {
             if name == "unused.weight" {
                 continue;
             }
-            let grad = fill(&p.size(), p.kind(), |i| {
-                scale * (0.23 * i as f64 + 0.7 * step as f64 + 1.3 * k as f64).cos()
-            });
+            let grad =
+                fill(&p.size(), p.kind(), |i| scale * (0.23 * i as f64 + 0.7 * step as f64 + 1.3 * k as f64).cos());
             loss += (p * grad).sum(Kind::Float);
         }
         loss.backward();
@@ -431,12 +372,8 @@ mod tests {
             assert_eq!(norm.dim(), 0);
             norm_diffs.push((norm.double_value(&[]) - want["pre_clip_norm"].as_f64().unwrap()).abs());
             opt.step(lr).unwrap();
-            param_diffs.push(
-                params
-                    .iter()
-                    .map(|(n, p)| max_abs_diff(p, &floats(&want["params"][n.as_str()])))
-                    .collect(),
-            );
+            param_diffs
+                .push(params.iter().map(|(n, p)| max_abs_diff(p, &floats(&want["params"][n.as_str()]))).collect());
         }
         (norm_diffs, param_diffs)
     }
@@ -445,11 +382,7 @@ mod tests {
     fn golden_inputs_match_the_python_formulas() {
         let g = golden();
         for (name, p) in golden_params(&g, Kind::Float) {
-            assert_eq!(
-                max_abs_diff(&p, &floats(&g["init"][name.as_str()]["values"])),
-                0.0,
-                "{name}"
-            );
+            assert_eq!(max_abs_diff(&p, &floats(&g["init"][name.as_str()]["values"])), 0.0, "{name}");
         }
     }
 
@@ -492,11 +425,7 @@ mod tests {
             opt.step(1e-3).unwrap();
         }
         for (name, t) in opt.state_tensors() {
-            let want = if name.ends_with(".step") {
-                Kind::Float
-            } else {
-                Kind::BFloat16
-            };
+            let want = if name.ends_with(".step") { Kind::Float } else { Kind::BFloat16 };
             assert_eq!(t.kind(), want, "{name}");
             let t = t.to_kind(Kind::Float);
             assert!(t.isfinite().all().int64_value(&[]) == 1, "{name} not finite");
@@ -532,10 +461,7 @@ mod tests {
             a.step(1e-3).unwrap();
         }
         let names: Vec<String> = a.state_tensors().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(
-            &names[..3],
-            ["norm.weight.exp_avg", "norm.weight.exp_avg_sq", "norm.weight.step"]
-        );
+        assert_eq!(&names[..3], ["norm.weight.exp_avg", "norm.weight.exp_avg_sq", "norm.weight.step"]);
         assert_eq!(names.len(), 12);
         let saved = deep_copy(a.state_tensors());
         assert_eq!(saved["proj.weight.step"].double_value(&[]), 2.0);
@@ -543,10 +469,8 @@ mod tests {
 
         // A fresh optimizer on copies of the params, with the saved state loaded,
         // must take the same third step.
-        let pb: Vec<(String, Tensor)> = pa
-            .iter()
-            .map(|(n, t)| (n.clone(), t.detach().copy().set_requires_grad(true)))
-            .collect();
+        let pb: Vec<(String, Tensor)> =
+            pa.iter().map(|(n, t)| (n.clone(), t.detach().copy().set_requires_grad(true))).collect();
         let mut b = AdamW::new(pb.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), &config(&g)).unwrap();
         b.load_state(&saved).unwrap();
         for (opt, params) in [(&mut a, &pa), (&mut b, &pb)] {
@@ -570,50 +494,26 @@ mod tests {
         let err = |m: HashMap<String, Tensor>, opt: &mut AdamW| opt.load_state(&m).unwrap_err().to_string();
 
         let mut m = deep_copy(opt.state_tensors());
-        m.insert(
-            "proj.bias.exp_avg_sq".into(),
-            Tensor::zeros([8], (Kind::Float, Device::Cpu)),
-        );
-        m.insert(
-            "proj.weight.exp_avg".into(),
-            Tensor::ones([7, 5], (Kind::Float, Device::Cpu)),
-        );
+        m.insert("proj.bias.exp_avg_sq".into(), Tensor::zeros([8], (Kind::Float, Device::Cpu)));
+        m.insert("proj.weight.exp_avg".into(), Tensor::ones([7, 5], (Kind::Float, Device::Cpu)));
         let e = err(m, &mut opt);
-        assert!(
-            e.contains("proj.bias.exp_avg_sq") && e.contains("[8]") && e.contains("[7]"),
-            "{e}"
-        );
+        assert!(e.contains("proj.bias.exp_avg_sq") && e.contains("[8]") && e.contains("[7]"), "{e}");
         // Nothing was copied: proj.weight.exp_avg (valid, but in a rejected load) is unchanged.
         for (n, t) in opt.state_tensors() {
             assert!(t.equal(&before[&n]), "{n} changed by a failed load");
         }
 
-        let mut m = good
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect::<HashMap<_, _>>();
-        m.insert(
-            "proj.weight.step".into(),
-            Tensor::zeros([], (Kind::Double, Device::Cpu)),
-        );
+        let mut m = good.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect::<HashMap<_, _>>();
+        m.insert("proj.weight.step".into(), Tensor::zeros([], (Kind::Double, Device::Cpu)));
         let e = err(m, &mut opt);
         assert!(e.contains("proj.weight.step") && e.contains("Double"), "{e}");
 
-        let mut m = good
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect::<HashMap<_, _>>();
+        let mut m = good.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect::<HashMap<_, _>>();
         m.remove("norm.weight.exp_avg");
         assert!(err(m, &mut opt).contains("norm.weight.exp_avg is missing"));
 
-        let mut m = good
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect::<HashMap<_, _>>();
-        m.insert(
-            "head.weight.exp_avg".into(),
-            Tensor::zeros([1], (Kind::Float, Device::Cpu)),
-        );
+        let mut m = good.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect::<HashMap<_, _>>();
+        m.insert("head.weight.exp_avg".into(), Tensor::zeros([1], (Kind::Float, Device::Cpu)));
         let e = opt.load_state(&m).unwrap_err();
         assert!(matches!(e, Error::OptimizerState(_)));
         assert!(e.to_string().contains("head.weight.exp_avg is not a parameter"), "{e}");
@@ -652,7 +552,11 @@ mod tests {
 
     /// Parameters and optimizer state, copied.
     fn snapshot(params: &[(String, Tensor)], opt: &AdamW) -> Vec<Tensor> {
-        params.iter().map(|(_, p)| p.detach().copy()).chain(opt.state_tensors().into_iter().map(|(_, t)| t.copy())).collect()
+        params
+            .iter()
+            .map(|(_, p)| p.detach().copy())
+            .chain(opt.state_tensors().into_iter().map(|(_, t)| t.copy()))
+            .collect()
     }
 
     fn same(a: &[Tensor], b: &[Tensor]) -> bool {
@@ -761,17 +665,10 @@ mod tests {
         assert!((g.double_value(&[1]) - 4.0 / (13.0 + 1e-6)).abs() < 1e-6);
         // Below max_norm nothing is scaled.
         let n2 = ffi::clip_grad_norm(&[g.shallow_clone()], 100.0).unwrap();
-        assert!(
-            (g.double_value(&[0]) - 3.0 / 13.0).abs() < 1e-6,
-            "{}",
-            n2.double_value(&[])
-        );
+        assert!((g.double_value(&[0]) - 3.0 / 13.0).abs() < 1e-6, "{}", n2.double_value(&[]));
 
         let bad = Tensor::from_slice(&[1.0f32, f32::INFINITY]);
-        assert_eq!(
-            ffi::clip_grad_norm(&[bad], 1.0).unwrap().double_value(&[]),
-            f64::INFINITY
-        );
+        assert_eq!(ffi::clip_grad_norm(&[bad], 1.0).unwrap().double_value(&[]), f64::INFINITY);
         let nan = Tensor::from_slice(&[f32::NAN]);
         assert!(ffi::clip_grad_norm(&[nan], 1.0).unwrap().double_value(&[]).is_nan());
     }
@@ -779,10 +676,7 @@ mod tests {
     #[test]
     fn shim_errors_come_back_as_errors() {
         let e = ffi::clip_grad_norm(&[], 1.0).unwrap_err();
-        assert!(
-            matches!(e, Error::Shim(_)) && e.to_string().contains("at least one gradient"),
-            "{e}"
-        );
+        assert!(matches!(e, Error::Shim(_)) && e.to_string().contains("at least one gradient"), "{e}");
         let undefined = Tensor::new();
         let e = ffi::clip_grad_norm(&[undefined], 1.0).unwrap_err();
         assert!(e.to_string().contains("grads[0] is undefined"), "{e}");
@@ -792,18 +686,9 @@ mod tests {
         let m = p.zeros_like();
         let v = p.zeros_like();
         let s = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        let hp = AdamWParams {
-            lr: Lr::Value(1e-3),
-            beta1: 0.9,
-            beta2: 0.95,
-            weight_decay: 0.0,
-            eps: 1e-8,
-        };
+        let hp = AdamWParams { lr: Lr::Value(1e-3), beta1: 0.9, beta2: 0.95, weight_decay: 0.0, eps: 1e-8 };
         let e = ffi::fused_adamw(&[p], &[grad], &[m], &[v], &[s], &hp, None).unwrap_err();
-        assert!(
-            matches!(e, Error::Shim(_)) && e.to_string().contains("fused_adamw: param 0 is [2, 3]"),
-            "{e}"
-        );
+        assert!(matches!(e, Error::Shim(_)) && e.to_string().contains("fused_adamw: param 0 is [2, 3]"), "{e}");
     }
 
     /// All SDPA switch checks live in one test: the switches are process-wide and
@@ -817,26 +702,12 @@ mod tests {
 
         set_sdp_backend(Attention::Math).unwrap();
         let on = ffi::sdp_enabled().unwrap();
-        assert_eq!(
-            on,
-            SdpEnabled {
-                flash: false,
-                mem_efficient: false,
-                math: true,
-                cudnn: false
-            }
-        );
+        assert_eq!(on, SdpEnabled { flash: false, mem_efficient: false, math: true, cudnn: false });
         assert_eq!(sdp_choice(&q, &k, &v, true, false).unwrap(), SdpBackend::Math);
-        assert_eq!(
-            check_sdp_backend(Attention::Math, &q, &k, &v, true, false).unwrap(),
-            SdpBackend::Math
-        );
+        assert_eq!(check_sdp_backend(Attention::Math, &q, &k, &v, true, false).unwrap(), SdpBackend::Math);
 
         set_sdp_backend(Attention::Flash).unwrap();
-        assert_eq!(
-            check_sdp_backend(Attention::Flash, &q, &k, &v, true, false).unwrap(),
-            SdpBackend::Flash
-        );
+        assert_eq!(check_sdp_backend(Attention::Flash, &q, &k, &v, true, false).unwrap(), SdpBackend::Flash);
         // CPU flash needs the last dim contiguous; with math off nothing can run this.
         let q_strided = Tensor::ones([2, 4, 32, 16], opts).transpose(-1, -2);
         let e = check_sdp_backend(Attention::Flash, &q_strided, &k, &v, true, false).unwrap_err();
@@ -850,19 +721,8 @@ mod tests {
 
         set_sdp_backend(Attention::Auto).unwrap();
         let on = ffi::sdp_enabled().unwrap();
-        assert_eq!(
-            on,
-            SdpEnabled {
-                flash: true,
-                mem_efficient: true,
-                math: true,
-                cudnn: true
-            }
-        );
-        assert_eq!(
-            check_sdp_backend(Attention::Auto, &q, &k, &v, true, false).unwrap(),
-            SdpBackend::Flash
-        );
+        assert_eq!(on, SdpEnabled { flash: true, mem_efficient: true, math: true, cudnn: true });
+        assert_eq!(check_sdp_backend(Attention::Auto, &q, &k, &v, true, false).unwrap(), SdpBackend::Flash);
         // Grouped-query attention: 4 query heads over 2 kv heads.
         let kv = Tensor::ones([2, 2, 16, 32], opts);
         let c = check_sdp_backend(Attention::Auto, &q, &kv, &kv, true, true).unwrap();
@@ -891,23 +751,10 @@ mod tests {
         }
         loss.backward();
         let n: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
-        let cfg = ResolvedOptimizer {
-            weight_decay: 0.1,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            grad_clip: 1.0,
-        };
+        let cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
         let mut fused = AdamW::new(vs.variables(), &cfg).unwrap();
-        let mut tch_opt = nn::AdamW {
-            beta1: 0.9,
-            beta2: 0.95,
-            wd: 0.1,
-            eps: 1e-8,
-            amsgrad: false,
-        }
-        .build(&vs, 1e-4)
-        .unwrap();
+        let mut tch_opt =
+            nn::AdamW { beta1: 0.9, beta2: 0.95, wd: 0.1, eps: 1e-8, amsgrad: false }.build(&vs, 1e-4).unwrap();
         // Interleaved single-step timings, so a noisy shared machine slows both alike;
         // the minimum and the median are reported.
         let ms = |f: &mut dyn FnMut()| {

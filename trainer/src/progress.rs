@@ -160,7 +160,13 @@ impl Progress {
         let mut msg =
             format!("loss {:.4} lr {:.2e} {}/s", report.loss, report.lr, human_count(report.tokens_per_second));
         if let Some(g) = &report.grpo {
-            msg.push_str(&format!(" reward {:.3} acc {:.1}% kl {:.4} len {:.1}", g.reward, 100.0 * g.accuracy, g.kl, g.completion_length));
+            msg.push_str(&format!(
+                " reward {:.3} acc {:.1}% kl {:.4} len {:.1}",
+                g.reward,
+                100.0 * g.accuracy,
+                g.kl,
+                g.completion_length
+            ));
         }
         if let Some(mfu) = report.mfu {
             msg.push_str(&format!(" mfu {:.1}%", mfu * 100.0));

@@ -387,9 +387,17 @@ fn metrics_registry(state: &StatusState) -> Registry {
     gauge("trainer_gpu_memory_total_bytes", "Memory of rank 0's GPU.", state.gpu_memory.map(|g| g.total_bytes as f64));
     gauge("trainer_grpo_reward", "GRPO: mean reward of the last step's completions.", m.reward);
     gauge("trainer_grpo_accuracy", "GRPO: fraction of the last step's completions answering correctly.", m.accuracy);
-    gauge("trainer_grpo_unparsed_fraction", "GRPO: fraction of the last step's completions with no answer letter.", m.unparsed_fraction);
+    gauge(
+        "trainer_grpo_unparsed_fraction",
+        "GRPO: fraction of the last step's completions with no answer letter.",
+        m.unparsed_fraction,
+    );
     gauge("trainer_grpo_kl", "GRPO: mean k3 KL to the reference model per completion token.", m.kl);
-    gauge("trainer_grpo_clip_fraction", "GRPO: fraction of completion tokens whose ratio was clipped.", m.clip_fraction);
+    gauge(
+        "trainer_grpo_clip_fraction",
+        "GRPO: fraction of completion tokens whose ratio was clipped.",
+        m.clip_fraction,
+    );
     gauge("trainer_grpo_completion_tokens", "GRPO: mean completion length in tokens.", m.completion_length);
     gauge(
         "trainer_grpo_sampling_tokens_per_second",
@@ -403,11 +411,18 @@ fn metrics_registry(state: &StatusState) -> Registry {
     );
     if m.eval_accuracy.is_some() {
         let acc = GaugeVec::new(
-            Opts::new("trainer_eval_accuracy", "Held-out multiple-choice accuracy (0-1) by method, at the latest evaluation."),
+            Opts::new(
+                "trainer_eval_accuracy",
+                "Held-out multiple-choice accuracy (0-1) by method, at the latest evaluation.",
+            ),
             &["method"],
         )
         .expect("valid metric");
-        for (method, v) in [("greedy", m.eval_accuracy), ("log_likelihood", m.eval_accuracy_log_likelihood), ("initial_greedy", m.initial_eval_accuracy)] {
+        for (method, v) in [
+            ("greedy", m.eval_accuracy),
+            ("log_likelihood", m.eval_accuracy_log_likelihood),
+            ("initial_greedy", m.initial_eval_accuracy),
+        ] {
             if let Some(v) = v {
                 acc.with_label_values(&[method]).set(v);
             }
@@ -688,7 +703,11 @@ mod tests {
         assert_eq!(sample(&text, "trainer_gpu_memory_peak_bytes"), Some((45u64 << 29) as f64));
         assert_eq!(sample(&text, "trainer_gpu_memory_total_bytes"), Some(85_520_809_984.0));
         let status: serde_json::Value = serde_json::from_str(&state.status_json()).unwrap();
-        assert_eq!((status["gpuMemoryPeakGiB"].as_f64(), status["gpuMemoryTotalGiB"].as_f64()), (Some(22.5), Some(79.65)), "{status}");
+        assert_eq!(
+            (status["gpuMemoryPeakGiB"].as_f64(), status["gpuMemoryTotalGiB"].as_f64()),
+            (Some(22.5), Some(79.65)),
+            "{status}"
+        );
         state.record_step(&report(3));
         assert_eq!(state.snapshot().metrics.gpu_memory_peak_gib, Some(22.5), "kept until the next reading");
     }

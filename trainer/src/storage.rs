@@ -50,7 +50,10 @@ pub struct S3Options {
 
 impl std::fmt::Debug for S3Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Options").field("endpoint", &self.endpoint).field("region", &self.region).finish_non_exhaustive()
+        f.debug_struct("S3Options")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .finish_non_exhaustive()
     }
 }
 
@@ -115,7 +118,8 @@ impl S3 {
             config = config.endpoint_url(endpoint);
         }
         if let Some((key, secret)) = &o.credentials {
-            config = config.credentials_provider(aws_sdk_s3::config::Credentials::new(key, secret, None, None, "explicit"));
+            config =
+                config.credentials_provider(aws_sdk_s3::config::Credentials::new(key, secret, None, None, "explicit"));
         }
         if let Some(region) = &o.region {
             config = config.region(Region::new(region.clone()));
@@ -174,7 +178,9 @@ impl S3 {
                             .send(),
                     )
                     .map_err(|e| storage_error(bucket, key, "upload a part", e))?;
-                parts.push(CompletedPart::builder().part_number(number).set_e_tag(part.e_tag().map(str::to_string)).build());
+                parts.push(
+                    CompletedPart::builder().part_number(number).set_e_tag(part.e_tag().map(str::to_string)).build(),
+                );
                 if filled < PART_BYTES {
                     break;
                 }
@@ -182,13 +188,20 @@ impl S3 {
             let done = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
             self.rt
                 .block_on(
-                    self.client.complete_multipart_upload().bucket(bucket).key(key).upload_id(&id).multipart_upload(done).send(),
+                    self.client
+                        .complete_multipart_upload()
+                        .bucket(bucket)
+                        .key(key)
+                        .upload_id(&id)
+                        .multipart_upload(done)
+                        .send(),
                 )
                 .map_err(|e| storage_error(bucket, key, "complete a multipart upload", e))?;
             Ok(())
         })();
         if result.is_err() {
-            let _ = self.rt.block_on(self.client.abort_multipart_upload().bucket(bucket).key(key).upload_id(&id).send());
+            let _ =
+                self.rt.block_on(self.client.abort_multipart_upload().bucket(bucket).key(key).upload_id(&id).send());
         }
         result
     }
@@ -224,7 +237,9 @@ impl S3 {
                     if missing && self.client.head_bucket().bucket(bucket).send().await.is_err() {
                         return Err(Error::Storage {
                             uri: uri(bucket, key),
-                            message: format!("download: the bucket {bucket:?} does not exist (or these credentials cannot see it)"),
+                            message: format!(
+                                "download: the bucket {bucket:?} does not exist (or these credentials cannot see it)"
+                            ),
                             permanent: true,
                         });
                     }
@@ -254,11 +269,14 @@ impl S3 {
     /// a time, and reassembled in order.
     pub fn get_ranged_parallel(&self, bucket: &str, key: &str, size: u64, chunk: u64) -> Result<Vec<u8>, Error> {
         use futures::StreamExt;
-        let ranges: Vec<(u64, u64)> = (0..size).step_by(chunk.max(1) as usize).map(|start| (start, chunk.min(size - start))).collect();
+        let ranges: Vec<(u64, u64)> =
+            (0..size).step_by(chunk.max(1) as usize).map(|start| (start, chunk.min(size - start))).collect();
         let parts: Vec<Result<Vec<u8>, Error>> = self.rt.block_on(
-            futures::stream::iter(ranges.into_iter().map(|(start, len)| self.get_async(bucket, key, Some((start, len)))))
-                .buffered(4)
-                .collect(),
+            futures::stream::iter(
+                ranges.into_iter().map(|(start, len)| self.get_async(bucket, key, Some((start, len)))),
+            )
+            .buffered(4)
+            .collect(),
         );
         let mut out = Vec::with_capacity(size as usize);
         for p in parts {

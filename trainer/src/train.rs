@@ -17,15 +17,14 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
-use crate::dist::{self, GradReducer, Placement, ProcessGroup, ReduceOp};
 use crate::checkpoint::{self, Checkpointer, Payload, TrainState};
 use crate::data::corpus::{self, Split};
 use crate::data::loader::{BatchPlan, Loader};
 use crate::data::mix::{self, Mix, SourceTokens, Tokens};
 use crate::data::remote::RemoteShards;
 use crate::data::shard::{MANIFEST, Manifest, ShardEntry, ShardSet};
-use crate::storage::{self, S3, S3Options};
 use crate::data::tokenizer::Tokenizer;
+use crate::dist::{self, GradReducer, Placement, ProcessGroup, ReduceOp};
 use crate::fused::{Kernels, Op};
 use crate::generate::{self, Sampling};
 use crate::grpo::eval::{EvalOptions, McqScore};
@@ -35,8 +34,9 @@ use crate::mirror::{self, Mirror};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::progress::Progress;
-use crate::trials::Choice;
 use crate::status::{SharedStatus, StatusServer, StepReport};
+use crate::storage::{self, S3, S3Options};
+use crate::trials::Choice;
 
 /// Test-only fault injection: the loss of this optimizer step becomes NaN.
 pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
@@ -223,7 +223,13 @@ impl Trainer {
             let timeout = std::time::Duration::from_secs(cfg.topology.collective_timeout_seconds);
             let group = Arc::new(p.join(device, timeout)?);
             if p.rank == 0 {
-                tracing::info!("joined a {:?} group of {} ranks at {}:{}", group.backend(), p.world_size, p.master_addr, p.master_port);
+                tracing::info!(
+                    "joined a {:?} group of {} ranks at {}:{}",
+                    group.backend(),
+                    p.world_size,
+                    p.master_addr,
+                    p.master_port
+                );
             }
             Some(group)
         } else {
@@ -231,7 +237,15 @@ impl Trainer {
         };
 
         let b = &cfg.batch;
-        let kernels = choose_kernels(KernelRequest::auto(cfg.attention), &cfg.model, b.micro_batch as i64, b.seq_len as i64, matmuls, device, group.as_deref())?;
+        let kernels = choose_kernels(
+            KernelRequest::auto(cfg.attention),
+            &cfg.model,
+            b.micro_batch as i64,
+            b.seq_len as i64,
+            matmuls,
+            device,
+            group.as_deref(),
+        )?;
         if p.rank == 0 {
             kernels.log(b.micro_batch, b.seq_len);
         }
@@ -239,7 +253,11 @@ impl Trainer {
         let tokenizer = load_tokenizer(cfg)?;
         let train = match cfg.grpo {
             Some(_) => None,
-            None => Some(Arc::new(Mix::new(source_tokens(cfg, &tokenizer, Split::Train)?, cfg.batch.seq_len as usize, cfg.seed)?)),
+            None => Some(Arc::new(Mix::new(
+                source_tokens(cfg, &tokenizer, Split::Train)?,
+                cfg.batch.seq_len as usize,
+                cfg.seed,
+            )?)),
         };
         let eval_every = cfg.data.as_ref().map_or(0, |d| d.eval_every_steps);
         let val = if eval_every > 0 { validation_mixes(cfg, &tokenizer)? } else { Vec::new() };
@@ -303,7 +321,11 @@ impl Trainer {
         if let Some(g) = &cfg.grpo {
             let questions = crate::grpo::data::load(cfg, g)?;
             if p.rank == 0 {
-                tracing::info!("GRPO: {} training questions, {} held out", questions.train.len(), questions.held_out.len());
+                tracing::info!(
+                    "GRPO: {} training questions, {} held out",
+                    questions.train.len(),
+                    questions.held_out.len()
+                );
             }
             let reference = if g.beta > 0.0 { Some(trainer.reference_model(kind)?) } else { None };
             trainer.grpo = Some(Grpo::new(cfg, questions, reference)?);
@@ -318,7 +340,12 @@ impl Trainer {
             let cap = trainer.cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
             let reducer = GradReducer::new(group.clone(), &params, cap)?;
             if trainer.opts.placement.rank == 0 {
-                tracing::info!("data parallel: {} ranks, {} gradient buckets of up to {} MiB", group.world_size(), reducer.n_buckets(), trainer.cfg.topology.bucket_cap_mb);
+                tracing::info!(
+                    "data parallel: {} ranks, {} gradient buckets of up to {} MiB",
+                    group.world_size(),
+                    reducer.n_buckets(),
+                    trainer.cfg.topology.bucket_cap_mb
+                );
             }
             trainer.ddp = Some((group, reducer));
         }
@@ -333,7 +360,14 @@ impl Trainer {
     /// `kind`, and fails when a forced `spec.attention` backend cannot run them.
     fn check_attention(&self, kind: Kind) -> Result<(), Error> {
         let b = &self.cfg.batch;
-        let backend = attention_backend(&self.cfg.model, self.attention, b.micro_batch as i64, b.seq_len as i64, kind, self.device)?;
+        let backend = attention_backend(
+            &self.cfg.model,
+            self.attention,
+            b.micro_batch as i64,
+            b.seq_len as i64,
+            kind,
+            self.device,
+        )?;
         if self.rank0() && (self.device.is_cuda() || self.attention != Attention::Auto) {
             tracing::info!("attention: SDPA runs the {backend:?} backend in {kind:?}");
         }
@@ -364,7 +398,10 @@ impl Trainer {
         }
         if let Some(loaded) = found {
             let fingerprint = resume_fingerprint(&self.cfg);
-            if loaded.state.config_hash != fingerprint && !loaded.state.config_hash.contains("-corpus") && fingerprint.contains("-corpus") {
+            if loaded.state.config_hash != fingerprint
+                && !loaded.state.config_hash.contains("-corpus")
+                && fingerprint.contains("-corpus")
+            {
                 return Err(Error::IncompatibleCheckpoint {
                     step: loaded.state.step,
                     message: format!(
@@ -402,7 +439,9 @@ impl Trainer {
             None => return Ok(None),
             Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
             Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
-            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => self.opts.init_dir.join(path),
+            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => {
+                self.opts.init_dir.join(path)
+            }
             Some(ResolvedInit::Checkpoint { uri, .. }) => {
                 return Err(Error::Data {
                     name: "spec.initFrom.uri".into(),
@@ -416,7 +455,8 @@ impl Trainer {
     /// GRPO's frozen reference policy: `spec.initFrom`'s weights, whatever the policy
     /// resumed from.
     fn reference_model(&self, kind: Kind) -> Result<(VarStore, Model), Error> {
-        let source = self.init_source()?.ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
+        let source =
+            self.init_source()?.ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
         let mut vs = VarStore::new(Device::Cpu);
         let mut model = {
             let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
@@ -446,7 +486,10 @@ impl Trainer {
     fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
         if self.loader.is_none() {
             let depth = 2 * self.cfg.batch.grad_accum as usize;
-            let train = self.train.clone().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
+            let train = self
+                .train
+                .clone()
+                .ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
             self.loader = Some(Loader::start(train, self.batch_plan(), self.data_position, self.device, depth)?);
         }
         let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
@@ -514,7 +557,8 @@ impl Trainer {
         reducer.finish()?;
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along.
         let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
-        let mut head = vec![loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_full([], stop, (Kind::Float, self.device))?];
+        let mut head =
+            vec![loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_full([], stop, (Kind::Float, self.device))?];
         if let Some((sums, _, _)) = &grpo {
             head.push(Tensor::f_from_slice(&sums.to_vec())?.f_to_kind(Kind::Float)?.f_to_device(self.device)?);
         }
@@ -523,7 +567,9 @@ impl Trainer {
         // Read at the next sync, with the loss.
         self.stop_flags = Some(stats.f_get(1)?);
         if let Some((_, sampling, training)) = grpo {
-            let all = Vec::<f64>::try_from(stats.f_narrow(0, 2, Sums::LEN as i64)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+            let all = Vec::<f64>::try_from(
+                stats.f_narrow(0, 2, Sums::LEN as i64)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?,
+            )?;
             self.last_grpo = Some(GrpoStats::from_sums(&Sums::from_slice(&all), sampling, training));
         }
         Ok(stats.f_get(0)?)
@@ -595,7 +641,8 @@ impl Trainer {
         let step = self.step + 1;
         let lr = self.cfg.schedule.lr_at(self.tokens);
         let loss = self.compute_gradients()?;
-        let (grad_norm, _skipped) = self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr))?;
+        let (grad_norm, _skipped) =
+            self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr))?;
         self.opt.zero_grad()?;
         let stop = match self.stop_flags.take() {
             Some(flags) => flags,
@@ -643,7 +690,17 @@ impl Trainer {
             if self.ddp.is_some() {
                 self.stop_agreed = v[2] > 0.0;
             }
-            reports.push(StepReport { step: p.step, tokens: p.tokens, loss, lr: p.lr, grad_norm, tokens_per_second, mfu, grpo: p.grpo, gpu_memory });
+            reports.push(StepReport {
+                step: p.step,
+                tokens: p.tokens,
+                loss,
+                lr: p.lr,
+                grad_norm,
+                tokens_per_second,
+                mfu,
+                grpo: p.grpo,
+                gpu_memory,
+            });
         }
         Ok(reports)
     }
@@ -704,7 +761,13 @@ impl Trainer {
             last_step = g.boundary_at_or_after(last_step).min(total_steps);
         }
         let mut log = if rank0 {
-            Some(MetricsLog::open(self.checkpoint_dir(), self.step, self.tokens, Some(&self.cfg.name), self.cfg.attempt)?)
+            Some(MetricsLog::open(
+                self.checkpoint_dir(),
+                self.step,
+                self.tokens,
+                Some(&self.cfg.name),
+                self.cfg.attempt,
+            )?)
         } else {
             None
         };
@@ -729,7 +792,8 @@ impl Trainer {
             s.step = self.step;
             s.tokens = self.tokens;
         });
-        let mut progress = rank0.then(|| Progress::new(total_steps, self.cfg.schedule.total_tokens, self.step, self.opts.tty));
+        let mut progress =
+            rank0.then(|| Progress::new(total_steps, self.cfg.schedule.total_tokens, self.step, self.opts.tty));
         if let Some(p) = progress.as_mut() {
             let data = match (unigram_entropy, &self.grpo) {
                 (Some(h), _) => format!("unigram entropy of the data {h:.3} nats/token"),
@@ -869,7 +933,12 @@ impl Trainer {
 
     /// GRPO: scores the policy on the held-out questions (every rank takes part) and
     /// reports it to status, the log and the progress display.
-    fn report_accuracy(&self, log: Option<&mut MetricsLog>, progress: Option<&mut Progress>, initial: bool) -> Result<Option<McqScore>, Error> {
+    fn report_accuracy(
+        &self,
+        log: Option<&mut MetricsLog>,
+        progress: Option<&mut Progress>,
+        initial: bool,
+    ) -> Result<Option<McqScore>, Error> {
         let Some(g) = &self.grpo else { return Ok(None) };
         let settings = self.cfg.grpo.as_ref().expect("phase grpo");
         let n = (settings.eval_questions as usize).min(g.questions().held_out.len());
@@ -885,7 +954,8 @@ impl Trainer {
             autocast: self.autocast,
         };
         let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
-        let score = crate::grpo::eval::evaluate(&self.model, &self.tokenizer, &g.questions().held_out[..n], &options, group)?;
+        let score =
+            crate::grpo::eval::evaluate(&self.model, &self.tokenizer, &g.questions().held_out[..n], &options, group)?;
         self.status.record_accuracy(&score, initial);
         if let Some(log) = log {
             log.accuracy(self.step, self.tokens, &score)?;
@@ -928,7 +998,12 @@ impl Trainer {
         self.ddp.as_ref().map_or(Ok(()), |(group, _)| group.barrier())
     }
 
-    fn checkpoint_written(&self, done: &CheckpointRef, log: Option<&mut MetricsLog>, mirror: Option<&Mirror>) -> Result<(), Error> {
+    fn checkpoint_written(
+        &self,
+        done: &CheckpointRef,
+        log: Option<&mut MetricsLog>,
+        mirror: Option<&Mirror>,
+    ) -> Result<(), Error> {
         self.status.record_checkpoint(done.clone());
         if let Some(m) = mirror {
             m.push(Path::new(&done.uri));
@@ -967,7 +1042,9 @@ pub fn evaluate(
                 }
                 let take = (n - first).min(b) as usize;
                 let (x, y, _) = mix.batch_tensors(first, take)?;
-                let loss = crate::ffi::autocast(device, autocast, || model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?))?;
+                let loss = crate::ffi::autocast(device, autocast, || {
+                    model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?)
+                })?;
                 *total += loss.f_double_value(&[])? * take as f64;
             }
         }
@@ -1102,7 +1179,12 @@ pub(crate) fn data_store(cfg: &RunConfig) -> Result<S3, Error> {
 }
 
 /// The manifest's shards of `split`, after checking its tokenizer against the run's.
-fn split_entries<'m>(src: &ResolvedSource, manifest: &'m Manifest, tok: &Tokenizer, split: Split) -> Result<&'m [ShardEntry], Error> {
+fn split_entries<'m>(
+    src: &ResolvedSource,
+    manifest: &'m Manifest,
+    tok: &Tokenizer,
+    split: Split,
+) -> Result<&'m [ShardEntry], Error> {
     let bad = |message: String| Error::Data { name: src.name.clone(), message: format!("{}: {message}", src.uri) };
     if manifest.tokenizer.hash != tok.hash() {
         return Err(bad(format!(
@@ -1204,7 +1286,16 @@ pub fn choose_kernels(
     if m.arch != crds::presets::Arch::Gpt2 {
         for op in [Op::Swiglu, Op::Rope] {
             let trials = match requested.fused(op) {
-                None if device.is_cuda() => Some(crate::fused::tune(op, m, micro_batch, seq, kind, device, &crate::fused::CUDA_CANDIDATES, group)?),
+                None if device.is_cuda() => Some(crate::fused::tune(
+                    op,
+                    m,
+                    micro_batch,
+                    seq,
+                    kind,
+                    device,
+                    &crate::fused::CUDA_CANDIDATES,
+                    group,
+                )?),
                 k => {
                     crate::fused::set(op, k.unwrap_or(Kernels::Composed));
                     None
@@ -1213,7 +1304,11 @@ pub fn choose_kernels(
             fused.push(FusedChoice { op, kernels: crate::fused::current(op), trials });
         }
     }
-    Ok(ChosenKernels { attention: attention_trials.as_ref().map_or(requested.attention, |c| c.chosen), attention_trials, fused })
+    Ok(ChosenKernels {
+        attention: attention_trials.as_ref().map_or(requested.attention, |c| c.chosen),
+        attention_trials,
+        fused,
+    })
 }
 
 /// The SDPA backend libtorch picks for the model's attention at this batch shape,
@@ -1249,7 +1344,11 @@ pub fn copy_weights(vs: &VarStore, weights: &HashMap<String, Tensor>, origin: &P
         for (name, mut var) in sorted_variables(vs) {
             let src = weights.get(&name).ok_or_else(|| bad(format!("parameter {name} is missing")))?;
             if src.size() != var.size() {
-                return Err(bad(format!("parameter {name} has shape {:?}, the model needs {:?}", src.size(), var.size())));
+                return Err(bad(format!(
+                    "parameter {name} has shape {:?}, the model needs {:?}",
+                    src.size(),
+                    var.size()
+                )));
             }
             var.f_copy_(&src.f_to_kind(var.kind())?)?;
         }
@@ -1290,7 +1389,10 @@ mod tests {
     #[test]
     fn the_embedded_corpus_version_is_part_of_the_resume_fingerprint() {
         let embedded = resolved(include_str!("../../examples/tiny-local.yaml"));
-        assert_eq!(resume_fingerprint(&embedded), format!("{}-corpus{}", embedded.fingerprint(), corpus::CORPUS_VERSION));
+        assert_eq!(
+            resume_fingerprint(&embedded),
+            format!("{}-corpus{}", embedded.fingerprint(), corpus::CORPUS_VERSION)
+        );
         let prepared = resolved(include_str!("../../examples/seed002-medium-large-pretrain.yaml"));
         assert_eq!(resume_fingerprint(&prepared), prepared.fingerprint());
     }

@@ -164,7 +164,10 @@ pub fn run_all<K: Candidate, P>(
 
 /// Every rank's times, the slowest kept; a candidate rejected anywhere is rejected everywhere.
 pub fn agree<K: Candidate>(group: &ProcessGroup, trials: &mut [Trial<K>], device: Device) -> Result<(), Error> {
-    let local: Vec<f64> = trials.iter().map(|t| if t.rejected.is_some() { f64::INFINITY } else { t.ms.unwrap_or(f64::INFINITY) }).collect();
+    let local: Vec<f64> = trials
+        .iter()
+        .map(|t| if t.rejected.is_some() { f64::INFINITY } else { t.ms.unwrap_or(f64::INFINITY) })
+        .collect();
     let times = Tensor::f_from_slice(&local)?.f_to_kind(Kind::Float)?.f_to_device(device)?;
     group.allreduce(&times, ReduceOp::Max)?.wait()?;
     let slowest = Vec::<f64>::try_from(times.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;

@@ -6,10 +6,10 @@ use crds::types::Attention;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use trainer::attention::{CUDA_CANDIDATES, fastest, tune};
-use trainer::trials::tolerance;
 use trainer::ffi;
 use trainer::model::Model;
 use trainer::optim::set_sdp_backend;
+use trainer::trials::tolerance;
 
 #[test]
 fn auto_times_each_backend_and_decoding_runs_whatever_training_forced() {
@@ -31,7 +31,10 @@ fn auto_times_each_backend_and_decoding_runs_whatever_training_forced() {
         assert!(matches!(choice.chosen, Attention::Flash | Attention::Math));
         // The switches are left on the chosen backend alone.
         let on = ffi::sdp_enabled().unwrap();
-        assert_eq!((on.flash, on.math, on.cudnn), (choice.chosen == Attention::Flash, choice.chosen == Attention::Math, false));
+        assert_eq!(
+            (on.flash, on.math, on.cudnn),
+            (choice.chosen == Attention::Flash, choice.chosen == Attention::Math, false)
+        );
         // f32 math against itself in f32 is exact to rounding.
         if kind == Kind::Float {
             assert!(math.error.unwrap() < 1e-6, "{math:?}");

@@ -73,7 +73,12 @@ fn on_ranks<T: Send>(cfg: &RunConfig, dir: &Path, f: impl Fn(Trainer) -> T + Syn
 }
 
 /// [`on_ranks`] with an output directory per rank and a step limit.
-fn on_ranks_in<T: Send>(cfg: &RunConfig, dirs: &[PathBuf], stop_after: Option<u64>, f: impl Fn(Trainer) -> T + Sync) -> Vec<T> {
+fn on_ranks_in<T: Send>(
+    cfg: &RunConfig,
+    dirs: &[PathBuf],
+    stop_after: Option<u64>,
+    f: impl Fn(Trainer) -> T + Sync,
+) -> Vec<T> {
     let world = cfg.topology.world_size;
     let port = free_port();
     std::thread::scope(|s| {
@@ -119,7 +124,8 @@ fn two_ranks_give_the_loss_and_gradients_of_one_rank_with_twice_the_micro_batch(
 
 fn two_ranks_match_one(gradient_checkpointing: bool) {
     let yaml = |nodes, micro| {
-        manifest_yaml(nodes, micro, 1024, "4K").replace("precision: f32", &format!("precision: f32\n  gradientCheckpointing: {gradient_checkpointing}"))
+        manifest_yaml(nodes, micro, 1024, "4K")
+            .replace("precision: f32", &format!("precision: f32\n  gradientCheckpointing: {gradient_checkpointing}"))
     };
     // Two micro-steps of accumulation: only the last one is synchronized.
     let one = config(&yaml(1, 8));
@@ -300,7 +306,11 @@ fn two_processes_resume_after_a_stop_with_the_same_loss_sequence() {
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let second = run(&manifest, &out, &["--sync-every", "3"]);
     assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
-    assert_eq!(step_losses(&out.join("metrics.jsonl")), full, "the resumed 2-rank run must repeat the uninterrupted one");
+    assert_eq!(
+        step_losses(&out.join("metrics.jsonl")),
+        full,
+        "the resumed 2-rank run must repeat the uninterrupted one"
+    );
 }
 
 /// Two CPU ranks, 8 steps, checkpoints every 4.
@@ -324,7 +334,11 @@ fn sigterm_to_the_launcher_stops_every_rank_after_the_same_step_with_a_checkpoin
         let last_step = steps.last().unwrap().0;
         assert_eq!(steps.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=last_step).collect::<Vec<_>>(), "{name}");
         let latest = std::fs::read_to_string(out.join("latest")).unwrap();
-        assert_eq!(latest.trim(), format!("step-{last_step:08}"), "{name}: rank 0 checkpoints the step every rank stopped after");
+        assert_eq!(
+            latest.trim(),
+            format!("step-{last_step:08}"),
+            "{name}: rank 0 checkpoints the step every rank stopped after"
+        );
     }
 }
 
@@ -417,7 +431,9 @@ fn ranks_that_load_different_checkpoints_refuse_to_train() {
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                     };
-                    Trainer::new(cfg, options(d, placement), SharedStatus::from_config(cfg)).err().map(|e| e.to_string())
+                    Trainer::new(cfg, options(d, placement), SharedStatus::from_config(cfg))
+                        .err()
+                        .map(|e| e.to_string())
                 })
             })
             .collect();

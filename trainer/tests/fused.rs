@@ -59,7 +59,10 @@ fn one_node_keeps_less_and_each_choice_is_measured() {
             assert!(composed.rejected.is_none() && composed.ms.unwrap() > 0.0, "{op:?} {kind:?}: {composed:?}");
             // f32 composed is the reference itself; bf16 is within bf16 rounding of it.
             let error = composed.error.unwrap();
-            assert!(if kind == Kind::Float { error == 0.0 } else { error > 0.0 && error <= 1e-2 }, "{op:?} {kind:?}: {error}");
+            assert!(
+                if kind == Kind::Float { error == 0.0 } else { error > 0.0 && error <= 1e-2 },
+                "{op:?} {kind:?}: {error}"
+            );
             let why = fused.rejected.as_deref().unwrap();
             assert!(why.starts_with("failed: ") && why.contains(&format!("{}: the fused kernels", op.name())), "{why}");
             assert_eq!((choice.chosen, current(op)), (Kernels::Composed, Kernels::Composed));
@@ -72,7 +75,10 @@ fn one_node_keeps_less_and_each_choice_is_measured() {
     // `trainer bench-kernels`: every kernel set timed and checked, its speed-up over eager
     // from the same run; the fused ones rejected on CPU; GPT-2 refused by name.
     let report = trainer::bench::kernels(&m, 2, 64, Precision::F32, Device::Cpu).unwrap();
-    assert_eq!((report["dtype"].as_str(), report["micro_batch"].as_i64(), report["seq"].as_i64()), (Some("Float"), Some(2), Some(64)));
+    assert_eq!(
+        (report["dtype"].as_str(), report["micro_batch"].as_i64(), report["seq"].as_i64()),
+        (Some("Float"), Some(2), Some(64))
+    );
     for op in ["swiglu", "rope"] {
         let r = &report["ops"][op];
         let trials = r["trials"].as_array().unwrap();

@@ -125,7 +125,8 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     assert!(stdout.contains("held-out accuracy"), "{stdout}");
 
     let records = metrics_log::read(&dir.join("tiny-grpo-local/metrics.jsonl")).unwrap();
-    let accuracy: Vec<_> = records.iter().filter_map(|r| if let Record::Accuracy(a) = r { Some(a.clone()) } else { None }).collect();
+    let accuracy: Vec<_> =
+        records.iter().filter_map(|r| if let Record::Accuracy(a) = r { Some(a.clone()) } else { None }).collect();
     assert_eq!(accuracy.len(), 2, "one evaluation before and one after");
     let (before, after) = (&accuracy[0], &accuracy[1]);
     assert_eq!((before.step, after.step), (0, 146));
@@ -137,11 +138,17 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
         after.score.greedy
     );
     // The batch accuracy climbs too: the last 20 steps beat the first 20.
-    let batch: Vec<f64> = records.iter().filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.accuracy) } else { None }).collect();
+    let batch: Vec<f64> = records
+        .iter()
+        .filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.accuracy) } else { None })
+        .collect();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
     assert!(mean(&batch[batch.len() - 20..]) > mean(&batch[..20]) + 0.1, "{batch:?}");
     // The policy keeps answering: it has not learned to stop before the letter.
-    let unparsed: Vec<f64> = records.iter().filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.unparsed_fraction) } else { None }).collect();
+    let unparsed: Vec<f64> = records
+        .iter()
+        .filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.unparsed_fraction) } else { None })
+        .collect();
     assert!(mean(&unparsed[unparsed.len() - 20..]) < 0.1, "{unparsed:?}");
 
     let Some(ExitReport::Success(status)) = ExitReport::parse(&std::fs::read_to_string(&report).unwrap()) else {
@@ -153,11 +160,8 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     assert!(status.metrics.reward.is_some() && status.metrics.sampling_tokens_per_second.unwrap() > 0);
 
     // `trainer eval` measures the same checkpoint the same way.
-    let out = trainer_bin()
-        .args(["eval", "--task", "mcq", "--json"])
-        .arg(dir.join("tiny-grpo-local"))
-        .output()
-        .unwrap();
+    let out =
+        trainer_bin().args(["eval", "--task", "mcq", "--json"]).arg(dir.join("tiny-grpo-local")).output().unwrap();
     let score: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(score["greedy"].as_f64(), Some(after.score.greedy));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -226,7 +230,12 @@ fn nan_in_a_grpo_step_fails_with_nan_loss() {
     let manifest = dir.join("g.yaml");
     std::fs::write(&manifest, grpo_yaml(1, 8, 1)).unwrap();
     let log = dir.join("termination-log");
-    let out = run(&manifest, &dir.join("g"), &[], &[("TRAINER_INJECT_NAN_AT_STEP", "2"), ("TRAINER_TERMINATION_LOG", log.to_str().unwrap())]);
+    let out = run(
+        &manifest,
+        &dir.join("g"),
+        &[],
+        &[("TRAINER_INJECT_NAN_AT_STEP", "2"), ("TRAINER_TERMINATION_LOG", log.to_str().unwrap())],
+    );
     assert_eq!(out.status.code(), Some(FailureReason::NaNLoss.exit_code()), "{}", String::from_utf8_lossy(&out.stderr));
     let msg = TerminationMessage::parse(&std::fs::read_to_string(&log).unwrap()).unwrap();
     assert_eq!((msg.reason, msg.step), (FailureReason::NaNLoss, Some(2)));

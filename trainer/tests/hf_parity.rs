@@ -42,9 +42,12 @@ fn config(arch: Arch, tied: bool) -> ModelConfig {
 fn transformers_reproduces_the_logits_of_every_family() {
     let root = std::env::temp_dir().join(format!("hf-parity-{}", std::process::id()));
     let mut dirs = Vec::new();
-    for (name, arch, tied) in
-        [("llama", Arch::Llama, false), ("qwen3", Arch::Qwen3, false), ("gpt2", Arch::Gpt2, true), ("gpt2-untied", Arch::Gpt2, false)]
-    {
+    for (name, arch, tied) in [
+        ("llama", Arch::Llama, false),
+        ("qwen3", Arch::Qwen3, false),
+        ("gpt2", Arch::Gpt2, true),
+        ("gpt2-untied", Arch::Gpt2, false),
+    ] {
         let cfg = config(arch, tied);
         tch::manual_seed(7);
         let vs = VarStore::new(Device::Cpu);

@@ -71,7 +71,11 @@ fn rand_suffix() -> u64 {
 
 /// The AWS environment a trainer process needs to reach the test server.
 fn s3_env(s: &Server) -> [(&'static str, String); 3] {
-    [("AWS_ENDPOINT_URL", s.endpoint.clone()), ("AWS_ACCESS_KEY_ID", KEY.into()), ("AWS_SECRET_ACCESS_KEY", SECRET.into())]
+    [
+        ("AWS_ENDPOINT_URL", s.endpoint.clone()),
+        ("AWS_ACCESS_KEY_ID", KEY.into()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
+    ]
 }
 
 fn client(s: &Server, secret: &str) -> S3 {
@@ -124,7 +128,8 @@ fn wrong_credentials_a_missing_bucket_or_object_are_clear_permanent_errors() {
 fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
     let server = start(&["datasets"]);
     let input = server.root.join("in.jsonl");
-    let lines: Vec<String> = (0..300).map(|i| format!("{{\"text\": \"document {i} about rivers and towns\"}}")).collect();
+    let lines: Vec<String> =
+        (0..300).map(|i| format!("{{\"text\": \"document {i} about rivers and towns\"}}")).collect();
     std::fs::write(&input, lines.join("\n")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
         .args(["prepare", "--tokenizer", "embedded", "--shard-tokens", "1024", "--validation-fraction", "0.1"])
@@ -139,8 +144,12 @@ fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s3 = client(&server, SECRET);
     let keys: Vec<String> = s3.list("datasets", "web/v1/").unwrap().into_iter().map(|(k, _)| k).collect();
-    assert!(keys.contains(&"web/v1/manifest.json".to_string()) && keys.contains(&"web/v1/tokenizer.json".to_string()), "{keys:?}");
-    let manifest: serde_json::Value = serde_json::from_slice(&s3.get_bytes("datasets", "web/v1/manifest.json").unwrap()).unwrap();
+    assert!(
+        keys.contains(&"web/v1/manifest.json".to_string()) && keys.contains(&"web/v1/tokenizer.json".to_string()),
+        "{keys:?}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&s3.get_bytes("datasets", "web/v1/manifest.json").unwrap()).unwrap();
     assert_eq!(manifest["name"], "v1");
     for entry in manifest["train"].as_array().unwrap().iter().chain(manifest["validation"].as_array().unwrap()) {
         let key = format!("web/v1/{}", entry["file"].as_str().unwrap());
@@ -258,8 +267,11 @@ spec:
 fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
     let server = start(&["datasets"]);
     let input = server.root.join("in.jsonl");
-    let lines: Vec<String> =
-        (0..600).map(|i| format!("{{\"text\": \"Record {i}: the river Belmora passes {} towns and {} bridges.\"}}", i % 17, i % 5)).collect();
+    let lines: Vec<String> = (0..600)
+        .map(|i| {
+            format!("{{\"text\": \"Record {i}: the river Belmora passes {} towns and {} bridges.\"}}", i % 17, i % 5)
+        })
+        .collect();
     std::fs::write(&input, lines.join("\n")).unwrap();
     let cache = server.root.join("cache");
     let prepare = |output: &str| {
@@ -277,7 +289,10 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
     prepare("s3://datasets/web/v1");
     let local = server.root.join("local-web");
     prepare(local.to_str().unwrap());
-    let shards = std::fs::read_dir(&local).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-")).count();
+    let shards = std::fs::read_dir(&local)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-"))
+        .count();
     assert!(shards >= 4, "{shards} shards");
 
     let run = |name: &str, yaml: String, cache_dir: &Path| {
@@ -371,17 +386,31 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
     ok(bin().args(["run", "--no-sample", "-o"]).arg(dir.join("base")).arg(dir.join("base.yaml")).output().unwrap());
 
     let score = |dataset: &str| -> serde_json::Value {
-        let out = bin().args(["eval", "--task", "mcq", "--json", "--questions", "500", "--dataset", dataset]).arg(dir.join("base")).output().unwrap();
+        let out = bin()
+            .args(["eval", "--task", "mcq", "--json", "--questions", "500", "--dataset", dataset])
+            .arg(dir.join("base"))
+            .output()
+            .unwrap();
         serde_json::from_str(&ok(out)).unwrap()
     };
     assert_eq!(score("s3://datasets/medqa/train.jsonl")["questions"], 120, "a jsonl file is scored whole");
     let manifest: serde_json::Value =
-        serde_json::from_slice(&client(&server, SECRET).get_bytes("datasets", "medqa-prepared/manifest.json").unwrap()).unwrap();
+        serde_json::from_slice(&client(&server, SECRET).get_bytes("datasets", "medqa-prepared/manifest.json").unwrap())
+            .unwrap();
     let file = manifest["records"]["validation"].as_str().unwrap();
-    let held_out = std::fs::read_to_string(server.root.join("datasets/medqa-prepared").join(file)).unwrap().lines().count();
+    let held_out =
+        std::fs::read_to_string(server.root.join("datasets/medqa-prepared").join(file)).unwrap().lines().count();
     assert!(held_out > 10 && held_out < 60, "{held_out}");
-    assert_eq!(score("s3://datasets/medqa-prepared")["questions"], held_out as u64, "a prepared prefix gives its validation records");
-    let missing = bin().args(["eval", "--task", "mcq", "--dataset", "s3://datasets/none.jsonl"]).arg(dir.join("base")).output().unwrap();
+    assert_eq!(
+        score("s3://datasets/medqa-prepared")["questions"],
+        held_out as u64,
+        "a prepared prefix gives its validation records"
+    );
+    let missing = bin()
+        .args(["eval", "--task", "mcq", "--dataset", "s3://datasets/none.jsonl"])
+        .arg(dir.join("base"))
+        .output()
+        .unwrap();
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("none.jsonl"));
 
     // GRPO on the object: one in 8 questions by hash is held out and scored before and after.

@@ -109,15 +109,15 @@ fn a_run_resumes_after_the_out_of_memory_remedies() {
         placement: trainer::dist::Placement::single(),
         sync_every: None,
     };
-    let refused = Trainer::new(&lr_changed, opts, SharedStatus::from_config(&lr_changed)).and_then(|t| t.run(Arc::new(AtomicBool::new(false))));
+    let refused = Trainer::new(&lr_changed, opts, SharedStatus::from_config(&lr_changed))
+        .and_then(|t| t.run(Arc::new(AtomicBool::new(false))));
     let err = refused.expect_err("a different learning rate must not resume").to_string();
     assert!(err.contains("step 6") && err.contains("schedule.lr: 0.003 → 0.001"), "{err}");
 
-    let remedied = config(
-        &MANIFEST
-            .replace("microBatch: 4", "microBatch: 2")
-            .replace("precision: f32", "precision: f32\n  gradientCheckpointing: true\n  checkpointedBlocks: 1\n  attention: math"),
-    );
+    let remedied = config(&MANIFEST.replace("microBatch: 4", "microBatch: 2").replace(
+        "precision: f32",
+        "precision: f32\n  gradientCheckpointing: true\n  checkpointedBlocks: 1\n  attention: math",
+    ));
     assert_eq!((remedied.batch.grad_accum, remedied.recomputed_blocks(), remedied.model.n_layer), (4, 1, 2));
     let second = train(&remedied, &dir, None);
     assert_eq!(second.resumed_from, Some(6));
@@ -142,10 +142,13 @@ fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
         assert!(dir.join(format!("step-{step:08}")).join("model.safetensors").exists(), "a checkpoint at step {step}");
     }
     let records = trainer::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
-    let steps: Vec<u64> = records.iter().filter_map(|r| match r {
-        trainer::metrics_log::Record::Step(s) => Some(s.step),
-        _ => None,
-    }).collect();
+    let steps: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            trainer::metrics_log::Record::Step(s) => Some(s.step),
+            _ => None,
+        })
+        .collect();
     assert_eq!(steps, (1..=12).collect::<Vec<_>>());
 
     // A stop between reads still stops at its step, and resuming repeats the run.
@@ -199,7 +202,13 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
     let cases: [FailureCase; 5] = [
         ("nan", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
         // Read back at step 3: the failure names the step the NaN came from.
-        ("nan-deferred", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "1"), ("TRAINER_SYNC_EVERY", "3")], FailureReason::NaNLoss, Some(1)),
+        (
+            "nan-deferred",
+            MANIFEST.to_string(),
+            &[("TRAINER_INJECT_NAN_AT_STEP", "1"), ("TRAINER_SYNC_EVERY", "3")],
+            FailureReason::NaNLoss,
+            Some(1),
+        ),
         ("oom", MANIFEST.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
         ("config", MANIFEST.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
         ("data", MANIFEST.replace("\"embedded:mcq\"", "/no/such/shards"), &[], FailureReason::DataError, None),
@@ -217,8 +226,13 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
 fn success_leaves_the_final_status_as_termination_message() {
     let (code, msg, stderr) = run_bin("success", MANIFEST, &[]);
     assert_eq!((code, msg), (0, None), "{stderr}");
-    let text = std::fs::read_to_string(std::env::temp_dir().join(format!("trainer-test-success-{}", std::process::id())).join("termination-log")).expect("a final report");
-    let Some(crds::contract::ExitReport::Success(report)) = crds::contract::ExitReport::parse(&text) else { panic!("{text}") };
+    let text = std::fs::read_to_string(
+        std::env::temp_dir().join(format!("trainer-test-success-{}", std::process::id())).join("termination-log"),
+    )
+    .expect("a final report");
+    let Some(crds::contract::ExitReport::Success(report)) = crds::contract::ExitReport::parse(&text) else {
+        panic!("{text}")
+    };
     assert_eq!(report.phase, crds::contract::TrainerPhase::Done);
     assert_eq!(report.step, report.total_steps);
     assert!(report.metrics.loss.is_some() && report.last_checkpoint.is_some(), "{report:?}");
@@ -278,7 +292,8 @@ fn the_model_overfits_one_batch() {
     tch::manual_seed(11);
     let vs = VarStore::new(Device::Cpu);
     let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();
-    let opt_cfg = crds::config::ResolvedOptimizer { weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
+    let opt_cfg =
+        crds::config::ResolvedOptimizer { weight_decay: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
     let mut opt = AdamW::new(vs.variables(), &opt_cfg).unwrap();
     let batch = Tensor::randint(cfg.vocab_size as i64, [4, 33], (Kind::Int64, Device::Cpu));
     let (x, y) = (batch.narrow(1, 0, 32), batch.narrow(1, 1, 32));
@@ -326,7 +341,8 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
     let hf = dir.join("hf");
     let export = trainer_bin().arg("export").arg(&out).arg("--hf").arg(&hf).output().unwrap();
     assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"][0], "LlamaForCausalLM");
     assert!(std::fs::metadata(hf.join("model.safetensors")).unwrap().len() > 3_000_000);
 
@@ -360,7 +376,8 @@ fn the_bench_refuses_flags_it_cannot_honour_naming_the_flag() {
     }
     // No GPU here (CI): asking for one is the same clear error, not a crash.
     if !tch::Cuda::is_available() {
-        let out = trainer_bin().args(["bench", "--preset", "nano", "--device", "cuda", "--steps", "1"]).output().unwrap();
+        let out =
+            trainer_bin().args(["bench", "--preset", "nano", "--device", "cuda", "--steps", "1"]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(FailureReason::InvalidConfig.exit_code()), "{stderr}");
         assert!(stderr.contains("--device cuda: no CUDA device is visible"), "{stderr}");

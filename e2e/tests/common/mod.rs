@@ -14,7 +14,9 @@ pub fn apply(fake: &FakeApi, name: &str, spec: &str) {
     let manifest = format!("apiVersion: {TR}\nkind: TrainingRun\nmetadata: {{name: {name}}}\nspec:\n{spec}");
     let run = crds::manifest::from_yaml(&manifest, name).unwrap_or_else(|e| panic!("{e}"));
     let spec = serde_json::to_value(run.spec).unwrap();
-    fake.insert(json!({"apiVersion": TR, "kind": "TrainingRun", "metadata": {"name": name, "namespace": NS}, "spec": spec}));
+    fake.insert(
+        json!({"apiVersion": TR, "kind": "TrainingRun", "metadata": {"name": name, "namespace": NS}, "spec": spec}),
+    );
 }
 
 /// `kubectl edit`: changes the spec and bumps the generation.

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use crds::config::{Location, ResolvedInit};
-use crds::contract::{self, CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_PATH, INIT_MOUNT, NCCL_DEFAULTS, RENDEZVOUS_PORT, STATUS_PORT, env};
+use crds::contract::{
+    self, CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_PATH, INIT_MOUNT, NCCL_DEFAULTS, RENDEZVOUS_PORT, STATUS_PORT, env,
+};
 use crds::types::PullPolicy;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
@@ -100,7 +102,10 @@ pub fn environment(i: &Inputs) -> Vec<EnvVar> {
 /// a writable /tmp, the init run's checkpoints and every `pvc://` claim read-only.
 fn volumes(i: &Inputs) -> (Vec<Volume>, Vec<VolumeMount>) {
     let name = i.name();
-    let claim = |claim: String, read_only: bool| PersistentVolumeClaimVolumeSource { claim_name: claim, read_only: Some(read_only) };
+    let claim = |claim: String, read_only: bool| PersistentVolumeClaimVolumeSource {
+        claim_name: claim,
+        read_only: Some(read_only),
+    };
     let mount = |volume: &str, path: &str, read_only: bool| VolumeMount {
         name: volume.into(),
         mount_path: path.into(),
@@ -108,7 +113,11 @@ fn volumes(i: &Inputs) -> (Vec<Volume>, Vec<VolumeMount>) {
         ..Default::default()
     };
     let mut volumes = vec![
-        Volume { name: "checkpoints".into(), persistent_volume_claim: Some(claim(pvc_name(&name), false)), ..Default::default() },
+        Volume {
+            name: "checkpoints".into(),
+            persistent_volume_claim: Some(claim(pvc_name(&name), false)),
+            ..Default::default()
+        },
         Volume {
             name: "config".into(),
             config_map: Some(ConfigMapVolumeSource {
@@ -136,12 +145,18 @@ fn volumes(i: &Inputs) -> (Vec<Volume>, Vec<VolumeMount>) {
     // under `INIT_MOUNT`, as `trainer run` reads `runs/<run>` locally.
     let init = match &i.cfg.init_from {
         Some(ResolvedInit::TrainingRun { name }) => Some((pvc_name(name), format!("{INIT_MOUNT}/{name}"))),
-        Some(ResolvedInit::Checkpoint { location: Location::Pvc { claim, .. }, .. }) => Some((claim.clone(), INIT_MOUNT.to_string())),
+        Some(ResolvedInit::Checkpoint { location: Location::Pvc { claim, .. }, .. }) => {
+            Some((claim.clone(), INIT_MOUNT.to_string()))
+        }
         _ => None,
     };
     let init_claim = init.as_ref().map(|(c, _)| c.clone());
     if let Some((c, path)) = init {
-        volumes.push(Volume { name: "init".into(), persistent_volume_claim: Some(claim(c, true)), ..Default::default() });
+        volumes.push(Volume {
+            name: "init".into(),
+            persistent_volume_claim: Some(claim(c, true)),
+            ..Default::default()
+        });
         mounts.push(mount("init", &path, true));
     }
     let data_claims = i.cfg.pvc_claims().into_iter().filter(|c| Some(c) != init_claim.as_ref());
@@ -157,7 +172,9 @@ fn resources(i: &Inputs) -> ResourceRequirements {
     let topo = &i.run.spec.topology;
     let mut r = topo.resources.clone().unwrap_or_default();
     if topo.gpus_per_node > 0 {
-        r.limits.get_or_insert_with(BTreeMap::new).insert(topo.gpu_resource_name.clone(), Quantity(topo.gpus_per_node.to_string()));
+        r.limits
+            .get_or_insert_with(BTreeMap::new)
+            .insert(topo.gpu_resource_name.clone(), Quantity(topo.gpus_per_node.to_string()));
     }
     r
 }
@@ -334,7 +351,10 @@ mod tests {
         assert_eq!(labels["app.kubernetes.io/name"], "trainingrun");
         assert_eq!(labels["app.kubernetes.io/managed-by"], "trainingrun-operator");
         let owner = &j.metadata.owner_references.unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.controller, owner.block_owner_deletion), ("TrainingRun", Some(true), Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller, owner.block_owner_deletion),
+            ("TrainingRun", Some(true), Some(true))
+        );
         let c = &p.containers[0];
         assert_eq!(c.name, "trainer");
         assert_eq!(c.image.as_deref(), Some("registry/trainer:1"));
@@ -373,7 +393,10 @@ mod tests {
         let names: Vec<String> = pod(&j).containers[0].env.clone().unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names.iter().filter(|n| *n == "NCCL_IB_DISABLE").count(), 1);
         let key = env["AWS_SECRET_ACCESS_KEY"].value_from.clone().unwrap().secret_key_ref.unwrap();
-        assert_eq!((key.name.as_str(), key.key.as_str(), key.optional), ("s3-creds", "AWS_SECRET_ACCESS_KEY", Some(false)));
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str(), key.optional),
+            ("s3-creds", "AWS_SECRET_ACCESS_KEY", Some(false))
+        );
         assert_eq!(env["AWS_SESSION_TOKEN"].value_from.clone().unwrap().secret_key_ref.unwrap().optional, Some(true));
     }
 
@@ -387,7 +410,8 @@ mod tests {
         assert_eq!(res.limits.clone().unwrap()["amd.com/gpu"].0, "4");
         assert_eq!(res.limits.unwrap()["memory"].0, "512Gi");
         assert_eq!(res.requests.unwrap()["cpu"].0, "32");
-        let ports: Vec<(String, i32)> = c.ports.clone().unwrap().into_iter().map(|p| (p.name.unwrap(), p.container_port)).collect();
+        let ports: Vec<(String, i32)> =
+            c.ports.clone().unwrap().into_iter().map(|p| (p.name.unwrap(), p.container_port)).collect();
         assert_eq!(ports, vec![("rendezvous".into(), 29500), ("status".into(), 8080)]);
         let probe = c.readiness_probe.clone().unwrap().http_get.unwrap();
         assert_eq!((probe.path.as_deref(), probe.port), (Some("/healthz"), IntOrString::String("status".into())));
@@ -462,7 +486,10 @@ mod tests {
         let r = run(&format!("{GPU_SPEC}  queueName: team-a\n"));
         let j = build_with(&r, 1, true);
         assert_eq!(j.metadata.annotations, None);
-        assert_eq!(build_with(&run(GPU_SPEC), 1, false).metadata.labels.unwrap().get("kueue.x-k8s.io/queue-name"), None);
+        assert_eq!(
+            build_with(&run(GPU_SPEC), 1, false).metadata.labels.unwrap().get("kueue.x-k8s.io/queue-name"),
+            None
+        );
     }
 
     #[test]
@@ -473,6 +500,10 @@ mod tests {
         let init = vols["init"].persistent_volume_claim.clone().unwrap();
         assert_eq!((init.claim_name.as_str(), init.read_only), ("base-checkpoints", Some(true)));
         let m = p.containers[0].volume_mounts.clone().unwrap().into_iter().find(|m| m.name == "init").unwrap();
-        assert_eq!((m.mount_path.as_str(), m.read_only), ("/init/base", Some(true)), "where the trainer reads <init-dir>/<run>");
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            ("/init/base", Some(true)),
+            "where the trainer reads <init-dir>/<run>"
+        );
     }
 }

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use crds::contract::STATUS_PORT;
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -16,7 +18,9 @@ pub const OPERATOR_NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "traini
 
 pub fn network_policy(i: &Inputs, operator_namespace: &str) -> NetworkPolicy {
     let run_pods = LabelSelector { match_labels: Some(run_selector(&i.name())), ..Default::default() };
-    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> { pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
     let operator = NetworkPolicyPeer {
         namespace_selector: Some(LabelSelector {
             match_labels: Some(labels(&[("kubernetes.io/metadata.name", operator_namespace)])),
@@ -66,12 +70,21 @@ mod tests {
         let rules = spec.ingress.unwrap();
         assert_eq!(rules.len(), 2);
         let own = &rules[0].from.as_ref().unwrap()[0];
-        assert_eq!(own.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["training.puretransformer.dev/run"], "llm");
+        assert_eq!(
+            own.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["training.puretransformer.dev/run"],
+            "llm"
+        );
         assert!(own.namespace_selector.is_none(), "the run's own namespace only");
         assert!(rules[0].ports.is_none(), "ranks talk on rendezvous and ephemeral NCCL/Gloo ports");
         let op = &rules[1].from.as_ref().unwrap()[0];
-        assert_eq!(op.namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["kubernetes.io/metadata.name"], "trainingrun-system");
-        assert_eq!(op.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/name"], "trainingrun-operator");
+        assert_eq!(
+            op.namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["kubernetes.io/metadata.name"],
+            "trainingrun-system"
+        );
+        assert_eq!(
+            op.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/name"],
+            "trainingrun-operator"
+        );
         assert_eq!(rules[1].ports.as_ref().unwrap()[0].port, Some(IntOrString::Int(8080)));
     }
 }

@@ -10,7 +10,11 @@ use super::{Inputs, pvc_name};
 /// ReadWriteMany when pods on several nodes share it, unless the spec says otherwise.
 pub fn access_mode(i: &Inputs) -> AccessMode {
     let spec = &i.run.spec;
-    spec.checkpoint.access_mode.unwrap_or(if spec.topology.nodes > 1 { AccessMode::ReadWriteMany } else { AccessMode::ReadWriteOnce })
+    spec.checkpoint.access_mode.unwrap_or(if spec.topology.nodes > 1 {
+        AccessMode::ReadWriteMany
+    } else {
+        AccessMode::ReadWriteOnce
+    })
 }
 
 /// With `retainOnDelete` the claim has no owner reference, so deleting the run

@@ -95,7 +95,10 @@ pub fn run(o: &DataBenchOptions) -> Result<Value, Error> {
     let tensors = tokens / start.elapsed().as_secs_f64();
 
     // The floor: converting the same number of u16 tokens to i64 in one sequential pass.
-    let first = mix.sources()[0].tokens.slice(0, 0, (tokens as usize).min(mix.sources()[0].tokens.blocks()[0] as usize))?.into_owned();
+    let first = mix.sources()[0]
+        .tokens
+        .slice(0, 0, (tokens as usize).min(mix.sources()[0].tokens.blocks()[0] as usize))?
+        .into_owned();
     let start = Instant::now();
     let widened: Vec<i64> = first.iter().map(|&t| t as i64).collect();
     let copy = widened.len() as f64 / start.elapsed().as_secs_f64();

@@ -334,8 +334,11 @@ impl World {
             })
             .collect();
         // The capital of country c is its first town, c itself (towns go round the countries).
-        let countries =
-            countries.into_iter().enumerate().map(|(c, (name, language))| Country { name, language, capital: c }).collect();
+        let countries = countries
+            .into_iter()
+            .enumerate()
+            .map(|(c, (name, language))| Country { name, language, capital: c })
+            .collect();
         let mut people_names = BTreeSet::new();
         let people: Vec<Person> = (0..N_PEOPLE)
             .map(|_| {
@@ -374,21 +377,17 @@ fn facts_doc(rng: &mut Rng, w: &World) -> String {
             let ci = rng.below(N_COUNTRIES);
             let c = &w.countries[ci];
             let cap = &w.towns[c.capital].name;
-            s.push(
-                match rng.below(3) {
-                    0 => format!("{} is a country. Its capital is {cap}.", c.name),
-                    1 => format!("The capital of {} is {cap}.", c.name),
-                    _ => format!("{cap} is the capital of {}.", c.name),
-                },
-            );
+            s.push(match rng.below(3) {
+                0 => format!("{} is a country. Its capital is {cap}.", c.name),
+                1 => format!("The capital of {} is {cap}.", c.name),
+                _ => format!("{cap} is the capital of {}.", c.name),
+            });
             s.push(match rng.below(2) {
                 0 => format!("The people of {} speak {}.", c.name, c.language),
                 _ => format!("In {} people speak {}.", c.name, c.language),
             });
-            let towns: Vec<&str> = (0..N_TOWNS)
-                .filter(|t| w.towns[*t].country == ci)
-                .map(|t| w.towns[t].name.as_str())
-                .collect();
+            let towns: Vec<&str> =
+                (0..N_TOWNS).filter(|t| w.towns[*t].country == ci).map(|t| w.towns[t].name.as_str()).collect();
             s.push(format!("The towns of {} are {}.", c.name, join_list(&towns)));
         }
         2..=4 => {
@@ -436,12 +435,7 @@ fn facts_doc(rng: &mut Rng, w: &World) -> String {
             ];
             rng.shuffle(&mut parts[1..]);
             s.extend(parts);
-            let found: Vec<&str> = w
-                .elements
-                .iter()
-                .filter(|e| e.discoverer == pi)
-                .map(|e| e.name.as_str())
-                .collect();
+            let found: Vec<&str> = w.elements.iter().filter(|e| e.discoverer == pi).map(|e| e.name.as_str()).collect();
             if !found.is_empty() {
                 s.push(format!("{first} discovered {}.", join_list(&found)));
             }
@@ -555,24 +549,132 @@ const fn c(
 }
 
 const CONCEPTS: &[Concept] = &[
-    c("mammal", "mammals", "animal", &["has hair", "feeds its young with milk", "breathes air"], &["the dog", "the whale", "the bat", "the horse"]),
-    c("bird", "birds", "animal", &["has feathers", "lays eggs", "has a beak"], &["the robin", "the eagle", "the penguin", "the owl"]),
-    c("fish", "fish", "animal", &["lives in water", "breathes with gills", "has fins"], &["the salmon", "the shark", "the trout", "the cod"]),
-    c("reptile", "reptiles", "animal", &["has scales", "lays eggs", "is cold blooded"], &["the snake", "the lizard", "the turtle", "the crocodile"]),
-    c("insect", "insects", "animal", &["has six legs", "has three body parts", "has a hard outer shell"], &["the ant", "the bee", "the beetle", "the fly"]),
-    c("planet", "planets", "object in space", &["orbits a star", "is round", "does not make its own light"], &["Mars", "Venus", "Earth", "Jupiter"]),
-    c("star", "stars", "object in space", &["makes its own light", "is made of hot gas", "is very large"], &["the Sun", "Sirius", "Vega", "Polaris"]),
-    c("metal", "metals", "material", &["conducts heat", "conducts electricity", "can be bent without breaking"], &["iron", "copper", "gold", "silver"]),
-    c("gas", "gases", "state of matter", &["has no fixed shape", "has no fixed volume", "fills its container"], &["air", "steam", "helium", "oxygen"]),
-    c("liquid", "liquids", "state of matter", &["has a fixed volume", "takes the shape of its container", "can flow"], &["water", "oil", "milk", "juice"]),
-    c("solid", "solids", "state of matter", &["has a fixed shape", "has a fixed volume", "does not flow"], &["ice", "wood", "stone", "glass"]),
-    c("plant", "plants", "living thing", &["makes its own food", "needs sunlight", "has roots"], &["the oak", "the fern", "the rose", "grass"]),
-    c("triangle", "triangles", "shape", &["has three sides", "has three corners", "has angles that add up to 180 degrees"], &[]),
-    c("square", "squares", "shape", &["has four equal sides", "has four right angles", "has two diagonals of equal length"], &[]),
-    c("prime number", "prime numbers", "number", &["has exactly two factors", "is greater than one", "cannot be split into equal groups"], &["3", "5", "7", "11", "13"]),
-    c("even number", "even numbers", "number", &["can be divided by two", "ends in 0, 2, 4, 6 or 8", "is the sum of two equal numbers"], &["4", "10", "28", "36"]),
-    c("desert", "deserts", "region", &["gets very little rain", "has few plants", "can be very hot in the day"], &["the Sahara", "the Gobi"]),
-    c("volcano", "volcanoes", "landform", &["is an opening in the crust of the earth", "can throw out lava and ash", "is often shaped like a cone"], &["Etna", "Fuji"]),
+    c(
+        "mammal",
+        "mammals",
+        "animal",
+        &["has hair", "feeds its young with milk", "breathes air"],
+        &["the dog", "the whale", "the bat", "the horse"],
+    ),
+    c(
+        "bird",
+        "birds",
+        "animal",
+        &["has feathers", "lays eggs", "has a beak"],
+        &["the robin", "the eagle", "the penguin", "the owl"],
+    ),
+    c(
+        "fish",
+        "fish",
+        "animal",
+        &["lives in water", "breathes with gills", "has fins"],
+        &["the salmon", "the shark", "the trout", "the cod"],
+    ),
+    c(
+        "reptile",
+        "reptiles",
+        "animal",
+        &["has scales", "lays eggs", "is cold blooded"],
+        &["the snake", "the lizard", "the turtle", "the crocodile"],
+    ),
+    c(
+        "insect",
+        "insects",
+        "animal",
+        &["has six legs", "has three body parts", "has a hard outer shell"],
+        &["the ant", "the bee", "the beetle", "the fly"],
+    ),
+    c(
+        "planet",
+        "planets",
+        "object in space",
+        &["orbits a star", "is round", "does not make its own light"],
+        &["Mars", "Venus", "Earth", "Jupiter"],
+    ),
+    c(
+        "star",
+        "stars",
+        "object in space",
+        &["makes its own light", "is made of hot gas", "is very large"],
+        &["the Sun", "Sirius", "Vega", "Polaris"],
+    ),
+    c(
+        "metal",
+        "metals",
+        "material",
+        &["conducts heat", "conducts electricity", "can be bent without breaking"],
+        &["iron", "copper", "gold", "silver"],
+    ),
+    c(
+        "gas",
+        "gases",
+        "state of matter",
+        &["has no fixed shape", "has no fixed volume", "fills its container"],
+        &["air", "steam", "helium", "oxygen"],
+    ),
+    c(
+        "liquid",
+        "liquids",
+        "state of matter",
+        &["has a fixed volume", "takes the shape of its container", "can flow"],
+        &["water", "oil", "milk", "juice"],
+    ),
+    c(
+        "solid",
+        "solids",
+        "state of matter",
+        &["has a fixed shape", "has a fixed volume", "does not flow"],
+        &["ice", "wood", "stone", "glass"],
+    ),
+    c(
+        "plant",
+        "plants",
+        "living thing",
+        &["makes its own food", "needs sunlight", "has roots"],
+        &["the oak", "the fern", "the rose", "grass"],
+    ),
+    c(
+        "triangle",
+        "triangles",
+        "shape",
+        &["has three sides", "has three corners", "has angles that add up to 180 degrees"],
+        &[],
+    ),
+    c(
+        "square",
+        "squares",
+        "shape",
+        &["has four equal sides", "has four right angles", "has two diagonals of equal length"],
+        &[],
+    ),
+    c(
+        "prime number",
+        "prime numbers",
+        "number",
+        &["has exactly two factors", "is greater than one", "cannot be split into equal groups"],
+        &["3", "5", "7", "11", "13"],
+    ),
+    c(
+        "even number",
+        "even numbers",
+        "number",
+        &["can be divided by two", "ends in 0, 2, 4, 6 or 8", "is the sum of two equal numbers"],
+        &["4", "10", "28", "36"],
+    ),
+    c(
+        "desert",
+        "deserts",
+        "region",
+        &["gets very little rain", "has few plants", "can be very hot in the day"],
+        &["the Sahara", "the Gobi"],
+    ),
+    c(
+        "volcano",
+        "volcanoes",
+        "landform",
+        &["is an opening in the crust of the earth", "can throw out lava and ash", "is often shaped like a cone"],
+        &["Etna", "Fuji"],
+    ),
 ];
 
 /// (condition, effect): "when <condition>, <effect>".
@@ -630,7 +732,11 @@ fn textbook_doc(rng: &mut Rng) -> String {
     match rng.below(3) {
         0 => s.push(format!("Every {} {}.", k.name, join_list(&props))),
         1 => {
-            s.push(format!("There are {} things to know about {}.", ["zero", "one", "two", "three"][props.len()], k.plural));
+            s.push(format!(
+                "There are {} things to know about {}.",
+                ["zero", "one", "two", "three"][props.len()],
+                k.plural
+            ));
             let ordinals = ["First", "Second", "Third"];
             for (o, p) in ordinals.iter().zip(&props) {
                 s.push(format!("{o}, every {} {p}.", k.name));
@@ -659,7 +765,14 @@ fn textbook_doc(rng: &mut Rng) -> String {
     for _ in 0..rng.range(1, 3) {
         s.push(cause_sentence(rng));
     }
-    s.push(format!("In short, {} {} is {} {} that {}.", article(k.name), k.name, article(k.kind), k.kind, props[props.len() - 1]));
+    s.push(format!(
+        "In short, {} {} is {} {} that {}.",
+        article(k.name),
+        k.name,
+        article(k.kind),
+        k.kind,
+        props[props.len() - 1]
+    ));
     s.join(" ")
 }
 
@@ -798,7 +911,8 @@ fn mcq_record(rng: &mut Rng, w: &World, split: Split, rules_only: bool) -> McqRe
         let picks = rng.distinct(wrong.len(), 3);
         let answer = at.unwrap_or_else(|| rng.below(4));
         let mut others = picks.into_iter().map(|i| capitalize_like(&wrong[i], &gold));
-        let options = std::array::from_fn(|i| if i == answer { gold.clone() } else { others.next().expect("three distractors") });
+        let options =
+            std::array::from_fn(|i| if i == answer { gold.clone() } else { others.next().expect("three distractors") });
         return McqRecord { question, options, answer };
     }
 }
@@ -830,7 +944,8 @@ mod tests {
             ("facts", "bd2ec585162c754b"),
             ("arithmetic", "3a997764dabad000"),
             ("mcq", "b4d6f890ec4f1785"),
-        ].map(|(s, h)| (s, h.to_string()));
+        ]
+        .map(|(s, h)| (s, h.to_string()));
         assert_eq!(got, want, "the corpus output changed");
     }
 
@@ -905,7 +1020,9 @@ mod tests {
             let distinct: BTreeSet<&String> = r.options.iter().collect();
             assert_eq!(distinct.len(), 4, "{r:?}");
             let text = r.text();
-            assert!(text.starts_with("Question: ") && text.ends_with(&format!("\nAnswer: {}", McqRecord::letter(r.answer))));
+            assert!(
+                text.starts_with("Question: ") && text.ends_with(&format!("\nAnswer: {}", McqRecord::letter(r.answer)))
+            );
             assert_eq!(text.lines().count(), 6);
             assert_eq!(&text[..r.prompt().len()], r.prompt());
             // Arithmetic answers are right.
@@ -961,7 +1078,9 @@ mod tests {
         let mut years = std::collections::BTreeMap::new();
         for doc in documents("facts", 11, Split::Train, 200_000).unwrap() {
             for sent in doc.split(". ") {
-                if let Some((town, year)) = sent.split_once(" was founded in the year ").or_else(|| sent.split_once(" was founded in ")) {
+                if let Some((town, year)) =
+                    sent.split_once(" was founded in the year ").or_else(|| sent.split_once(" was founded in "))
+                {
                     let year = year.split([' ', '.']).next().unwrap().to_string();
                     if town == "It" {
                         continue;

@@ -68,7 +68,10 @@ impl Loader {
         if (position, m) != self.next {
             return Err(Error::Data {
                 name: "loader".into(),
-                message: format!("asked for micro-step {m} at position {position}, but the next prefetched is {:?}", self.next),
+                message: format!(
+                    "asked for micro-step {m} at position {position}, but the next prefetched is {:?}",
+                    self.next
+                ),
             });
         }
         let batch = self
@@ -78,7 +81,11 @@ impl Loader {
             .recv()
             .map_err(|_| Error::Data { name: "loader".into(), message: "the loader thread stopped".into() })??;
         debug_assert_eq!(batch.first_sample, self.plan.first_sample(position, m));
-        self.next = if m + 1 == self.plan.grad_accum { (position + self.plan.global_sequences(), 0) } else { (position, m + 1) };
+        self.next = if m + 1 == self.plan.grad_accum {
+            (position + self.plan.global_sequences(), 0)
+        } else {
+            (position, m + 1)
+        };
         Ok(batch)
     }
 }
@@ -89,7 +96,8 @@ fn fill(mix: &Mix, plan: BatchPlan, mut position: u64, device: Device, tx: &Sync
             let first = plan.first_sample(position, m);
             let batch = (|| -> Result<MicroBatch, Error> {
                 let (x, y, _) = mix.batch_tensors(first, plan.micro_batch as usize)?;
-                let (x, y) = if device.is_cuda() { (crate::ffi::pin_memory(&x)?, crate::ffi::pin_memory(&y)?) } else { (x, y) };
+                let (x, y) =
+                    if device.is_cuda() { (crate::ffi::pin_memory(&x)?, crate::ffi::pin_memory(&y)?) } else { (x, y) };
                 Ok(MicroBatch { first_sample: first, inputs: x, targets: y })
             })();
             // A closed channel means the trainer is done with us.
@@ -129,14 +137,20 @@ mod tests {
             }
             seen.sort();
             let global = micro * accum as u64 * world as u64;
-            assert_eq!(seen, (position..position + global).collect::<Vec<_>>(), "world {world} accum {accum} micro {micro}");
+            assert_eq!(
+                seen,
+                (position..position + global).collect::<Vec<_>>(),
+                "world {world} accum {accum} micro {micro}"
+            );
         }
     }
 
     #[test]
     fn prefetched_batches_equal_direct_ones_across_steps() {
         let tokens: Vec<u32> = (0..20_000).collect();
-        let mix = Arc::new(Mix::new(vec![SourceTokens { name: "a".into(), weight: 1.0, tokens: tokens.into() }], 16, 7).unwrap());
+        let mix = Arc::new(
+            Mix::new(vec![SourceTokens { name: "a".into(), weight: 1.0, tokens: tokens.into() }], 16, 7).unwrap(),
+        );
         let plan = BatchPlan { micro_batch: 3, grad_accum: 2, world_size: 2, rank: 1 };
         let mut loader = Loader::start(mix.clone(), plan, 60, Device::Cpu, 3).unwrap();
         for step in 0..5u64 {

@@ -270,7 +270,11 @@ impl Mix {
             if n == 0 {
                 return Err(bad(
                     &s.name,
-                    format!("has {} tokens, fewer than one sample of {} tokens (in one shard)", s.tokens.len(), seq_len + 1),
+                    format!(
+                        "has {} tokens, fewer than one sample of {} tokens (in one shard)",
+                        s.tokens.len(),
+                        seq_len + 1
+                    ),
                 ));
             }
             starts.pop();
@@ -378,7 +382,8 @@ impl Mix {
             .or_insert_with(|| {
                 let counts = &self.block_counts[s];
                 let n = counts.len() as u64;
-                let blocks: Vec<usize> = (0..n).map(|i| permute(i, n, splitmix64(key ^ 0x5348_4152_4453)) as usize).collect();
+                let blocks: Vec<usize> =
+                    (0..n).map(|i| permute(i, n, splitmix64(key ^ 0x5348_4152_4453)) as usize).collect();
                 let mut starts = Vec::with_capacity(blocks.len());
                 let mut total = 0;
                 for &b in &blocks {
@@ -454,7 +459,6 @@ impl Mix {
         Ok(-p.values().map(|q| q * q.ln()).sum::<f64>())
     }
 }
-
 
 /// A keyed pseudo-random permutation of `0..n` evaluated at `j` in O(1): a balanced
 /// four-round Feistel network on the smallest even-bit power of two ≥ n, cycle-walked
@@ -537,7 +541,10 @@ mod tests {
             let fresh = Mix::new(four(), 8, 7).unwrap();
             let (bx, by, bw) = fresh.batch(first, 10).unwrap();
             let r = first as usize * 8..(first as usize + 10) * 8;
-            assert_eq!((&bx[..], &by[..], &bw[..]), (&x[r.clone()], &y[r], &which[first as usize..first as usize + 10]));
+            assert_eq!(
+                (&bx[..], &by[..], &bw[..]),
+                (&x[r.clone()], &y[r], &which[first as usize..first as usize + 10])
+            );
             let (s, toks) = fresh.sample(first).unwrap();
             assert_eq!(s, which[first as usize]);
             assert_eq!(toks[..8].iter().map(|&t| t as i64).collect::<Vec<_>>(), x[first as usize * 8..][..8]);

@@ -124,7 +124,13 @@ fn input_files(inputs: &[PathBuf], format: InputFormat) -> Result<Vec<(PathBuf, 
     if files.is_empty() {
         return Err(Error::InvalidSpec("--input: no input files".into()));
     }
-    files.into_iter().map(|f| { let fmt = detect(&f, format)?; Ok((f, fmt)) }).collect()
+    files
+        .into_iter()
+        .map(|f| {
+            let fmt = detect(&f, format)?;
+            Ok((f, fmt))
+        })
+        .collect()
 }
 
 fn detect(path: &Path, format: InputFormat) -> Result<InputFormat, Error> {
@@ -187,7 +193,12 @@ pub fn medqa_json(r: &McqRecord) -> Value {
 
 /// Calls `f` with every document of `path` and the input bytes it consumed, until it
 /// returns `false`.
-fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Doc, u64) -> Result<bool, Error>) -> Result<(), Error> {
+fn read_docs(
+    path: &Path,
+    format: InputFormat,
+    field: &str,
+    f: &mut dyn FnMut(Doc, u64) -> Result<bool, Error>,
+) -> Result<(), Error> {
     match format {
         InputFormat::Jsonl | InputFormat::Medqa => {
             let file = std::fs::File::open(path).map_err(io_err(path))?;
@@ -216,11 +227,15 @@ fn read_docs(path: &Path, format: InputFormat, field: &str, f: &mut dyn FnMut(Do
         InputFormat::Parquet => {
             use parquet::file::reader::{FileReader, SerializedFileReader};
             let file = std::fs::File::open(path).map_err(io_err(path))?;
-            let reader = SerializedFileReader::new(file).map_err(|e| data_err(path, format!("not a Parquet file: {e}")))?;
+            let reader =
+                SerializedFileReader::new(file).map_err(|e| data_err(path, format!("not a Parquet file: {e}")))?;
             let schema = reader.metadata().file_metadata().schema_descr_ptr();
             let columns: Vec<String> = schema.columns().iter().map(|c| c.name().to_string()).collect();
             let idx = columns.iter().position(|c| c == field).ok_or_else(|| {
-                data_err(path, format!("no column `{field}` (columns: {}); choose one with --field", columns.join(", ")))
+                data_err(
+                    path,
+                    format!("no column `{field}` (columns: {}); choose one with --field", columns.join(", ")),
+                )
             })?;
             let rows = reader.metadata().file_metadata().num_rows().max(1) as u64;
             let per_row = std::fs::metadata(path).map_err(io_err(path))?.len() / rows;
@@ -341,9 +356,8 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     let files = input_files(&o.inputs, o.format)?;
     let tok = load_tokenizer(o, &files)?;
     std::fs::create_dir_all(&o.output).map_err(io_err(&o.output))?;
-    let name = o.name.clone().unwrap_or_else(|| {
-        o.output.file_name().and_then(|n| n.to_str()).unwrap_or("source").to_string()
-    });
+    let name =
+        o.name.clone().unwrap_or_else(|| o.output.file_name().and_then(|n| n.to_str()).unwrap_or("source").to_string());
     let dtype = Dtype::for_vocab(tok.vocab_size());
     let writer = |prefix| ShardWriter {
         dir: &o.output,
@@ -361,11 +375,17 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     let mut records: [Vec<String>; 2] = Default::default();
 
     let total_bytes: u64 = files.iter().map(|(p, _)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
-    let bar = if o.progress { ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr()) } else { ProgressBar::hidden() };
+    let bar = if o.progress {
+        ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     bar.set_message(format!("prepare {name}"));
 
@@ -408,7 +428,11 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
         let (texts, mcq): (Vec<String>, Vec<Option<McqRecord>>) = docs.into_iter().map(|d| (d.text, d.record)).unzip();
         for (record, ids) in mcq.iter().zip(tok.encode_batch(&texts)) {
             let validation = held_out(o.seed, documents, o.validation_fraction);
-            if validation { val.push(&ids)? } else { train.push(&ids)? }
+            if validation {
+                val.push(&ids)?
+            } else {
+                train.push(&ids)?
+            }
             if let Some(r) = record {
                 records[validation as usize].push(medqa_json(r).to_string());
             }
@@ -424,12 +448,16 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
         return Err(Error::InvalidSpec("--input: the inputs hold no documents".into()));
     }
     if held == 0 && o.validation_fraction > 0.0 {
-        tracing::warn!("{name}: no document fell into the {} validation split; raise --validation-fraction", o.validation_fraction);
+        tracing::warn!(
+            "{name}: no document fell into the {} validation split; raise --validation-fraction",
+            o.validation_fraction
+        );
     }
     let (train_tokens, validation_tokens) = (train.tokens, val.tokens);
     let (train, validation) = (train.finish()?, val.finish()?);
     let record_files = if medqa {
-        let mut files = RecordFiles { train: "records-train.jsonl".into(), validation: "records-validation.jsonl".into() };
+        let mut files =
+            RecordFiles { train: "records-train.jsonl".into(), validation: "records-validation.jsonl".into() };
         for (recs, file) in records.iter().zip([&mut files.train, &mut files.validation]) {
             let path = o.output.join(&*file);
             super::write_atomic(&path, (recs.join("\n") + "\n").as_bytes()).map_err(io_err(&path))?;
@@ -487,7 +515,13 @@ mod tests {
 
     fn docs() -> Vec<String> {
         (0..40)
-            .map(|i| format!("Document {i}: the river Belmora runs {} miles past {} towns.\nSecond line, ünïcode ✓.", i * 3, i % 7))
+            .map(|i| {
+                format!(
+                    "Document {i}: the river Belmora runs {} miles past {} towns.\nSecond line, ünïcode ✓.",
+                    i * 3,
+                    i % 7
+                )
+            })
             .collect()
     }
 
@@ -518,8 +552,10 @@ mod tests {
         use parquet::file::properties::WriterProperties;
         use parquet::file::writer::SerializedFileWriter;
         let schema = Arc::new(
-            parquet::schema::parser::parse_message_type("message schema { REQUIRED INT64 id; REQUIRED BYTE_ARRAY text (UTF8); }")
-                .unwrap(),
+            parquet::schema::parser::parse_message_type(
+                "message schema { REQUIRED INT64 id; REQUIRED BYTE_ARRAY text (UTF8); }",
+            )
+            .unwrap(),
         );
         let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
         let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
@@ -552,7 +588,11 @@ mod tests {
         std::fs::create_dir_all(text_dir.join("sub")).unwrap();
         for (i, d) in docs.iter().enumerate() {
             // Path order is document order, and subdirectories are walked.
-            let file = if i < 30 { text_dir.join(format!("{i:03}.txt")) } else { text_dir.join("sub").join(format!("{i:03}.txt")) };
+            let file = if i < 30 {
+                text_dir.join(format!("{i:03}.txt"))
+            } else {
+                text_dir.join("sub").join(format!("{i:03}.txt"))
+            };
             std::fs::write(file, d).unwrap();
         }
         std::fs::write(text_dir.join(".hidden.txt"), "skipped").unwrap();
@@ -596,7 +636,11 @@ mod tests {
         o.output = dir.0.join("c");
         o.seed = 1;
         prepare(&o).unwrap();
-        assert_ne!(Manifest::read(&dir.0.join("c")).unwrap().validation, b.validation, "another seed holds out other documents");
+        assert_ne!(
+            Manifest::read(&dir.0.join("c")).unwrap().validation,
+            b.validation,
+            "another seed holds out other documents"
+        );
     }
 
     #[test]
@@ -671,9 +715,17 @@ mod tests {
         assert!(e.contains("b.jsonl") && e.contains("line 1") && e.contains("not a string"), "{e}");
         let e = err("c.jsonl", b"{not json\n", "text");
         assert!(e.contains("c.jsonl") && e.contains("not JSON"), "{e}");
-        let e = err("d.jsonl", br#"{"question": "q", "options": {"A": "a", "B": "b", "C": "c", "D": "d"}, "answer_idx": "E"}"#, "text");
+        let e = err(
+            "d.jsonl",
+            br#"{"question": "q", "options": {"A": "a", "B": "b", "C": "c", "D": "d"}, "answer_idx": "E"}"#,
+            "text",
+        );
         assert!(e.contains("d.jsonl") && e.contains("answer_idx") && e.contains("\"E\""), "{e}");
-        let e = err("e.jsonl", br#"{"question": "q", "options": {"A": "a", "B": "b", "C": "c"}, "answer_idx": "A"}"#, "text");
+        let e = err(
+            "e.jsonl",
+            br#"{"question": "q", "options": {"A": "a", "B": "b", "C": "c"}, "answer_idx": "A"}"#,
+            "text",
+        );
         assert!(e.contains("options.D"), "{e}");
         let e = err("f.txt", &[0x66, 0xff, 0xfe, 0x00], "text");
         assert!(e.contains("f.txt") && e.contains("not UTF-8"), "{e}");

@@ -41,14 +41,25 @@ pub struct RemoteShards {
 
 impl std::fmt::Debug for RemoteShards {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteShards").field("uri", &storage::uri(&self.bucket, &self.prefix)).field("shards", &self.entries.len()).finish()
+        f.debug_struct("RemoteShards")
+            .field("uri", &storage::uri(&self.bucket, &self.prefix))
+            .field("shards", &self.entries.len())
+            .finish()
     }
 }
 
 impl RemoteShards {
     /// `entries` of the manifest at `s3://bucket/prefix`, cached under `cache_dir`.
-    pub fn new(s3: Arc<S3>, bucket: &str, prefix: &str, manifest: &Manifest, entries: &[ShardEntry], cache_dir: &Path) -> RemoteShards {
-        let budget = std::env::var("TRAINER_S3_CACHE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CACHE_BYTES);
+    pub fn new(
+        s3: Arc<S3>,
+        bucket: &str,
+        prefix: &str,
+        manifest: &Manifest,
+        entries: &[ShardEntry],
+        cache_dir: &Path,
+    ) -> RemoteShards {
+        let budget =
+            std::env::var("TRAINER_S3_CACHE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CACHE_BYTES);
         RemoteShards {
             s3,
             bucket: bucket.to_string(),

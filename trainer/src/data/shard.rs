@@ -161,7 +161,8 @@ impl Shard {
         // file truncated under us would fault, which the checksum pass below makes unlikely.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(crate::io_err(path))?;
         let header = Header::decode(&map, path)?;
-        let want = header.tokens.checked_mul(header.dtype.bytes() as u64).and_then(|b| b.checked_add(HEADER_BYTES as u64));
+        let want =
+            header.tokens.checked_mul(header.dtype.bytes() as u64).and_then(|b| b.checked_add(HEADER_BYTES as u64));
         if want != Some(map.len() as u64) {
             return Err(shard_error(
                 path,
@@ -175,7 +176,10 @@ impl Shard {
         }
         let crc = crc32fast::hash(&map[HEADER_BYTES..]);
         if crc != header.crc32 {
-            return Err(shard_error(path, format!("checksum mismatch: CRC-32 {crc:08x}, header says {:08x} (corrupt)", header.crc32)));
+            return Err(shard_error(
+                path,
+                format!("checksum mismatch: CRC-32 {crc:08x}, header says {:08x} (corrupt)", header.crc32),
+            ));
         }
         Ok(Shard { path: path.to_path_buf(), header, map })
     }
@@ -274,9 +278,8 @@ impl Manifest {
     /// Reads `dir/manifest.json`.
     pub fn read(dir: &Path) -> Result<Manifest, Error> {
         let path = dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            shard_error(&path, format!("{e}; is this a `trainer prepare` output directory?"))
-        })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| shard_error(&path, format!("{e}; is this a `trainer prepare` output directory?")))?;
         Self::parse(&text, &path)
     }
 
@@ -286,7 +289,10 @@ impl Manifest {
         let m: Manifest =
             serde_json::from_str(text).map_err(|e| shard_error(path, format!("not a shard manifest: {e}")))?;
         if m.format != MANIFEST_FORMAT || m.version != VERSION {
-            return Err(shard_error(path, format!("format {:?} version {}; expected {MANIFEST_FORMAT:?} version {VERSION}", m.format, m.version)));
+            return Err(shard_error(
+                path,
+                format!("format {:?} version {}; expected {MANIFEST_FORMAT:?} version {VERSION}", m.format, m.version),
+            ));
         }
         Ok(m)
     }
@@ -316,13 +322,19 @@ impl ShardSet {
             let shard = Shard::open(&path)?;
             let h = shard.header();
             if h.tokens != e.tokens || h.crc32 != e.crc32 {
-                return Err(shard_error(&path, format!(
-                    "does not match {}: {} tokens / CRC {:08x} here, {} / {:08x} in the manifest",
-                    MANIFEST, h.tokens, h.crc32, e.tokens, e.crc32
-                )));
+                return Err(shard_error(
+                    &path,
+                    format!(
+                        "does not match {}: {} tokens / CRC {:08x} here, {} / {:08x} in the manifest",
+                        MANIFEST, h.tokens, h.crc32, e.tokens, e.crc32
+                    ),
+                ));
             }
             if h.tokenizer_hash != manifest.tokenizer.hash {
-                return Err(shard_error(&path, format!("made with tokenizer {}, the manifest says {}", h.tokenizer_hash, manifest.tokenizer.hash)));
+                return Err(shard_error(
+                    &path,
+                    format!("made with tokenizer {}, the manifest says {}", h.tokenizer_hash, manifest.tokenizer.hash),
+                ));
             }
             shards.push(shard);
         }
@@ -353,7 +365,12 @@ mod tests {
             assert_eq!(s.tokens(1234, 5).as_ref(), &toks[1234..1239]);
             assert_eq!(std::fs::metadata(&path).unwrap().len(), (HEADER_BYTES + 10_000 * dtype.bytes()) as u64);
         }
-        assert!(write(&dir.0.join("x.bin"), &[70_000], Dtype::U16, 0, "h").unwrap_err().to_string().contains("does not fit u16"));
+        assert!(
+            write(&dir.0.join("x.bin"), &[70_000], Dtype::U16, 0, "h")
+                .unwrap_err()
+                .to_string()
+                .contains("does not fit u16")
+        );
     }
 
     #[test]

@@ -76,8 +76,7 @@ impl Tokenizer {
 
     fn from_json(json: &str, origin: &str) -> Result<Self, Error> {
         let err = |message: String| Error::Tokenizer { path: origin.to_string(), message };
-        let mut inner: tokenizers::Tokenizer =
-            json.parse().map_err(|e| err(format!("not a tokenizer.json: {e}")))?;
+        let mut inner: tokenizers::Tokenizer = json.parse().map_err(|e| err(format!("not a tokenizer.json: {e}")))?;
         // Documents are concatenated into a stream: a file's truncation or padding settings
         // would silently cut or pad them.
         inner.with_truncation(None).map_err(|e| err(e.to_string()))?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
-use super::{free_port, Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp};
+use super::{Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp, free_port};
 use crate::Error;
 use crate::status::SharedStatus;
 use crate::train::{RunOptions, Trainer};
@@ -33,11 +33,16 @@ pub struct DdpBenchOptions {
 pub(crate) fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync) -> Result<T, Error> {
     let port = free_port()?;
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world).map(|rank| s.spawn({
-            let f = &f;
-            move || f(rank, port)
-        })).collect();
-        let mut results: Vec<Result<T, Error>> = handles.into_iter().map(|h| h.join().expect("bench rank panicked")).collect();
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn({
+                    let f = &f;
+                    move || f(rank, port)
+                })
+            })
+            .collect();
+        let mut results: Vec<Result<T, Error>> =
+            handles.into_iter().map(|h| h.join().expect("bench rank panicked")).collect();
         results.swap_remove(0)
     })
 }
@@ -102,7 +107,8 @@ fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Pa
         .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
     on_ranks(threads, |thread, port| {
         let rank = if world == 1 { 0 } else { thread };
-        let placement = Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
+        let placement =
+            Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
         let opts = RunOptions {
             output_dir: dir.join(format!("w{world}-t{thread}")),
             status_addr: None,
@@ -139,7 +145,11 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         let seconds = on_ranks(world, |rank, port| time_allreduce(&gloo(rank, world, port)?, numel, 7))?;
         let bytes = numel as f64 * 4.0;
         let algbw = bytes / seconds / 1e9;
-        eprintln!("all-reduce {mib:>6.1} MiB × {world} ranks: {:>8.2} ms, algbw {algbw:.2} GB/s, busbw {:.2} GB/s", seconds * 1e3, algbw * bus_factor);
+        eprintln!(
+            "all-reduce {mib:>6.1} MiB × {world} ranks: {:>8.2} ms, algbw {algbw:.2} GB/s, busbw {:.2} GB/s",
+            seconds * 1e3,
+            algbw * bus_factor
+        );
         allreduce.push(json!({"mib": mib, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor}));
     }
     let dir = std::env::temp_dir().join(format!("trainer-bench-ddp-{}", std::process::id()));
@@ -151,7 +161,13 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
     eprintln!(
         "step time at micro-batch {} × {} on {}: 1 rank alone {:.1} ms, {world} independent ranks side by side {:.1} ms, \
          {world}-rank DDP {:.1} ms: DDP/1 rank {ratio:.3}, DDP/side by side {:.3}",
-        o.micro_batch, o.seq, o.preset, one * 1e3, side_by_side * 1e3, many * 1e3, many / side_by_side
+        o.micro_batch,
+        o.seq,
+        o.preset,
+        one * 1e3,
+        side_by_side * 1e3,
+        many * 1e3,
+        many / side_by_side
     );
     Ok(json!({
         "ranks": world,

@@ -93,8 +93,8 @@ impl GroupOptions {
         if let Some(iface) = std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()) {
             return GlooDevice::Interface(iface.split(',').next().unwrap_or_default().to_string());
         }
-        let loopback = master_addr == "localhost"
-            || master_addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        let loopback =
+            master_addr == "localhost" || master_addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
         if loopback { GlooDevice::Host("127.0.0.1".into()) } else { GlooDevice::Default }
     }
 }
@@ -210,7 +210,8 @@ impl ProcessGroup {
     pub fn broadcast(&self, t: &Tensor, root: u32) -> Result<Work<'_>, Error> {
         let mut work = std::ptr::null_mut();
         // SAFETY: as in allreduce.
-        let err = unsafe { raw::shim_pg_broadcast(self.as_raw(), t.as_ptr() as *mut C_tensor, root as c_int, &mut work) };
+        let err =
+            unsafe { raw::shim_pg_broadcast(self.as_raw(), t.as_ptr() as *mut C_tensor, root as c_int, &mut work) };
         self.work(err, work, "broadcast")
     }
 

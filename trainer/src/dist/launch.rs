@@ -280,12 +280,22 @@ mod tests {
     fn the_nccl_watchdog_lines_are_recognised_without_the_log_prefix() {
         assert_eq!(
             collective_failure(TIMEOUT).as_deref(),
-            Some("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.")
+            Some(
+                "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out."
+            )
         );
-        assert!(collective_failure(REMOTE).unwrap().starts_with("[PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog"));
+        assert!(
+            collective_failure(REMOTE)
+                .unwrap()
+                .starts_with("[PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog")
+        );
         let stuck = "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives.";
         assert_eq!(collective_failure(stuck).as_deref(), Some(stuck));
-        for other in ["INFO step 3 loss 10.9", "terminate called after throwing an instance of 'c10::Error'", "CUDA error: an illegal memory access"] {
+        for other in [
+            "INFO step 3 loss 10.9",
+            "terminate called after throwing an instance of 'c10::Error'",
+            "CUDA error: an illegal memory access",
+        ] {
             assert_eq!(collective_failure(other), None, "{other}");
         }
     }
@@ -325,7 +335,10 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: 1,
             program: Some("/bin/sh".into()),
-            worker_args: vec!["-c".into(), format!("if [ \"$RANK\" = 1 ]; then {script}; else exec sleep 60; fi").into()],
+            worker_args: vec![
+                "-c".into(),
+                format!("if [ \"$RANK\" = 1 ]; then {script}; else exec sleep 60; fi").into(),
+            ],
             termination_log: Some(log.clone()),
             grace: Duration::from_secs(10),
         };
@@ -337,7 +350,9 @@ mod tests {
 
     #[test]
     fn a_worker_aborted_by_the_nccl_watchdog_is_reported_as_a_collective_timeout() {
-        let script = format!("echo 'INFO step 7' >&2; echo '{TIMEOUT}' >&2; echo \"terminate called after throwing an instance of 'c10::DistBackendError'\" >&2; kill -ABRT $$");
+        let script = format!(
+            "echo 'INFO step 7' >&2; echo '{TIMEOUT}' >&2; echo \"terminate called after throwing an instance of 'c10::DistBackendError'\" >&2; kill -ABRT $$"
+        );
         let (outcome, message) = launch_sh("watchdog", &script);
         let detail = collective_failure(TIMEOUT).unwrap();
         let code = FailureReason::CollectiveTimeout.exit_code();
@@ -355,7 +370,8 @@ mod tests {
 
     #[test]
     fn a_worker_that_reports_its_own_failure_is_believed() {
-        let own = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(9), detail: "loss NaN".into() }.to_json();
+        let own =
+            TerminationMessage { reason: FailureReason::NaNLoss, step: Some(9), detail: "loss NaN".into() }.to_json();
         let script = format!("echo '{TIMEOUT}' >&2; printf '%s' '{own}' > \"${}\"; exit 86", env::TERMINATION_LOG);
         let (outcome, message) = launch_sh("own", &script);
         assert_eq!(outcome, LaunchOutcome { exit_code: 86, failed_rank: Some(1), cause: None });

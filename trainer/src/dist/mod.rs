@@ -47,7 +47,8 @@ impl Placement {
             return Ok(Placement::single());
         }
         let num = |name: &str| -> Result<u32, Error> {
-            let v = get(name).ok_or_else(|| Error::InvalidSpec(format!("{name} is not set (RANK and WORLD_SIZE come together)")))?;
+            let v = get(name)
+                .ok_or_else(|| Error::InvalidSpec(format!("{name} is not set (RANK and WORLD_SIZE come together)")))?;
             v.parse().map_err(|_| Error::InvalidSpec(format!("{name}={v:?} is not a non-negative integer")))
         };
         let p = Placement {
@@ -123,7 +124,8 @@ pub fn check_parameters_agree(group: &ProcessGroup, params: &[Tensor], what: &st
     let lo = hi.f_neg()?;
     group.allreduce(&hi, ReduceOp::Max)?.wait()?;
     group.allreduce(&lo, ReduceOp::Max)?.wait()?;
-    let (hi, lo) = (Vec::<f64>::try_from(hi.f_to_device(Device::Cpu)?)?, Vec::<f64>::try_from(lo.f_to_device(Device::Cpu)?)?);
+    let (hi, lo) =
+        (Vec::<f64>::try_from(hi.f_to_device(Device::Cpu)?)?, Vec::<f64>::try_from(lo.f_to_device(Device::Cpu)?)?);
     for (i, (&h, &l)) in hi.iter().zip(&lo).enumerate() {
         let (max, min) = (h, -l);
         if (max - min).abs() > 1e-9 * max.abs().max(min.abs()).max(1.0) {

@@ -72,7 +72,8 @@ impl GradReducer {
     /// get its whole gradient in one accumulation, as the model's backward passes do
     /// (a second one is an error).
     pub fn new(group: Arc<ProcessGroup>, params: &[Tensor], bucket_cap_bytes: usize) -> Result<GradReducer, Error> {
-        let sizes: Vec<_> = params.iter().map(|p| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device())).collect();
+        let sizes: Vec<_> =
+            params.iter().map(|p| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device())).collect();
         let bucket_of = assign_buckets(&sizes, bucket_cap_bytes.max(1));
         let n_buckets = bucket_of.iter().max().map_or(0, |&b| b as usize + 1);
         let p = ptrs(params);
@@ -145,7 +146,10 @@ mod tests {
 
     #[test]
     fn dtypes_never_share_a_bucket() {
-        let b = assign_buckets(&[(4, Kind::Float, Device::Cpu), (2, Kind::BFloat16, Device::Cpu), (4, Kind::Float, Device::Cpu)], 1 << 20);
+        let b = assign_buckets(
+            &[(4, Kind::Float, Device::Cpu), (2, Kind::BFloat16, Device::Cpu), (4, Kind::Float, Device::Cpu)],
+            1 << 20,
+        );
         assert_eq!(b, vec![2, 1, 0]);
     }
 

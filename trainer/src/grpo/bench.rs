@@ -44,7 +44,9 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
     vs.set_device(o.device);
     let vocab = o.model.vocab_size as i64;
     let prompts: Vec<Vec<i64>> = (0..o.batch as u64)
-        .map(|b| (0..o.prompt_tokens as u64).map(|i| (crate::data::splitmix64(b * 7919 + i) % vocab as u64) as i64).collect())
+        .map(|b| {
+            (0..o.prompt_tokens as u64).map(|i| (crate::data::splitmix64(b * 7919 + i) % vocab as u64) as i64).collect()
+        })
         .collect();
     let flat: Vec<i64> = prompts.concat();
     let x = Tensor::f_from_slice(&flat)?.f_view([o.batch as i64, o.prompt_tokens as i64])?.f_to_device(o.device)?;
@@ -64,10 +66,17 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
     let cached_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let full = generate::generate(&model, &x, o.new_tokens, &greedy, None)?;
-    let full = full.f_narrow(1, o.prompt_tokens as i64, o.new_tokens as i64)?.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?;
+    let full = full
+        .f_narrow(1, o.prompt_tokens as i64, o.new_tokens as i64)?
+        .f_to_kind(Kind::Int64)?
+        .f_to_device(Device::Cpu)?;
     sync();
     let full_s = started.elapsed().as_secs_f64();
-    let same = cached.iter().enumerate().filter(|(b, row)| Vec::<i64>::try_from(full.get(*b as i64)).is_ok_and(|f| f == **row)).count();
+    let same = cached
+        .iter()
+        .enumerate()
+        .filter(|(b, row)| Vec::<i64>::try_from(full.get(*b as i64)).is_ok_and(|f| f == **row))
+        .count();
 
     let tokens = (o.batch * o.new_tokens) as f64;
     let summary = json!({

@@ -105,7 +105,10 @@ fn fetch(cfg: &RunConfig, loc: &Location) -> Result<PathBuf, Error> {
         Location::Embedded { name } => {
             return Err(Error::Data {
                 name: format!("embedded:{name}"),
-                message: format!("not a question set; the embedded ones are {}", crds::resolve::EMBEDDED_QUESTION_SETS.join(", ")),
+                message: format!(
+                    "not a question set; the embedded ones are {}",
+                    crds::resolve::EMBEDDED_QUESTION_SETS.join(", ")
+                ),
             });
         }
     })
@@ -117,7 +120,8 @@ fn read_local(local: &Path, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecor
         let manifest = Manifest::read(&local)?;
         let files = manifest.records.ok_or_else(|| Error::Data {
             name: local.display().to_string(),
-            message: "this prepared dataset has no multiple-choice records; prepare MedQA jsonl with --format medqa".into(),
+            message: "this prepared dataset has no multiple-choice records; prepare MedQA jsonl with --format medqa"
+                .into(),
         })?;
         let train = read_jsonl(&local.join(&files.train))?;
         let held_out = read_jsonl(&local.join(&files.validation))?;
@@ -154,7 +158,10 @@ fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Erro
 /// MedQA jsonl (GBaker format); errors name the file and line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<McqRecord>, Error> {
     let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
-    let bad = |line: usize, message: String| Error::Data { name: path.display().to_string(), message: format!("line {line}: {message}") };
+    let bad = |line: usize, message: String| Error::Data {
+        name: path.display().to_string(),
+        message: format!("line {line}: {message}"),
+    };
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

@@ -89,7 +89,12 @@ pub fn evaluate(
         totals.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);
     }
     let n = totals[0].max(1.0);
-    Ok(McqScore { questions: totals[0] as u64, greedy: totals[1] / n, log_likelihood: totals[2] / n, unparsed: totals[3] / n })
+    Ok(McqScore {
+        questions: totals[0] as u64,
+        greedy: totals[1] / n,
+        log_likelihood: totals[2] / n,
+        unparsed: totals[3] / n,
+    })
 }
 
 fn ids(tok: &Tokenizer, text: &str) -> Vec<i64> {

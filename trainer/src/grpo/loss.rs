@@ -120,7 +120,8 @@ pub fn policy_loss(
     let mut per_token = coef_1.f_mul(&a)?.f_minimum(&coef_2.f_mul(&a)?)?.f_neg()?;
     let mut kl_sum = Tensor::f_zeros([], (Kind::Float, logp.device()))?;
     if s.beta != 0.0 {
-        let reference = reference.ok_or_else(|| TchError::Kind("β > 0 needs the reference model's log-probabilities".into()))?;
+        let reference =
+            reference.ok_or_else(|| TchError::Kind("β > 0 needs the reference model's log-probabilities".into()))?;
         let d = reference.f_sub(logp)?;
         let mut kl = d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?; // k3
         if s.unbiased_kl {
@@ -133,7 +134,8 @@ pub fn policy_loss(
     let mut off_policy_masked = Tensor::f_zeros([], (Kind::Float, logp.device()))?;
     if let Some(delta) = s.off_policy_threshold {
         let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?;
-        let drift = old.f_sub(&logp.f_detach()?)?.f_mul(mask)?.f_sum_dim_intlist(1, false, Kind::Float)?.f_div(&lengths)?;
+        let drift =
+            old.f_sub(&logp.f_detach()?)?.f_mul(mask)?.f_sum_dim_intlist(1, false, Kind::Float)?.f_div(&lengths)?;
         let drop = drift.f_gt(delta)?.f_logical_and(&adv.f_lt(0.0)?)?.f_to_kind(Kind::Float)?;
         off_policy_masked = drop.f_mul(&keep)?.f_sum(Kind::Float)?;
         keep = keep.f_mul(&drop.f_neg()?.f_add_scalar(1.0)?)?;
@@ -142,10 +144,16 @@ pub fn policy_loss(
     let loss = match s.loss_type {
         LossType::Grpo => {
             let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?;
-            weighted.f_sum_dim_intlist(1, false, Kind::Float)?.f_div(&lengths)?.f_sum(Kind::Float)?.f_div_scalar(norm.sequences)?
+            weighted
+                .f_sum_dim_intlist(1, false, Kind::Float)?
+                .f_div(&lengths)?
+                .f_sum(Kind::Float)?
+                .f_div_scalar(norm.sequences)?
         }
         LossType::Bnpo => weighted.f_sum(Kind::Float)?.f_div_scalar(norm.tokens.max(1.0))?,
-        LossType::DrGrpo => weighted.f_sum(Kind::Float)?.f_div_scalar(norm.sequences * s.max_completion_length as f64)?,
+        LossType::DrGrpo => {
+            weighted.f_sum(Kind::Float)?.f_div_scalar(norm.sequences * s.max_completion_length as f64)?
+        }
     };
     let counted = |t: Tensor| -> Result<Tensor, TchError> { t.f_to_kind(Kind::Float)?.f_mul(mask)?.f_sum(Kind::Float) };
     let coef = coef_1.f_detach()?;
@@ -170,7 +178,8 @@ mod tests {
 
     /// The script's `grid`: element (b, t) is f(b, t), computed in f64, stored f32.
     fn grid(f: impl Fn(f64, f64) -> f64) -> Tensor {
-        let v: Vec<f64> = (0..B).flat_map(|b| (0..T).map(move |t| (b, t))).map(|(b, t)| f(b as f64, t as f64)).collect();
+        let v: Vec<f64> =
+            (0..B).flat_map(|b| (0..T).map(move |t| (b, t))).map(|(b, t)| f(b as f64, t as f64)).collect();
         Tensor::from_slice(&v).view([B, T]).to_kind(Kind::Float)
     }
 
@@ -189,7 +198,9 @@ mod tests {
     fn advantages_match_trl() {
         let g: Value = serde_json::from_str(GOLDEN).unwrap();
         let batch_std = std_unbiased(&ADV_REWARDS);
-        for (name, scale) in [("group", ScaleRewards::Group), ("batch", ScaleRewards::Batch), ("none", ScaleRewards::None)] {
+        for (name, scale) in
+            [("group", ScaleRewards::Group), ("batch", ScaleRewards::Batch), ("none", ScaleRewards::None)]
+        {
             let (adv, flat) = advantages(&ADV_REWARDS, 4, scale, batch_std);
             close(&adv, &floats(&g["advantages"][name]), 1e-5, name);
             assert_eq!(flat, [[false; 4], [true; 4], [false; 4]].concat(), "the middle group has equal rewards");
@@ -221,11 +232,18 @@ mod tests {
             };
             let logp = logp0.copy().set_requires_grad(true);
             let old = c["old"].as_bool().unwrap().then_some(&old);
-            let parts = policy_loss(&logp, old, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap()).unwrap();
+            let parts =
+                policy_loss(&logp, old, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap())
+                    .unwrap();
             parts.loss.backward();
             let scalar = |t: &Tensor| t.double_value(&[]);
             close(&[scalar(&parts.loss)], &[c["loss"].as_f64().unwrap()], 1e-6, name);
-            close(&Vec::<f64>::try_from(logp.grad().to_kind(Kind::Double).view([-1])).unwrap(), &floats(&c["grad"]), 1e-6, name);
+            close(
+                &Vec::<f64>::try_from(logp.grad().to_kind(Kind::Double).view([-1])).unwrap(),
+                &floats(&c["grad"]),
+                1e-6,
+                name,
+            );
             close(&[scalar(&parts.kl_sum)], &[c["kl_sum"].as_f64().unwrap()], 1e-5, name);
             let counts = [scalar(&parts.clipped_low), scalar(&parts.clipped_high), scalar(&parts.off_policy_masked)];
             let want = ["clipped_low", "clipped_high", "off_policy_masked"].map(|k| c[k].as_f64().unwrap());
@@ -250,7 +268,8 @@ mod tests {
             off_policy_threshold: None,
             max_completion_length: T,
         };
-        let parts = policy_loss(&logp, None, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap()).unwrap();
+        let parts =
+            policy_loss(&logp, None, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap()).unwrap();
         parts.loss.backward();
         let grad = logp.grad();
         assert_eq!(grad.narrow(0, 4, 4).abs().sum(Kind::Float).double_value(&[]), 0.0);
@@ -261,11 +280,20 @@ mod tests {
     fn token_logps_match_log_softmax() {
         let g: Value = serde_json::from_str(GOLDEN).unwrap();
         let v: Vec<f64> = (0..2)
-            .flat_map(|b| (0..3).flat_map(move |t| (0..7).map(move |v| 2.0 * (0.3 * b as f64 + 0.7 * t as f64 + 1.1 * v as f64).sin())))
+            .flat_map(|b| {
+                (0..3).flat_map(move |t| {
+                    (0..7).map(move |v| 2.0 * (0.3 * b as f64 + 0.7 * t as f64 + 1.1 * v as f64).sin())
+                })
+            })
             .collect();
         let logits = Tensor::from_slice(&v).view([2, 3, 7]).to_kind(Kind::Float);
         let targets = Tensor::from_slice(&[0i64, 2, 4, 1, 3, 5]).view([2, 3]);
         let got = token_logps(&logits, &targets, 0.7).unwrap();
-        close(&Vec::<f64>::try_from(got.to_kind(Kind::Double).view([-1])).unwrap(), &floats(&g["token_logps"]), 1e-5, "token_logps");
+        close(
+            &Vec::<f64>::try_from(got.to_kind(Kind::Double).view([-1])).unwrap(),
+            &floats(&g["token_logps"]),
+            1e-5,
+            "token_logps",
+        );
     }
 }

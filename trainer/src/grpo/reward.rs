@@ -9,7 +9,8 @@
 /// counts only as the whole answer (`" c"`), never before other words (`a` is an article). Two different letters at the
 /// start (`"A or C"`) or in explicit forms are no answer.
 pub fn parse_answer(completion: &str) -> Option<usize> {
-    let letter = |c: char| matches!(c.to_ascii_uppercase(), 'A'..='D').then(|| (c.to_ascii_uppercase() as u8 - b'A') as usize);
+    let letter =
+        |c: char| matches!(c.to_ascii_uppercase(), 'A'..='D').then(|| (c.to_ascii_uppercase() as u8 - b'A') as usize);
     let boundary = |c: Option<char>| c.is_none_or(|c| !c.is_alphanumeric());
     let first_line = completion.trim_start().lines().next().unwrap_or("");
     // A letter opening the completion, bare or in parentheses.
@@ -44,7 +45,8 @@ fn standalone_capitals(s: &str) -> impl Iterator<Item = usize> + '_ {
     let chars: Vec<char> = s.chars().collect();
     (0..chars.len()).filter_map(move |i| {
         let c = chars[i];
-        let alone = (i == 0 || !chars[i - 1].is_alphanumeric()) && chars.get(i + 1).is_none_or(|n| !n.is_alphanumeric());
+        let alone =
+            (i == 0 || !chars[i - 1].is_alphanumeric()) && chars.get(i + 1).is_none_or(|n| !n.is_alphanumeric());
         (alone && matches!(c, 'A'..='D')).then(|| (c as u8 - b'A') as usize)
     })
 }
@@ -59,7 +61,10 @@ fn explicit(s: &str) -> impl Iterator<Item = usize> + '_ {
     let mut out = Vec::new();
     for i in 0..n {
         // "(x)" with a word boundary before it.
-        if bytes[i] == b'(' && i + 2 < n && bytes[i + 2] == b')' && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric())
+        if bytes[i] == b'('
+            && i + 2 < n
+            && bytes[i + 2] == b')'
+            && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric())
             && let Some(o) = option(bytes[i + 1])
         {
             out.push(o);
@@ -84,7 +89,10 @@ fn explicit(s: &str) -> impl Iterator<Item = usize> + '_ {
             if paren {
                 j += 1;
             }
-            if j < n && let Some(o) = option(bytes[j]) && (if paren { j + 1 < n && bytes[j + 1] == b')' } else { word_end(&bytes, j + 1) }) {
+            if j < n
+                && let Some(o) = option(bytes[j])
+                && (if paren { j + 1 < n && bytes[j + 1] == b')' } else { word_end(&bytes, j + 1) })
+            {
                 out.push(o);
             }
         }
@@ -106,11 +114,21 @@ pub struct Scored {
 /// longest allowed (`max_tokens`), so that stopping early without answering never scores
 /// above a wrong answer: with a length penalty, an empty completion would otherwise beat
 /// every wrong letter, and a group with no right answer would teach the policy to stop.
-pub fn mcq_reward(completion: &str, gold: usize, completion_tokens: usize, length_penalty: f64, max_tokens: usize) -> Scored {
+pub fn mcq_reward(
+    completion: &str,
+    gold: usize,
+    completion_tokens: usize,
+    length_penalty: f64,
+    max_tokens: usize,
+) -> Scored {
     let answer = parse_answer(completion);
     let correct = answer == Some(gold);
     let charged = if answer.is_some() { completion_tokens } else { max_tokens + 1 };
-    Scored { reward: if correct { 1.0 } else { 0.0 } - length_penalty * charged as f64, correct, unparsed: answer.is_none() }
+    Scored {
+        reward: if correct { 1.0 } else { 0.0 } - length_penalty * charged as f64,
+        correct,
+        unparsed: answer.is_none(),
+    }
 }
 
 #[cfg(test)]
@@ -147,8 +165,8 @@ mod tests {
         let cases: &[&str] = &[
             "",
             "   ",
-            " a fever and a rash",         // the article
-            " A or C",                     // two letters
+            " a fever and a rash", // the article
+            " A or C",             // two letters
             " B, C",
             "(A) or (B)",
             "Answer: A. No, answer: B",

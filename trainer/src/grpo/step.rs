@@ -150,7 +150,13 @@ pub fn pack(rows: &[(&[i64], &[i64])], pad: i64, device: Device) -> Result<Packe
 
 /// Per-token log-probabilities (B, L−1) of `packed`'s targets under `model`, over the
 /// sampler's support when `keep` (B, L−1, V) is given.
-pub fn packed_logps(model: &Model, packed: &Packed, temperature: f64, autocast: bool, keep: Option<&Tensor>) -> Result<Tensor, Error> {
+pub fn packed_logps(
+    model: &Model,
+    packed: &Packed,
+    temperature: f64,
+    autocast: bool,
+    keep: Option<&Tensor>,
+) -> Result<Tensor, Error> {
     let logits = crate::ffi::autocast(packed.inputs.device(), autocast, || model.logits(&packed.inputs))?;
     support_logps(&logits, &packed.targets, temperature, keep)
 }
@@ -215,7 +221,11 @@ pub struct Grpo {
 
 impl Grpo {
     /// `reference`: the frozen initial policy, present exactly when β > 0.
-    pub fn new(cfg: &RunConfig, questions: Questions, reference: Option<(tch::nn::VarStore, Model)>) -> Result<Grpo, Error> {
+    pub fn new(
+        cfg: &RunConfig,
+        questions: Questions,
+        reference: Option<(tch::nn::VarStore, Model)>,
+    ) -> Result<Grpo, Error> {
         let g = cfg.grpo.clone().ok_or_else(|| Error::InvalidSpec("spec.grpo is required for phase grpo".into()))?;
         let settings = LossSettings {
             epsilon_low: g.clip_epsilon_low,
@@ -327,7 +337,8 @@ impl Grpo {
         let tok = ctx.tokenizer;
         let eos = tok.eos_id() as i64;
         let first = generation * g.prompts_per_step as u64 + ctx.rank as u64 * g.prompts_per_rank as u64;
-        let records: Vec<_> = (0..g.prompts_per_rank as u64).map(|k| self.questions.nth(first + k, self.seed)).collect();
+        let records: Vec<_> =
+            (0..g.prompts_per_rank as u64).map(|k| self.questions.nth(first + k, self.seed)).collect();
         let max_prompt = self.max_prompt_tokens();
         let prompts: Vec<Vec<i64>> = records
             .iter()
@@ -341,7 +352,8 @@ impl Grpo {
         let sampling = Sampling { temperature: g.temperature, top_k: 0, top_p: g.top_p };
         let completions = {
             let _rng = crate::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
-            let key = crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
+            let key =
+                crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
             tch::manual_seed((key >> 1) as i64);
             crate::ffi::autocast(ctx.device, ctx.autocast, || {
                 generate::generate_cached(ctx.model, &rows, g.max_new_tokens as usize, &sampling, Some(eos), ctx.device)
@@ -355,7 +367,13 @@ impl Grpo {
         for (i, c) in completions.iter().enumerate() {
             let ended = c.last() == Some(&eos);
             let text_ids: Vec<u32> = c.iter().take_while(|&&t| t != eos).map(|&t| t as u32).collect();
-            let scored = reward::mcq_reward(&tok.decode(&text_ids), records[i / group].answer, text_ids.len(), g.length_penalty, g.max_new_tokens as usize);
+            let scored = reward::mcq_reward(
+                &tok.decode(&text_ids),
+                records[i / group].answer,
+                text_ids.len(),
+                g.length_penalty,
+                g.max_new_tokens as usize,
+            );
             rewards.push(scored.reward);
             truncated.push(!ended);
             sums.completions += 1.0;
@@ -367,7 +385,12 @@ impl Grpo {
         }
         // Over every rank: the reward spread (for batch scaling) and the completion
         // tokens (so that bnpo divides by the global count).
-        let mut global = [rewards.iter().sum::<f64>(), rewards.iter().map(|r| r * r).sum(), rewards.len() as f64, sums.completion_tokens];
+        let mut global = [
+            rewards.iter().sum::<f64>(),
+            rewards.iter().map(|r| r * r).sum(),
+            rewards.len() as f64,
+            sums.completion_tokens,
+        ];
         if let Some(grp) = ctx.group {
             let t = Tensor::f_from_slice(&global)?.f_to_device(ctx.device)?;
             grp.allreduce(&t, ReduceOp::Sum)?.wait()?;
@@ -386,16 +409,23 @@ impl Grpo {
         let mut micro = Vec::new();
         for start in (0..rows.len()).step_by(self.micro_batch) {
             let end = (start + self.micro_batch).min(rows.len());
-            let pairs: Vec<(&[i64], &[i64])> = (start..end).map(|i| (rows[i].as_slice(), completions[i].as_slice())).collect();
+            let pairs: Vec<(&[i64], &[i64])> =
+                (start..end).map(|i| (rows[i].as_slice(), completions[i].as_slice())).collect();
             let packed = pack(&pairs, eos, ctx.device)?;
-            let floats = |v: &[f64]| -> Result<Tensor, Error> { Ok(Tensor::f_from_slice(v)?.f_to_kind(Kind::Float)?.f_to_device(ctx.device)?) };
+            let floats = |v: &[f64]| -> Result<Tensor, Error> {
+                Ok(Tensor::f_from_slice(v)?.f_to_kind(Kind::Float)?.f_to_device(ctx.device)?)
+            };
             let (old, reference, support) = tch::no_grad(|| -> Result<_, Error> {
                 let truncated = g.top_p < 1.0;
                 // The sampling policy's view of the batch: its support and, when the batch
                 // serves several steps, its log-probabilities.
                 let (old, support) = if g.iterations > 1 || truncated {
                     let logits = crate::ffi::autocast(ctx.device, ctx.autocast, || ctx.model.logits(&packed.inputs))?;
-                    let support = if truncated { Some(keep_mask(&logits, &packed.targets, g.temperature, g.top_p)?) } else { None };
+                    let support = if truncated {
+                        Some(keep_mask(&logits, &packed.targets, g.temperature, g.top_p)?)
+                    } else {
+                        None
+                    };
                     let old = if g.iterations > 1 {
                         Some(support_logps(&logits, &packed.targets, g.temperature, support.as_ref())?)
                     } else {
@@ -411,7 +441,14 @@ impl Grpo {
                 };
                 Ok((old, reference, support))
             })?;
-            micro.push(Micro { adv: floats(&adv[start..end])?, keep: floats(&keep[start..end])?, packed, old, reference, support });
+            micro.push(Micro {
+                adv: floats(&adv[start..end])?,
+                keep: floats(&keep[start..end])?,
+                packed,
+                old,
+                reference,
+                support,
+            });
         }
         Ok(Rollout { generation, micro, norm, sums, sampling_seconds })
     }
@@ -428,8 +465,14 @@ mod tests {
         let logits = Tensor::from_slice(&[0.5f32, 0.3, 0.15, 0.05]).log().view([1, 1, 4]).repeat([1, 2, 1]);
         let targets = Tensor::from_slice(&[0i64, 3]).view([1, 2]);
         let keep = keep_mask(&logits, &targets, 1.0, 0.8).unwrap();
-        assert_eq!(Vec::<bool>::try_from(keep.view([-1])).unwrap(), [true, true, false, false, true, true, false, true]);
-        let got = Vec::<f64>::try_from(support_logps(&logits, &targets, 1.0, Some(&keep)).unwrap().view([-1]).to_kind(Kind::Double)).unwrap();
+        assert_eq!(
+            Vec::<bool>::try_from(keep.view([-1])).unwrap(),
+            [true, true, false, false, true, true, false, true]
+        );
+        let got = Vec::<f64>::try_from(
+            support_logps(&logits, &targets, 1.0, Some(&keep)).unwrap().view([-1]).to_kind(Kind::Double),
+        )
+        .unwrap();
         let want = [(0.5f64 / 0.8).ln(), (0.05f64 / 0.85).ln()];
         assert!((got[0] - want[0]).abs() < 1e-6 && (got[1] - want[1]).abs() < 1e-6, "{got:?} vs {want:?}");
     }

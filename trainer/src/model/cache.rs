@@ -56,12 +56,16 @@ impl KvCache {
     pub(super) fn prepare(&mut self, real: &Tensor) -> Result<(Tensor, Tensor), TchError> {
         let t = real.size()[1];
         if self.len + t > self.capacity {
-            return Err(TchError::Shape(format!("KV cache of {} tokens cannot take {} more after {}", self.capacity, t, self.len)));
+            return Err(TchError::Shape(format!(
+                "KV cache of {} tokens cannot take {} more after {}",
+                self.capacity, t, self.len
+            )));
         }
         let device = real.device();
         let real_i = real.f_to_kind(Kind::Int64)?;
         // (B, T_new): the row's position of each token; padding borrows its neighbour's.
-        let positions = real_i.f_cumsum(1, Kind::Int64)?.f_add(&self.seen.f_unsqueeze(1)?)?.f_sub_scalar(1)?.f_clamp_min(0)?;
+        let positions =
+            real_i.f_cumsum(1, Kind::Int64)?.f_add(&self.seen.f_unsqueeze(1)?)?.f_sub_scalar(1)?.f_clamp_min(0)?;
         self.valid.f_narrow(1, self.len, t)?.f_copy_(real)?;
         let total = self.len + t;
         let keys = self.valid.f_narrow(1, 0, total)?; // (B, L)
@@ -81,7 +85,12 @@ impl KvCache {
 }
 
 /// Writes `k`, `v` (B, H, T, d_head) at `start` and returns the keys and values so far.
-pub(super) fn extend(kv: &mut (Tensor, Tensor), k: &Tensor, v: &Tensor, start: i64) -> Result<(Tensor, Tensor), TchError> {
+pub(super) fn extend(
+    kv: &mut (Tensor, Tensor),
+    k: &Tensor,
+    v: &Tensor,
+    start: i64,
+) -> Result<(Tensor, Tensor), TchError> {
     let t = k.size()[2];
     kv.0.f_narrow(2, start, t)?.f_copy_(k)?;
     kv.1.f_narrow(2, start, t)?.f_copy_(v)?;

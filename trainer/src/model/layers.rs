@@ -109,7 +109,8 @@ impl Rope {
         let freqs = t.f_outer(&inv_freq)?; // (T, d_head/2)
         let (c, s) = (freqs.f_cos()?, freqs.f_sin()?);
         let (neg_s, pair) = (s.f_neg()?, |x: &Tensor, y: &Tensor| Tensor::f_stack(&[x, y], 1)); // (T, 2, d_head/2)
-        let f32 = RopeTables { a: pair(&c, &s)?, b: pair(&neg_s, &c)?, a_back: pair(&c, &neg_s)?, b_back: pair(&s, &c)? };
+        let f32 =
+            RopeTables { a: pair(&c, &s)?, b: pair(&neg_s, &c)?, a_back: pair(&c, &neg_s)?, b_back: pair(&s, &c)? };
         let bf16 = f32.map(|t| t.f_to_kind(Kind::BFloat16))?;
         Ok(Rope { f32, bf16 })
     }

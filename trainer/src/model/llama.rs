@@ -80,7 +80,13 @@ impl Attention {
     }
 
     /// Attention of new tokens over the cached keys and values, which it extends.
-    pub fn forward_cached(&self, x: &Tensor, rope: &Rope, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        step: &Step,
+        kv: &mut (Tensor, Tensor),
+    ) -> Result<Tensor, TchError> {
         let gqa = self.dims.n_kv_head != self.dims.n_head;
         let (q, k, v) = self.project(x)?;
         let q = rope.apply_at(&q.f_transpose(1, 2)?, step.positions)?;
@@ -144,7 +150,13 @@ impl LlamaBlock {
     }
 
     /// [`Self::forward`] for new tokens against the KV cache.
-    pub fn forward_cached(&self, x: &Tensor, rope: &Rope, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        step: &Step,
+        kv: &mut (Tensor, Tensor),
+    ) -> Result<Tensor, TchError> {
         let x = x.f_add(&self.self_attn.forward_cached(&self.input_layernorm.forward(x)?, rope, step, kv)?)?;
         x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
     }

@@ -138,7 +138,8 @@ impl Model {
                 }
             }
         };
-        let lm_head = if cfg.tied_embeddings { None } else { Some(Linear::new(root / "lm_head", d, v, false, INIT_STD)?) };
+        let lm_head =
+            if cfg.tied_embeddings { None } else { Some(Linear::new(root / "lm_head", d, v, false, INIT_STD)?) };
         Ok(Model { lm_head, ..model })
     }
 
@@ -238,7 +239,13 @@ impl Model {
     /// (B, T, d_model), detached. Returns the loss, d(loss·scale)/d`top`, and
     /// d(loss·scale)/dp for each of [`Self::head_parameters`], summed over the chunks
     /// but not yet accumulated into `.grad`.
-    fn head_backward_chunked(&self, top: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<(Tensor, Tensor, HeadGrads), TchError> {
+    fn head_backward_chunked(
+        &self,
+        top: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+        chunk: i64,
+    ) -> Result<(Tensor, Tensor, HeadGrads), TchError> {
         let d = *top.size().last().expect("hidden states have a model dimension");
         let flat = top.f_reshape([-1, d])?; // (N, d_model)
         let tgt = targets.f_reshape([-1])?; // (N)
@@ -310,7 +317,9 @@ impl Model {
         }
         for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = match block {
-                Block::Llama(b) => b.forward_cached(&x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), &step, kv)?,
+                Block::Llama(b) => {
+                    b.forward_cached(&x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), &step, kv)?
+                }
                 Block::Gpt2(b) => b.forward_cached(&x, &step, kv)?,
             };
         }
@@ -329,7 +338,14 @@ impl Model {
     /// chunked as in [`Self::backward_chunked`]. Gradients accumulate exactly as
     /// `(loss * scale).backward()` would, each parameter's in one accumulation; returns
     /// the unscaled loss, detached.
-    pub fn backward_checkpointed(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64, recompute: usize) -> Result<Tensor, TchError> {
+    pub fn backward_checkpointed(
+        &self,
+        idx: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+        chunk: i64,
+        recompute: usize,
+    ) -> Result<Tensor, TchError> {
         let r = recompute.min(self.blocks.len());
         if r == 0 {
             return self.backward_chunked(idx, targets, scale, chunk);
@@ -374,7 +390,11 @@ type HeadGrads = Vec<(Tensor, Tensor, bool)>;
 
 /// One backward pass: `grad` from `out`, and each head parameter's gradient from the
 /// parameter itself, which the engine sums with what reaches it through `out`.
-fn backward_from(out: Tensor, grad: Tensor, head: impl IntoIterator<Item = (Tensor, Tensor, bool)>) -> Result<(), TchError> {
+fn backward_from(
+    out: Tensor,
+    grad: Tensor,
+    head: impl IntoIterator<Item = (Tensor, Tensor, bool)>,
+) -> Result<(), TchError> {
     let (mut roots, mut grads) = (vec![out], vec![grad]);
     for (p, g, _) in head {
         roots.push(p);

@@ -46,11 +46,8 @@ fn parameter_counts_equal_the_preset_table() {
         let (vs, _) = build(&cfg, 0);
         let vars = vs.variables();
         let total: i64 = vars.values().map(|t| t.numel() as i64).sum();
-        let norms: i64 = vars
-            .iter()
-            .filter(|(k, _)| k.contains("norm") || k.contains(".ln_"))
-            .map(|(_, t)| t.numel() as i64)
-            .sum();
+        let norms: i64 =
+            vars.iter().filter(|(k, _)| k.contains("norm") || k.contains(".ln_")).map(|(_, t)| t.numel() as i64).sum();
         let matmul: i64 = vars
             .iter()
             .filter(|(k, t)| t.dim() == 2 && !k.contains("embed_tokens") && !k.contains("wte") && !k.contains("wpe"))
@@ -168,7 +165,9 @@ fn checkpointed_backward_gives_the_same_gradients() {
         // recomputed (and more than there are).
         for chunk in [4096, 7] {
             for recompute in 0..=cfg.n_layer as usize + 1 {
-                vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+                vs.variables().values().for_each(|v| {
+                    let _ = v.grad().zero_();
+                });
                 let ck_loss = model.backward_checkpointed(&idx, &tgt, 0.5, chunk, recompute).unwrap();
                 assert!((loss.double_value(&[]) - ck_loss.double_value(&[])).abs() < 1e-6);
                 let diff = max_diff(&plain, &grads(&vs));
@@ -191,7 +190,9 @@ fn expanded_kv_equals_grouped_query_attention() {
     model.loss(&idx, &tgt).unwrap().backward();
     let grouped = grads(&vs);
     model.set_attention(crds::types::Attention::Cudnn);
-    vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+    vs.variables().values().for_each(|v| {
+        let _ = v.grad().zero_();
+    });
     let expanded_logits = model.logits(&idx).unwrap();
     model.loss(&idx, &tgt).unwrap().backward();
     let d = (&grouped_logits - &expanded_logits).abs().max().double_value(&[]);
@@ -216,7 +217,9 @@ fn chunked_loss_equals_the_full_loss_and_gradients() {
         (&loss * 0.25).backward();
         let full = grads(&vs);
         for chunk in [7, 16, 48, 4096] {
-            vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+            vs.variables().values().for_each(|v| {
+                let _ = v.grad().zero_();
+            });
             let chunked = model.backward_chunked(&idx, &tgt, 0.25, chunk).unwrap();
             let dl = (loss.double_value(&[]) - chunked.double_value(&[])).abs();
             assert!(dl < 1e-5, "{arch:?} chunk {chunk}: loss differs by {dl}");
@@ -233,7 +236,9 @@ fn two_micro_batches_accumulated_equal_one_batch_of_four() {
     let tgt = Tensor::randint(97, [4, 12], (Kind::Int64, Device::Cpu));
     model.loss(&idx, &tgt).unwrap().backward();
     let whole = grads(&vs);
-    vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+    vs.variables().values().for_each(|v| {
+        let _ = v.grad().zero_();
+    });
     for m in 0..2 {
         let loss = model.loss(&idx.narrow(0, 2 * m, 2), &tgt.narrow(0, 2 * m, 2)).unwrap();
         (loss / 2.0).backward();
@@ -276,7 +281,11 @@ fn the_backward_passes_agree_under_bf16_autocast() {
         let (vs, model) = build(&cfg, 8);
         let idx = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
         let tgt = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
-        let zero = || vs.variables().values().for_each(|v| { let _ = v.grad().zero_(); });
+        let zero = || {
+            vs.variables().values().for_each(|v| {
+                let _ = v.grad().zero_();
+            })
+        };
         model.loss(&idx, &tgt).unwrap().backward();
         let f32_grads = grads(&vs);
         zero();
@@ -301,7 +310,10 @@ fn the_backward_passes_agree_under_bf16_autocast() {
                 let ck_loss = bf16(&mut || model.backward_checkpointed(&idx, &tgt, 0.5, chunk, recompute));
                 assert!((ck_loss.double_value(&[]) - chunked_loss.double_value(&[])).abs() < 1e-6);
                 let d = max_diff(&chunked, &grads(&vs)) / scale;
-                assert!(d < rounding / 100.0, "{arch:?} chunk {chunk}, {recompute} recomputed: gradients differ by {d}");
+                assert!(
+                    d < rounding / 100.0,
+                    "{arch:?} chunk {chunk}, {recompute} recomputed: gradients differ by {d}"
+                );
             }
         }
     }
