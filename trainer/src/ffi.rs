@@ -250,7 +250,7 @@ pub fn swiglu(a: &Tensor, b: &Tensor, fused: bool) -> Result<Tensor, TchError> {
 /// RoPE of `x` (…, d) as one autograd node that saves no activation: `x` viewed
 /// (…, 2, d/2) with halves `lo`, `hi` broadcast over the pair dimension gives
 /// `lo·a + hi·b`, and its gradient is the same map with `a_back`, `b_back`; each table
-/// broadcasts to (…, 2, d/2) and has x's dtype ([`crate::model::layers::RopeTables`]).
+/// broadcasts to (…, 2, d/2) and has x's dtype ([`crate::kernels::rope::RopeTables`]).
 /// Unfused, values and gradients equal eager rotate-half's bit for bit; `fused` runs one
 /// jiterator kernel each way, CUDA only.
 pub fn rope(x: &Tensor, [a, b, a_back, b_back]: [&Tensor; 4], fused: bool) -> Result<Tensor, TchError> {
@@ -561,7 +561,7 @@ impl Drop for CudaGraph {
 mod tests {
     use super::rope as rope_fn;
     use super::*;
-    use crate::model::layers::{Rope, RopeTables};
+    use crate::kernels::rope::{Rope, RopeTables};
 
     #[test]
     fn shim_cuda_paths_follow_the_feature() {

@@ -1,6 +1,26 @@
 //! The libtorch trainer. `trainer --help` lists the commands.
+//!
+//! # Map of the crate
+//!
+//! Each layer imports only the layers before it, and no two modules import each other
+//! (CI checks this with `cargo modules dependencies --acyclic`):
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 1 | [`ffi`], [`rng`], [`storage`], [`torch_info`] | the C++ shim over ATen and c10d, libtorch's global RNG lock, S3 |
+//! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
+//! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
+//! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
+//! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW; token streams; checkpoints; sampling; HF export |
+//! | 6 | [`grpo`] | GRPO's questions, rollouts, rewards, loss and accuracy |
+//! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above |
+//! | 8 | [`telemetry`] | the loop's events ([`telemetry::report`]) and their sinks: `/status`, `metrics.jsonl`, progress |
+//! | 9 | [`bench`], [`plot`], [`cli`] | benchmarks, plots, and the commands; `cli` is used by `main.rs` alone |
+//!
+//! `dist` sits below `kernels` because a kernel choice timed on every rank must be the
+//! same on every rank. `train` speaks only the vocabulary of [`telemetry::report`];
+//! the sinks live above it and are chosen by the caller ([`telemetry::run`]).
 
-pub mod attention;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;
@@ -8,21 +28,17 @@ pub mod data;
 pub mod dist;
 pub mod export;
 pub mod ffi;
-pub mod fused;
 pub mod generate;
 pub mod grpo;
-pub mod local;
-pub mod metrics_log;
-pub mod mirror;
+pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod plot;
-pub mod progress;
-pub mod status;
+pub mod rng;
 pub mod storage;
+pub mod telemetry;
 pub mod torch_info;
 pub mod train;
-pub mod trials;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

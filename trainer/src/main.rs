@@ -3,10 +3,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use crds::contract::TerminationMessage;
 use trainer::cli::{Cli, execute};
-use trainer::status::termination_log;
+use trainer::telemetry::termination::termination_log;
 
 fn main() -> ExitCode {
-    trainer::progress::init_logging();
+    trainer::telemetry::progress::init_logging();
     match execute(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -11,8 +11,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::Error;
-use crate::metrics_log::{self, Record};
-use crate::progress::human_count;
+use crate::telemetry::metrics_log::{self, Record};
+use crate::telemetry::progress::human_count;
 
 /// Width of the image, pixels.
 pub const WIDTH: u32 = 1200;
@@ -179,8 +179,8 @@ mod tests {
     use crds::types::CheckpointRef;
 
     use super::*;
-    use crate::metrics_log::MetricsLog;
-    use crate::status::StepReport;
+    use crate::telemetry::metrics_log::MetricsLog;
+    use crate::telemetry::report::StepReport;
 
     fn tempdir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("trainer-plot-{name}-{}", std::process::id()));
@@ -203,6 +203,7 @@ mod tests {
                 mfu: None,
                 grpo: None,
                 gpu_memory: None,
+                tokens_by_source: Vec::new(),
             };
             log.step(&report).unwrap();
             if step % 50 == 0 {

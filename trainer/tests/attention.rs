@@ -5,11 +5,11 @@ use crds::presets::{ModelConfig, preset};
 use crds::types::Attention;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use trainer::attention::{CUDA_CANDIDATES, fastest, tune};
 use trainer::ffi;
+use trainer::kernels::attention::{CUDA_CANDIDATES, fastest, tune};
+use trainer::kernels::sdp::set_sdp_backend;
+use trainer::kernels::trials::tolerance;
 use trainer::model::Model;
-use trainer::optim::set_sdp_backend;
-use trainer::trials::tolerance;
 
 #[test]
 fn auto_times_each_backend_and_decoding_runs_whatever_training_forced() {

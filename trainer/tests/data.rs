@@ -70,11 +70,11 @@ fn real_text_prepares_into_shards_and_trains() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let records = trainer::metrics_log::read(&dir.join("out/metrics.jsonl")).unwrap();
+    let records = trainer::telemetry::metrics_log::read(&dir.join("out/metrics.jsonl")).unwrap();
     let losses: Vec<f64> = records
         .iter()
         .filter_map(|r| match r {
-            trainer::metrics_log::Record::Step(s) => Some(s.loss),
+            trainer::telemetry::metrics_log::Record::Step(s) => Some(s.loss),
             _ => None,
         })
         .collect();

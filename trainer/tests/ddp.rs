@@ -10,7 +10,8 @@ use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
 use tch::Tensor;
 use trainer::dist::{self, Placement};
-use trainer::status::SharedStatus;
+use trainer::telemetry;
+use trainer::telemetry::server::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
@@ -56,7 +57,6 @@ fn free_port() -> u16 {
 fn options(dir: &Path, placement: Placement) -> RunOptions {
     RunOptions {
         output_dir: dir.to_path_buf(),
-        status_addr: None,
         stop_after_steps: None,
         tty: Some(false),
         sample: false,
@@ -96,7 +96,7 @@ fn on_ranks_in<T: Send>(
                     };
                     let mut opts = options(dir, placement);
                     opts.stop_after_steps = stop_after;
-                    f(Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap())
+                    f(Trainer::new(cfg, opts).unwrap())
                 })
             })
             .collect();
@@ -134,7 +134,7 @@ fn two_ranks_match_one(gradient_checkpointing: bool) {
     assert_eq!(two.gradient_checkpointing, gradient_checkpointing);
     let dir = scratch("grads");
     let (loss1, grads1) = {
-        let mut t = Trainer::new(&one, options(&dir, Placement::single()), SharedStatus::from_config(&one)).unwrap();
+        let mut t = Trainer::new(&one, options(&dir, Placement::single())).unwrap();
         let loss = t.compute_gradients().unwrap().double_value(&[]);
         (loss, t.gradients().unwrap())
     };
@@ -238,7 +238,7 @@ fn three_ranks_train_like_one_rank_and_stay_identical() {
     assert_eq!((three.schedule.total_steps, three.batch.grad_accum), (4, 1));
     let dir = scratch("three");
     let single: Vec<f64> = {
-        let mut t = Trainer::new(&one, options(&dir, Placement::single()), SharedStatus::from_config(&one)).unwrap();
+        let mut t = Trainer::new(&one, options(&dir, Placement::single())).unwrap();
         (0..4).map(|_| t.train_step().unwrap().loss).collect()
     };
     let ranks = on_ranks(&three, &dir, |mut t| {
@@ -258,7 +258,7 @@ fn three_ranks_train_like_one_rank_and_stay_identical() {
 fn a_rank_whose_world_size_disagrees_with_the_run_is_refused() {
     let cfg = config(&manifest_yaml(2, 4, 1024, "4K"));
     let dir = scratch("mismatch");
-    let err = Trainer::new(&cfg, options(&dir, Placement::single()), SharedStatus::from_config(&cfg)).err().unwrap();
+    let err = Trainer::new(&cfg, options(&dir, Placement::single())).err().unwrap();
     assert!(err.to_string().contains("spec.topology asks for 2 processes"), "{err}");
 }
 
@@ -270,17 +270,17 @@ fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
     let placement =
         Placement { rank: 1, local_rank: 0, world_size: 2, master_addr: "127.0.0.1".into(), master_port: free_port() };
     let started = Instant::now();
-    let err = Trainer::new(&cfg, options(&dir, placement), SharedStatus::from_config(&cfg)).err().unwrap();
+    let err = Trainer::new(&cfg, options(&dir, placement)).err().unwrap();
     assert_eq!(err.reason(), Some(FailureReason::CollectiveTimeout), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
 }
 
 fn step_losses(log: &Path) -> Vec<(u64, f64)> {
-    trainer::metrics_log::read(log)
+    trainer::telemetry::metrics_log::read(log)
         .unwrap()
         .into_iter()
         .filter_map(|r| match r {
-            trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+            trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
             _ => None,
         })
         .collect()
@@ -412,7 +412,9 @@ fn ranks_that_load_different_checkpoints_refuse_to_train() {
     // Two runs of the same gang, stopped at steps 2 and 4 with a checkpoint each.
     for steps in [2, 4] {
         let run_dir = dir.join(format!("steps{steps}"));
-        on_ranks_in(&cfg, &[run_dir.clone(), run_dir], Some(steps), |t| t.run(stop()).unwrap());
+        on_ranks_in(&cfg, &[run_dir.clone(), run_dir], Some(steps), |t| {
+            telemetry::run(t, &SharedStatus::from_config(&cfg), stop()).unwrap()
+        });
     }
     // Rank 0 now resumes from step 2 and rank 1 from step 4: the parameters differ.
     let dirs = [dir.join("steps2"), dir.join("steps4")];
@@ -431,9 +433,7 @@ fn ranks_that_load_different_checkpoints_refuse_to_train() {
                         master_addr: "127.0.0.1".into(),
                         master_port: port,
                     };
-                    Trainer::new(cfg, options(d, placement), SharedStatus::from_config(cfg))
-                        .err()
-                        .map(|e| e.to_string())
+                    Trainer::new(cfg, options(d, placement)).err().map(|e| e.to_string())
                 })
             })
             .collect();

@@ -6,7 +6,9 @@ use crds::presets::{ModelConfig, preset};
 use crds::types::Precision;
 use tch::{Device, Kind, Tensor};
 use trainer::ffi;
-use trainer::fused::{CUDA_CANDIDATES, Kernels, Op, current, set, swiglu, tune};
+use trainer::kernels::choice::{Kernels, Op, current, set};
+use trainer::kernels::swiglu::swiglu;
+use trainer::kernels::tune::{CUDA_CANDIDATES, tune};
 
 /// Bytes malloc has handed out and not had back, every arena and mmapped block included.
 fn heap_in_use() -> i64 {
@@ -74,7 +76,7 @@ fn one_node_keeps_less_and_each_choice_is_measured() {
     }
     // `trainer bench-kernels`: every kernel set timed and checked, its speed-up over eager
     // from the same run; the fused ones rejected on CPU; GPT-2 refused by name.
-    let report = trainer::bench::kernels(&m, 2, 64, Precision::F32, Device::Cpu).unwrap();
+    let report = trainer::bench::kernels::run(&m, 2, 64, Precision::F32, Device::Cpu).unwrap();
     assert_eq!(
         (report["dtype"].as_str(), report["micro_batch"].as_i64(), report["seq"].as_i64()),
         (Some("Float"), Some(2), Some(64))
@@ -95,7 +97,7 @@ fn one_node_keeps_less_and_each_choice_is_measured() {
         assert!(["eager", "composed"].contains(&r["chosen"].as_str().unwrap()), "{op}: {r}");
     }
     let gpt2 = ModelConfig::from(preset("gpt2-1b").unwrap());
-    let e = trainer::bench::kernels(&gpt2, 1, 8, Precision::F32, Device::Cpu).unwrap_err().to_string();
+    let e = trainer::bench::kernels::run(&gpt2, 1, 8, Precision::F32, Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("--preset gpt2-1b: GPT-2 has neither SwiGLU nor RoPE"), "{e}");
 
     // Choosing one op's kernels leaves the other's alone.

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use crds::config::RunConfig;
 use crds::contract::{ExitReport, FailureReason, TerminationMessage};
 use trainer::dist::Placement;
-use trainer::metrics_log::{self, Record};
-use trainer::status::SharedStatus;
+use trainer::telemetry::metrics_log::{self, Record};
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
@@ -198,7 +197,6 @@ fn micro_batch_size_does_not_change_the_gradient() {
         let out = dir.join(format!("m{micro}"));
         let opts = RunOptions {
             output_dir: out,
-            status_addr: None,
             stop_after_steps: None,
             tty: Some(false),
             sample: false,
@@ -206,7 +204,7 @@ fn micro_batch_size_does_not_change_the_gradient() {
             placement: Placement::single(),
             sync_every: None,
         };
-        let mut t = Trainer::new(&cfg, opts, SharedStatus::from_config(&cfg)).unwrap();
+        let mut t = Trainer::new(&cfg, opts).unwrap();
         let loss = t.compute_gradients().unwrap().double_value(&[]);
         (loss, t.gradients().unwrap())
     };

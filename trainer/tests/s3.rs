@@ -196,12 +196,12 @@ fn train(manifest: &Path, out: &Path, extra: &[&str]) -> (std::process::Output, 
         .env("RUST_LOG", "info")
         .output()
         .unwrap();
-    let losses = trainer::metrics_log::read(&out.join("metrics.jsonl"))
+    let losses = trainer::telemetry::metrics_log::read(&out.join("metrics.jsonl"))
         .map(|records| {
             records
                 .into_iter()
                 .filter_map(|r| match r {
-                    trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+                    trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
                     _ => None,
                 })
                 .collect()
@@ -310,11 +310,11 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-        trainer::metrics_log::read(&out.join("metrics.jsonl"))
+        trainer::telemetry::metrics_log::read(&out.join("metrics.jsonl"))
             .unwrap()
             .into_iter()
             .filter_map(|r| match r {
-                trainer::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+                trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
                 _ => None,
             })
             .collect::<Vec<_>>()
@@ -417,10 +417,12 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
     let grpo = "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {name: g}\nspec:\n  phase: grpo\n  model: {preset: nano, tokenizer: embedded}\n  tokens: \"4096\"\n  initFrom: {trainingRun: base}\n  grpo: {dataset: \"s3://datasets/medqa/train.jsonl\", promptsPerStep: 4, generationsPerPrompt: 4, maxNewTokens: 8}\n  topology: {nodes: 1, gpusPerNode: 0}\n  batch: {microBatch: 8, seqLength: 128}\n  optimizer: {lr: 1.0e-3, schedule: constant, warmupTokens: \"1\"}\n  precision: f32\n  checkpoint: {everySteps: 2, keepLast: 1}\n";
     std::fs::write(dir.join("g.yaml"), grpo).unwrap();
     ok(bin().args(["run", "--no-sample", "-o"]).arg(dir.join("g")).arg(dir.join("g.yaml")).output().unwrap());
-    let log = trainer::metrics_log::read(&dir.join("g/metrics.jsonl")).unwrap();
+    let log = trainer::telemetry::metrics_log::read(&dir.join("g/metrics.jsonl")).unwrap();
     let evals: Vec<u64> = log
         .iter()
-        .filter_map(|r| if let trainer::metrics_log::Record::Accuracy(a) = r { Some(a.score.questions) } else { None })
+        .filter_map(|r| {
+            if let trainer::telemetry::metrics_log::Record::Accuracy(a) = r { Some(a.score.questions) } else { None }
+        })
         .collect();
     assert_eq!(evals, vec![20, 20]);
 }

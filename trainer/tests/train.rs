@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicBool;
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
-use trainer::status::SharedStatus;
+use trainer::telemetry;
+use trainer::telemetry::server::SharedStatus;
 use trainer::train::{Outcome, RunOptions, Trainer};
 
 mod common;
@@ -47,7 +48,6 @@ fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
 fn train_syncing(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>, sync_every: Option<u64>) -> Outcome {
     let opts = RunOptions {
         output_dir: dir.to_path_buf(),
-        status_addr: None,
         stop_after_steps: stop_after,
         tty: Some(false),
         sample: false,
@@ -55,7 +55,8 @@ fn train_syncing(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>, sync_ever
         placement: trainer::dist::Placement::single(),
         sync_every,
     };
-    Trainer::new(cfg, opts, SharedStatus::from_config(cfg)).unwrap().run(Arc::new(AtomicBool::new(false))).unwrap()
+    telemetry::run(Trainer::new(cfg, opts).unwrap(), &SharedStatus::from_config(cfg), Arc::new(AtomicBool::new(false)))
+        .unwrap()
 }
 
 #[test]
@@ -101,7 +102,6 @@ fn a_run_resumes_after_the_out_of_memory_remedies() {
     let lr_changed = config(&MANIFEST.replace("lr: 3.0e-3", "lr: 1.0e-3"));
     let opts = RunOptions {
         output_dir: dir.clone(),
-        status_addr: None,
         stop_after_steps: None,
         tty: Some(false),
         sample: false,
@@ -109,8 +109,8 @@ fn a_run_resumes_after_the_out_of_memory_remedies() {
         placement: trainer::dist::Placement::single(),
         sync_every: None,
     };
-    let refused = Trainer::new(&lr_changed, opts, SharedStatus::from_config(&lr_changed))
-        .and_then(|t| t.run(Arc::new(AtomicBool::new(false))));
+    let refused = Trainer::new(&lr_changed, opts)
+        .and_then(|t| telemetry::run(t, &SharedStatus::from_config(&lr_changed), Arc::new(AtomicBool::new(false))));
     let err = refused.expect_err("a different learning rate must not resume").to_string();
     assert!(err.contains("step 6") && err.contains("schedule.lr: 0.003 → 0.001"), "{err}");
 
@@ -141,11 +141,11 @@ fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
     for step in [4, 8, 12] {
         assert!(dir.join(format!("step-{step:08}")).join("model.safetensors").exists(), "a checkpoint at step {step}");
     }
-    let records = trainer::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
+    let records = trainer::telemetry::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = records
         .iter()
         .filter_map(|r| match r {
-            trainer::metrics_log::Record::Step(s) => Some(s.step),
+            trainer::telemetry::metrics_log::Record::Step(s) => Some(s.step),
             _ => None,
         })
         .collect();
@@ -165,11 +165,11 @@ fn the_metrics_log_is_continuous_across_a_resume() {
     let dir = scratch("log");
     train(&cfg, &dir, Some(5));
     train(&cfg, &dir, None);
-    let records = trainer::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
+    let records = trainer::telemetry::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = records
         .iter()
         .filter_map(|r| match r {
-            trainer::metrics_log::Record::Step(s) => Some(s.step),
+            trainer::telemetry::metrics_log::Record::Step(s) => Some(s.step),
             _ => None,
         })
         .collect();
@@ -269,7 +269,7 @@ fn sigterm_saves_a_checkpoint_and_exits_143() {
     sigterm(&child);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(143));
-    let records = trainer::metrics_log::read(&log).unwrap();
+    let records = trainer::telemetry::metrics_log::read(&log).unwrap();
     let last_step = records.iter().map(|r| r.step()).max().unwrap();
     assert!(last_step >= 2);
     let latest = std::fs::read_to_string(out.join("latest")).unwrap();
@@ -288,7 +288,7 @@ fn the_model_overfits_one_batch() {
     use trainer::optim::AdamW;
 
     let cfg = ModelConfig { n_layer: 2, max_seq_len: 32, ..ModelConfig::from(preset("nano").unwrap()) };
-    let _rng = trainer::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let _rng = trainer::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(11);
     let vs = VarStore::new(Device::Cpu);
     let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();

@@ -1,16 +1,18 @@
 //! Training data: the embedded synthetic corpus ([`corpus`]), the tokenizer
-//! ([`tokenizer`]) and the deterministic, exactly resumable weighted mix ([`mix`]).
+//! ([`tokenizer`]), the deterministic, exactly resumable weighted mix ([`mix`]), a
+//! run's sources ([`sources`]), and sources prepared by `trainer prepare`
+//! ([`prepare`], [`shard`], [`remote`]).
 //!
 //! Derived artefacts (the embedded tokenizer, large token streams) are cached on disk
 //! under [`cache_dir`], keyed by everything they depend on and written atomically.
 
-pub mod bench;
 pub mod corpus;
 pub mod loader;
 pub mod mix;
 pub mod prepare;
 pub mod remote;
 pub mod shard;
+pub mod sources;
 pub mod tokenizer;
 
 use std::io::Write;

@@ -21,6 +21,10 @@ use crds::contract::{FailureReason, TerminationMessage, env};
 
 use crate::{Error, io_err};
 
+/// Set by `trainer launch` for its workers when its own stderr is a terminal: theirs
+/// is a pipe through the launcher.
+pub const FORCE_COLOR_ENV: &str = "CLICOLOR_FORCE";
+
 /// How often the launcher looks at its workers.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -158,7 +162,7 @@ pub fn launch(spec: &LaunchSpec, stop: Arc<AtomicBool>) -> Result<LaunchOutcome,
             .env(env::TERMINATION_LOG, &termination)
             .stderr(Stdio::piped());
         if std::io::stderr().is_terminal() {
-            cmd.env(crate::progress::FORCE_COLOR_ENV, "1");
+            cmd.env(FORCE_COLOR_ENV, "1");
         }
         // Like torchrun: workers share the node's cores unless told otherwise.
         if std::env::var_os("OMP_NUM_THREADS").is_none() {

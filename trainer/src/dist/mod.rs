@@ -2,9 +2,9 @@
 //! bucketed, overlapped gradient all-reduce ([`reducer`]) and the in-pod launcher
 //! ([`launch`]), like torchrun.
 
-pub mod bench;
 pub mod group;
 pub mod launch;
+pub mod loopback;
 pub mod reducer;
 
 use std::time::Duration;
@@ -138,5 +138,15 @@ pub fn check_parameters_agree(group: &ProcessGroup, params: &[Tensor], what: &st
             });
         }
     }
+    Ok(())
+}
+
+/// Sums `values`, a `#[repr(C)]` struct of `f64` fields, over the group's ranks in
+/// place, in one all-reduce on `device`.
+pub fn allreduce_sum<T: bytemuck::Pod>(group: &ProcessGroup, values: &mut T, device: Device) -> Result<(), Error> {
+    let fields = bytemuck::cast_slice_mut::<T, f64>(std::slice::from_mut(values));
+    let t = Tensor::f_from_slice(fields)?.f_to_device(device)?;
+    group.allreduce(&t, ReduceOp::Sum)?.wait()?;
+    fields.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);
     Ok(())
 }

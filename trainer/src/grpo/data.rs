@@ -137,7 +137,7 @@ fn read_local(local: &Path, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecor
 /// Downloads an S3 question set (a `.jsonl` object, or a prepared prefix's manifest and
 /// record files) into the cache; returns the local file or directory.
 fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Error> {
-    let s3 = crate::train::data_store(cfg)?;
+    let s3 = crate::data::sources::data_store(cfg)?;
     let root = crate::data::cache_dir().join("s3").join(bucket);
     if prefix.ends_with(".jsonl") || prefix.ends_with(".json") {
         let local = root.join(prefix);

@@ -2,29 +2,17 @@
 //! model generates greedily, and the option letter with the highest log-likelihood
 //! after the prompt.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
 use super::reward::parse_answer;
+use super::stats::{McqScore, McqTally};
 use super::step::{pack, packed_logps};
 use crate::Error;
 use crate::data::corpus::McqRecord;
 use crate::data::tokenizer::Tokenizer;
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::ProcessGroup;
 use crate::generate::{self, Sampling};
 use crate::model::Model;
-
-/// Accuracy on a question set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct McqScore {
-    pub questions: u64,
-    /// Greedy generation: the parsed letter is the gold one.
-    pub greedy: f64,
-    /// The gold letter has the highest log-likelihood of " A" … " D".
-    pub log_likelihood: f64,
-    /// Greedy answers with no parseable letter.
-    pub unparsed: f64,
-}
 
 /// How to run the evaluation.
 #[derive(Clone, Copy, Debug)]
@@ -53,7 +41,7 @@ pub fn evaluate(
     let eos = tok.eos_id();
     let letters: Vec<Vec<i64>> = (0..4).map(|i| ids(tok, &format!(" {}", McqRecord::letter(i)))).collect();
     let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
-    let mut totals = [0.0f64; 4]; // questions, greedy correct, log-likelihood correct, unparsed
+    let mut totals = McqTally::default();
     tch::no_grad(|| -> Result<(), Error> {
         for chunk in mine.chunks(o.batch.max(1)) {
             let prompts: Vec<Vec<i64>> = chunk
@@ -69,9 +57,9 @@ pub fn evaluate(
             for (r, c) in chunk.iter().zip(&out) {
                 let text: Vec<u32> = c.iter().map(|&t| t as u32).take_while(|&t| t != eos).collect();
                 let answer = parse_answer(&tok.decode(&text));
-                totals[0] += 1.0;
-                totals[1] += f64::from(u8::from(answer == Some(r.answer)));
-                totals[3] += f64::from(u8::from(answer.is_none()));
+                totals.questions += 1.0;
+                totals.greedy_correct += f64::from(u8::from(answer == Some(r.answer)));
+                totals.unparsed += f64::from(u8::from(answer.is_none()));
             }
             let rows: Vec<(&[i64], &[i64])> =
                 prompts.iter().flat_map(|p| letters.iter().map(move |l| (p.as_slice(), l.as_slice()))).collect();
@@ -79,22 +67,15 @@ pub fn evaluate(
             let logps = packed_logps(model, &packed, 1.0, o.autocast, None)?;
             let per_option = logps.f_mul(&packed.mask)?.f_sum_dim_intlist(1, false, Kind::Float)?.f_view([-1, 4])?;
             let best = Vec::<i64>::try_from(per_option.f_argmax(1, false)?.f_to_device(Device::Cpu)?)?;
-            totals[2] += chunk.iter().zip(best).filter(|(r, b)| r.answer as i64 == *b).count() as f64;
+            totals.log_likelihood_correct +=
+                chunk.iter().zip(best).filter(|(r, b)| r.answer as i64 == *b).count() as f64;
         }
         Ok(())
     })?;
     if let Some(g) = group {
-        let t = Tensor::f_from_slice(&totals)?.f_to_device(o.device)?;
-        g.allreduce(&t, ReduceOp::Sum)?.wait()?;
-        totals.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);
+        crate::dist::allreduce_sum(g, &mut totals, o.device)?;
     }
-    let n = totals[0].max(1.0);
-    Ok(McqScore {
-        questions: totals[0] as u64,
-        greedy: totals[1] / n,
-        log_likelihood: totals[2] / n,
-        unparsed: totals[3] / n,
-    })
+    Ok(totals.score())
 }
 
 fn ids(tok: &Tokenizer, text: &str) -> Vec<i64> {

@@ -2,9 +2,9 @@
 //! rewards, group-relative advantages and the clipped loss (TRL's formulas), and the
 //! accuracy evaluation.
 
-pub mod bench;
 pub mod data;
 pub mod eval;
 pub mod loss;
 pub mod reward;
+pub mod stats;
 pub mod step;

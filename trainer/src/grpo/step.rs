@@ -11,6 +11,7 @@ use tch::{Device, Kind, Tensor};
 use super::data::Questions;
 use super::loss::{self, LossSettings, Normalizer};
 use super::reward;
+use super::stats::Sums;
 use crate::Error;
 use crate::data::tokenizer::Tokenizer;
 use crate::dist::{GradReducer, ProcessGroup, ReduceOp};
@@ -31,91 +32,6 @@ pub struct StepContext<'a> {
     pub step: u64,
     /// Multiplies the loss (NaN under fault injection).
     pub scale: f64,
-}
-
-/// This rank's sums for the step's metrics, in [`Sums::LEN`] slots so that one
-/// all-reduce adds them over ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Sums {
-    pub completions: f64,
-    pub reward: f64,
-    pub correct: f64,
-    pub unparsed: f64,
-    pub completion_tokens: f64,
-    pub kl: f64,
-    pub clipped: f64,
-    pub off_policy_masked: f64,
-    pub sampled_tokens: f64,
-    pub trained_tokens: f64,
-}
-
-impl Sums {
-    pub const LEN: usize = 10;
-
-    pub fn to_vec(self) -> Vec<f64> {
-        vec![
-            self.completions,
-            self.reward,
-            self.correct,
-            self.unparsed,
-            self.completion_tokens,
-            self.kl,
-            self.clipped,
-            self.off_policy_masked,
-            self.sampled_tokens,
-            self.trained_tokens,
-        ]
-    }
-
-    pub fn from_slice(v: &[f64]) -> Sums {
-        Sums {
-            completions: v[0],
-            reward: v[1],
-            correct: v[2],
-            unparsed: v[3],
-            completion_tokens: v[4],
-            kl: v[5],
-            clipped: v[6],
-            off_policy_masked: v[7],
-            sampled_tokens: v[8],
-            trained_tokens: v[9],
-        }
-    }
-}
-
-/// A step's GRPO metrics, over all ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GrpoStats {
-    pub reward: f64,
-    pub accuracy: f64,
-    pub unparsed_fraction: f64,
-    pub completion_length: f64,
-    pub kl: f64,
-    pub clip_fraction: f64,
-    /// Completions left out by off-policy masking.
-    pub off_policy_masked: f64,
-    pub sampling_tokens_per_second: f64,
-    pub training_tokens_per_second: f64,
-}
-
-impl GrpoStats {
-    /// From the sums over ranks and this rank's sampling and training seconds (the
-    /// ranks run in lockstep).
-    pub fn from_sums(s: &Sums, sampling_seconds: f64, training_seconds: f64) -> GrpoStats {
-        let per = |x: f64, n: f64| if n > 0.0 { x / n } else { 0.0 };
-        GrpoStats {
-            reward: per(s.reward, s.completions),
-            accuracy: per(s.correct, s.completions),
-            unparsed_fraction: per(s.unparsed, s.completions),
-            completion_length: per(s.completion_tokens, s.completions),
-            kl: per(s.kl, s.completion_tokens),
-            clip_fraction: per(s.clipped, s.completion_tokens),
-            off_policy_masked: s.off_policy_masked,
-            sampling_tokens_per_second: per(s.sampled_tokens, sampling_seconds),
-            training_tokens_per_second: per(s.trained_tokens, training_seconds),
-        }
-    }
 }
 
 /// Rows `prompt ++ completion` packed for a forward pass: inputs and targets (B, L−1),
@@ -351,7 +267,7 @@ impl Grpo {
         let rows: Vec<Vec<i64>> = prompts.iter().flat_map(|p| std::iter::repeat_n(p.clone(), group)).collect();
         let sampling = Sampling { temperature: g.temperature, top_k: 0, top_p: g.top_p };
         let completions = {
-            let _rng = crate::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            let _rng = crate::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             let key =
                 crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
             tch::manual_seed((key >> 1) as i64);

@@ -4,8 +4,9 @@ use tch::nn::Path;
 use tch::{TchError, Tensor};
 
 use super::cache::Step;
-use super::layers::{Linear, RmsNorm, Rope};
+use super::layers::{Linear, RmsNorm};
 use super::{Dims, INIT_STD};
+use crate::kernels::rope::Rope;
 
 /// `self_attn`: GQA attention with RoPE and SDPA.
 #[derive(Debug)]
@@ -115,7 +116,7 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
-        let h = crate::fused::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?; // (B, T, d_ff)
+        let h = crate::kernels::swiglu::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?; // (B, T, d_ff)
         self.down_proj.forward(&h)
     }
 }

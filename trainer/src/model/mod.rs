@@ -11,9 +11,11 @@ use crds::presets::{Arch, ModelConfig};
 use tch::nn::Path;
 use tch::{Device, Kind, Reduction, TchError, Tensor};
 
+use crate::kernels::rope::Rope;
+use crate::kernels::sdp::{AllSdpBackends, expands_kv};
 use cache::{KvCache, Step};
 use gpt2::Gpt2Block;
-use layers::{Embedding, LayerNorm, Linear, RmsNorm, Rope};
+use layers::{Embedding, LayerNorm, Linear, RmsNorm};
 use llama::LlamaBlock;
 
 /// Standard deviation of every weight at init (GPT-2 / nanoGPT).
@@ -307,7 +309,7 @@ impl Model {
     /// after the tokens already in `cache`, and returns the logits of the last new
     /// position (B, vocab).
     pub fn decode(&self, idx: &Tensor, real: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
-        let _any_backend = crate::optim::AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
+        let _any_backend = AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
         let t = idx.size()[1];
         let (positions, mask) = cache.prepare(real)?;
         let step = Step { positions: &positions, mask: &mask, start: cache.len() };
@@ -401,12 +403,6 @@ fn backward_from(
         grads.push(g);
     }
     crate::ffi::backward(&roots, &grads)
-}
-
-/// Whether training attention repeats K/V per query head: for cuDNN SDPA (which has no
-/// grouped-query path) on a model with fewer K/V heads than query heads.
-pub fn expands_kv(attention: crds::types::Attention, cfg: &ModelConfig) -> bool {
-    attention == crds::types::Attention::Cudnn && cfg.n_kv_head != cfg.n_head
 }
 
 /// Mean cross-entropy of logits (B, T, V) against targets (B, T), in f32.

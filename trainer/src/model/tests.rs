@@ -199,8 +199,8 @@ fn expanded_kv_equals_grouped_query_attention() {
     assert!(d < 1e-6, "logits differ by {d}");
     let diff = max_diff(&grouped, &grads(&vs));
     assert!(diff < 1e-6, "gradients differ by {diff}");
-    assert!(!crate::model::expands_kv(crds::types::Attention::Flash, &cfg));
-    assert!(!crate::model::expands_kv(crds::types::Attention::Cudnn, &small(Arch::Gpt2, false)));
+    assert!(!crate::kernels::sdp::expands_kv(crds::types::Attention::Flash, &cfg));
+    assert!(!crate::kernels::sdp::expands_kv(crds::types::Attention::Cudnn, &small(Arch::Gpt2, false)));
 }
 
 /// The chunked lm_head + cross-entropy gives the full loss and every gradient within

@@ -1,5 +1,7 @@
-//! The local commands: `trainer run`, `eval`, `generate` and `export`.
+//! The training commands: `trainer run` (one process, or local workers through the
+//! launcher), `trainer launch` (the pod's entrypoint) and `trainer worker` (one rank).
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,23 +9,126 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crds::config::{Device as RunDevice, RunConfig};
-use tch::Device;
-use tch::nn::VarStore;
 
-use crate::cli::{GenerateArgs, LaunchArgs, RunArgs, WorkerArgs};
-use crate::data::corpus::{self, Split};
 use crate::dist::Placement;
 use crate::dist::launch::{self, LaunchSpec};
-use crate::generate::Sampling;
-use crate::model::Model;
-use crate::status::SharedStatus;
-use crate::status::StatusServer;
-use crate::train::{self, RunOptions, Trainer};
+use crate::telemetry;
+use crate::telemetry::progress::human_count;
+use crate::telemetry::server::{SharedStatus, StatusServer};
+use crate::telemetry::termination::{termination_log, write_final_report};
+use crate::train::{RunOptions, Trainer};
 use crate::{Error, io_err};
 
 /// The resolved run is kept beside its checkpoints, so `eval`, `generate` and
 /// `export` know the model.
 pub const RUN_FILE: &str = "run.json";
+
+/// What every process of a run is told besides its config and placement, from
+/// `trainer run` through the launcher to each `trainer worker`.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrainFlags {
+    /// Stop after this many optimizer steps (with a checkpoint); rerun to resume.
+    #[arg(long)]
+    pub stop_after_steps: Option<u64>,
+    /// Skip the sample generation at the end.
+    #[arg(long)]
+    pub no_sample: bool,
+    /// Read the loss back from the GPU once every N steps (and at every checkpoint,
+    /// evaluation and the last step), so the GPU never waits for the host between
+    /// them [default: 8 on CUDA, 1 on CPU; always 1 for GRPO].
+    #[arg(long, env = "TRAINER_SYNC_EVERY", value_parser = clap::value_parser!(u64).range(1..))]
+    pub sync_every: Option<u64>,
+}
+
+impl TrainFlags {
+    /// The flags as `trainer worker` parses them.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
+        if let Some(n) = self.stop_after_steps {
+            args.extend(["--stop-after-steps".into(), n.to_string().into()]);
+        }
+        if self.no_sample {
+            args.push("--no-sample".into());
+        }
+        if let Some(n) = self.sync_every {
+            args.extend(["--sync-every".into(), n.to_string().into()]);
+        }
+        args
+    }
+
+    /// The options of one process at `placement`, writing to `output_dir`.
+    pub fn run_options(&self, output_dir: PathBuf, init_dir: PathBuf, placement: Placement) -> RunOptions {
+        RunOptions {
+            output_dir,
+            stop_after_steps: self.stop_after_steps,
+            tty: None,
+            sample: !self.no_sample,
+            init_dir,
+            placement,
+            sync_every: self.sync_every,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// TrainingRun YAML file.
+    pub manifest: PathBuf,
+    /// Checkpoints and metrics.jsonl go here [default: runs/<metadata.name>].
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Serve /status, /metrics and /healthz here (port 0 picks a free one).
+    #[arg(long, env = "TRAINER_STATUS_ADDR", default_value = "127.0.0.1:0")]
+    pub status_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub flags: TrainFlags,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LaunchArgs {
+    /// The resolved run (RunConfig JSON) from the run's ConfigMap.
+    #[arg(long, env = "TRAINER_CONFIG", default_value = crds::contract::CONFIG_PATH)]
+    pub config: PathBuf,
+    /// Checkpoints and metrics.jsonl (the run's PVC).
+    #[arg(long, default_value = crds::contract::CHECKPOINT_MOUNT)]
+    pub output: PathBuf,
+    /// Where `initFrom.trainingRun` runs are mounted.
+    #[arg(long, default_value = crds::contract::INIT_MOUNT)]
+    pub init_dir: PathBuf,
+    /// Nodes in the gang [default: spec.topology.nodes].
+    #[arg(long, env = "NNODES")]
+    pub nnodes: Option<u32>,
+    /// This node's index [default: JOB_COMPLETION_INDEX, else 0].
+    #[arg(long, env = "NODE_RANK")]
+    pub node_rank: Option<u32>,
+    /// Workers on this node [default: the run's processes per node].
+    #[arg(long, env = "NPROC_PER_NODE")]
+    pub nproc_per_node: Option<u32>,
+    /// Rank 0's host, where the rendezvous store listens.
+    #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    #[arg(long, env = "MASTER_PORT", default_value_t = crds::contract::RENDEZVOUS_PORT)]
+    pub master_port: u16,
+    /// Rank 0 serves /status, /metrics and /healthz here; other nodes serve /healthz.
+    #[arg(long, env = "TRAINER_STATUS_PORT", default_value_t = crds::contract::STATUS_PORT)]
+    pub status_port: u16,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// The resolved run (RunConfig JSON).
+    #[arg(long)]
+    pub config: PathBuf,
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long)]
+    pub init_dir: PathBuf,
+    /// Rank 0 serves status here.
+    #[arg(long)]
+    pub status_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub flags: TrainFlags,
+}
 
 /// `trainer run`: one process in place, or `world_size` local worker processes on
 /// 127.0.0.1 through the same launcher a pod uses.
@@ -58,15 +163,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
             "--status-addr".into(),
             args.status_addr.to_string().into(),
         ];
-        if let Some(n) = args.stop_after_steps {
-            worker.extend(["--stop-after-steps".into(), n.to_string().into()]);
-        }
-        if args.no_sample {
-            worker.push("--no-sample".into());
-        }
-        if let Some(n) = args.sync_every {
-            worker.extend(["--sync-every".into(), n.to_string().into()]);
-        }
+        worker.extend(args.flags.to_args());
         let spec = LaunchSpec {
             nnodes: 1,
             node_rank: 0,
@@ -75,22 +172,13 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
             master_port: crate::dist::free_port()?,
             program: None,
             worker_args: worker,
-            termination_log: crate::status::termination_log(),
+            termination_log: termination_log(),
             grace: LAUNCH_GRACE,
         };
         return launch_outcome(launch::launch(&spec, stop)?);
     }
-    let opts = RunOptions {
-        output_dir: output,
-        status_addr: Some(args.status_addr),
-        stop_after_steps: args.stop_after_steps,
-        tty: None,
-        sample: !args.no_sample,
-        init_dir,
-        placement: Placement::single(),
-        sync_every: args.sync_every,
-    };
-    train_and_report(&cfg, opts, stop)
+    let opts = args.flags.run_options(output, init_dir, Placement::single());
+    train_and_report(&cfg, opts, Some(args.status_addr), stop)
 }
 
 /// Where `spec.init` names another run's output: beside this run's `output`, so
@@ -116,17 +204,8 @@ pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
         cfg.attempt = attempt;
     }
     let stop = stop_on_signals()?;
-    let opts = RunOptions {
-        output_dir: args.output.clone(),
-        status_addr: args.status_addr,
-        stop_after_steps: args.stop_after_steps,
-        tty: None,
-        sample: !args.no_sample,
-        init_dir: args.init_dir.clone(),
-        placement: Placement::from_env()?,
-        sync_every: args.sync_every,
-    };
-    train_and_report(&cfg, opts, stop)
+    let opts = args.flags.run_options(args.output.clone(), args.init_dir.clone(), Placement::from_env()?);
+    train_and_report(&cfg, opts, args.status_addr, stop)
 }
 
 /// `trainer launch`: the pod's entrypoint. Starts this node's workers and exits as
@@ -172,7 +251,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
         master_port: args.master_port,
         program: None,
         worker_args: worker,
-        termination_log: crate::status::termination_log(),
+        termination_log: termination_log(),
         grace: LAUNCH_GRACE,
     };
     tracing::info!(node_rank, nnodes, nproc_per_node = nproc, master = %format!("{}:{}", spec.master_addr, spec.master_port), "launching");
@@ -195,19 +274,29 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, Error> {
     Ok(stop)
 }
 
-/// Trains one rank; rank 0 serves status from the start and prints the summary.
-fn train_and_report(cfg: &RunConfig, mut opts: RunOptions, stop: Arc<AtomicBool>) -> Result<(), Error> {
+/// Trains one rank; rank 0 serves status at `status_addr` from the start and prints
+/// the summary.
+fn train_and_report(
+    cfg: &RunConfig,
+    opts: RunOptions,
+    status_addr: Option<SocketAddr>,
+    stop: Arc<AtomicBool>,
+) -> Result<(), Error> {
     let rank0 = opts.placement.rank == 0;
     let started = Instant::now();
     let status = SharedStatus::from_config(cfg);
     // Up before the slow setup, so readiness and the operator see a live trainer.
-    let _server = match opts.status_addr.take() {
-        Some(addr) if rank0 => Some(StatusServer::start(addr, status.clone())?),
+    let _server = match status_addr {
+        Some(addr) if rank0 => {
+            let server = StatusServer::start(addr, status.clone())?;
+            tracing::info!("status on http://{}/status", server.addr());
+            Some(server)
+        }
         _ => None,
     };
-    let outcome = Trainer::new(cfg, opts, status.clone())?.run(stop)?;
+    let outcome = telemetry::run(Trainer::new(cfg, opts)?, &status, stop)?;
     if status.snapshot().phase == crds::contract::TrainerPhase::Done {
-        crate::status::write_final_report(&status.snapshot());
+        write_final_report(&status.snapshot());
     }
     if !rank0 {
         return Ok(());
@@ -218,7 +307,7 @@ fn train_and_report(cfg: &RunConfig, mut opts: RunOptions, stop: Arc<AtomicBool>
         "{}: {} steps, {} tokens in {:.0} s; loss {} → {}{}{}",
         cfg.name,
         outcome.step,
-        crate::progress::human_count(outcome.tokens as f64),
+        human_count(outcome.tokens as f64),
         started.elapsed().as_secs_f64(),
         first.map_or("-".into(), |l| format!("{l:.3}")),
         last.map_or("-".into(), |l| format!("{l:.3}")),
@@ -244,114 +333,6 @@ fn write_run_file(dir: &Path, cfg: &RunConfig) -> Result<(), Error> {
     let path = dir.join(RUN_FILE);
     let json = serde_json::to_string_pretty(cfg).expect("RunConfig serializes");
     crate::data::write_atomic(&path, json.as_bytes()).map_err(io_err(&path))
-}
-
-/// The resolved run of a run directory or of one of its checkpoints.
-fn run_config(checkpoint: &Path) -> Result<RunConfig, Error> {
-    let candidates = [checkpoint.join(RUN_FILE), checkpoint.parent().map(|p| p.join(RUN_FILE)).unwrap_or_default()];
-    let path = candidates.iter().find(|p| p.is_file()).ok_or_else(|| Error::Checkpoint {
-        path: checkpoint.to_path_buf(),
-        message: format!("no {RUN_FILE} here or in the parent directory; is this a `trainer run` output?"),
-    })?;
-    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-    serde_json::from_str(&text)
-        .map_err(|e| Error::Checkpoint { path: path.clone(), message: format!("not a resolved run: {e}") })
-}
-
-/// The model of a checkpoint, on CPU in f32 (or the checkpoint's bf16).
-fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> {
-    let cfg = run_config(checkpoint)?;
-    let weights = crate::checkpoint::load_weights(checkpoint)?;
-    let vs = VarStore::new(Device::Cpu);
-    let model = Model::new(&vs.root(), &cfg.model, Device::Cpu)?;
-    train::copy_weights(&vs, &weights, checkpoint)?;
-    Ok((cfg, vs, model))
-}
-
-pub fn eval(args: &crate::cli::EvalArgs) -> Result<(), Error> {
-    if args.task == crate::cli::EvalTask::Mcq {
-        return eval_mcq(args);
-    }
-    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
-    let val = train::validation_mixes(&cfg, &train::load_tokenizer(&cfg)?)?;
-    let (mean, per_source) = train::evaluate(&model, &cfg, &val, Device::Cpu, false, None)?;
-    for (name, loss) in &per_source {
-        println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
-    }
-    println!("{:<16} val loss {mean:.4}  perplexity {:.2}", "mix", mean.exp());
-    Ok(())
-}
-
-/// `trainer eval --task mcq`.
-fn eval_mcq(args: &crate::cli::EvalArgs) -> Result<(), Error> {
-    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
-    let tokenizer = train::load_tokenizer(&cfg)?;
-    let records = match (&args.dataset, &cfg.grpo) {
-        // The run's own held-out split, exactly as it evaluated itself.
-        (None, Some(g)) => {
-            let mut held_out = crate::grpo::data::load(&cfg, g)?.held_out;
-            held_out.truncate(args.questions);
-            held_out
-        }
-        (Some(uri), _) => {
-            let location = match uri.strip_prefix("embedded:") {
-                Some(name) => crds::config::Location::Embedded { name: name.into() },
-                None => {
-                    crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?
-                }
-            };
-            crate::grpo::data::eval_set(&cfg, &location, args.questions)?
-        }
-        (None, None) => {
-            crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?
-        }
-    };
-    if records.is_empty() {
-        return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });
-    }
-    let ctx = cfg.model.max_seq_len as usize;
-    let options = crate::grpo::eval::EvalOptions {
-        max_prompt_tokens: ctx.saturating_sub(args.max_new_tokens).max(1),
-        max_new_tokens: args.max_new_tokens.min(ctx - 1),
-        batch: 16,
-        device: Device::Cpu,
-        autocast: false,
-    };
-    let score = crate::grpo::eval::evaluate(&model, &tokenizer, &records, &options, None)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&score).expect("McqScore serializes"));
-    } else {
-        println!(
-            "{} questions: {:.1}% greedy answer letter, {:.1}% by log-likelihood, {:.1}% unanswered (chance 25%)",
-            score.questions,
-            100.0 * score.greedy,
-            100.0 * score.log_likelihood,
-            100.0 * score.unparsed
-        );
-    }
-    Ok(())
-}
-
-pub fn generate(args: &GenerateArgs) -> Result<(), Error> {
-    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
-    let tokenizer = train::load_tokenizer(&cfg)?;
-    let prompt = match &args.prompt {
-        Some(p) => p.clone(),
-        None => corpus::mcq_records(cfg.seed, 1, Split::Validation).remove(0).prompt(),
-    };
-    let sampling = Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
-    tch::manual_seed(args.seed as i64);
-    let samples =
-        crate::generate::complete(&model, &tokenizer, &prompt, args.n, args.max_new_tokens, &sampling, Device::Cpu)?;
-    println!("{}", samples.iter().map(|s| format!("{prompt}{s}")).collect::<Vec<_>>().join("\n---\n"));
-    Ok(())
-}
-
-pub fn export(checkpoint: &Path, hf: &Path) -> Result<(), Error> {
-    let (cfg, vs, _model) = load_model(checkpoint)?;
-    crate::export::export_hf(&cfg.model, &vs.variables(), hf)?;
-    println!("wrote {} (config.json, model.safetensors)", hf.display());
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,9 +7,10 @@ use crds::presets::ModelConfig;
 use crds::types::Attention;
 use tch::{Device, Kind, Tensor};
 
+use super::sdp;
+use super::trials::{self, Candidate, Choice, Trial, relative_error};
+use crate::Error;
 use crate::dist::ProcessGroup;
-use crate::trials::{self, Candidate, Choice, Trial, relative_error};
-use crate::{Error, optim};
 
 /// The backends `auto` tries on CUDA; the first wins a tie.
 pub const CUDA_CANDIDATES: [Attention; 2] = [Attention::Flash, Attention::Cudnn];
@@ -57,7 +58,7 @@ pub fn tune(
         device,
     )?;
     let attention = fastest(&trials);
-    optim::set_sdp_backend(attention)?;
+    sdp::set_sdp_backend(attention)?;
     Ok(Choice { chosen: attention, trials })
 }
 
@@ -106,7 +107,7 @@ impl Shapes {
     /// f32 math attention of row 0's first K/V group, the exact answer every backend is
     /// held to; one group keeps the f32 (T, T) scores small at long sequences.
     fn reference(&self, x: &Inputs) -> Result<Reference, Error> {
-        optim::set_sdp_backend(Attention::Math)?;
+        sdp::set_sdp_backend(Attention::Math)?;
         let f32 = |t: &Tensor, heads: i64| -> Result<Tensor, Error> {
             Ok(t.f_narrow(0, 0, 1)?.f_narrow(1, 0, heads)?.f_to_kind(Kind::Float)?)
         };
@@ -148,11 +149,11 @@ fn trial(
     kind: Kind,
     device: Device,
 ) -> Trial<Attention> {
-    let expand = crate::model::expands_kv(attention, m);
-    if let Err(e) = optim::set_sdp_backend(attention) {
+    let expand = super::sdp::expands_kv(attention, m);
+    if let Err(e) = sdp::set_sdp_backend(attention) {
         return Trial::rejected(attention, format!("failed: {e}"));
     }
-    if let Err(e) = crate::train::attention_backend(m, attention, s.b, s.t, kind, device) {
+    if let Err(e) = super::sdp::attention_backend(m, attention, s.b, s.t, kind, device) {
         return Trial::rejected(attention, format!("cannot run: {e}"));
     }
     Trial::measure(

@@ -1,108 +1,23 @@
-//! The elementwise parts of a LLaMA block, each one autograd node: SwiGLU's
-//! `silu(gate) · up` ([`swiglu`]), which then keeps one (tokens, d_ff) activation less
-//! per layer than eager's two nodes, and RoPE ([`rope`]), which then reads and writes
-//! q and k about half as often. On ATen's kernels ("composed") both equal eager
-//! PyTorch's values and gradients bit for bit. On CUDA a run also times jiterator-fused
-//! kernels against them on its own shapes ([`tune`]) and keeps the faster exact one.
-
-use std::sync::atomic::{AtomicU8, Ordering};
+//! The kernels a run chooses by measurement: on CUDA, SwiGLU's and RoPE's composed
+//! and jiterator-fused kernels are timed on the run's own shapes ([`tune`]) and the
+//! faster exact one is kept; [`choose_kernels`] also times the SDPA backends
+//! ([`super::attention::tune`]). Elsewhere ATen's composed kernels run.
 
 use crds::presets::ModelConfig;
-use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, TchError, Tensor};
+use crds::types::Attention;
+use tch::{Device, Kind, Tensor};
 
+use super::choice::{KernelRequest, Kernels, Op, current, set};
+use super::rope::{Rope, rope_with};
+use super::swiglu::swiglu_with;
+use super::trials::{self, Choice, Trial, relative_error};
 use crate::dist::ProcessGroup;
-use crate::model::layers::{Rope, RopeTables};
-use crate::trials::{self, Candidate, Choice, Trial, relative_error};
 use crate::{Error, ffi};
-
-/// Which kernels compute an op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[repr(u8)]
-pub enum Kernels {
-    /// Eager PyTorch's graph of separate nodes (SwiGLU's also keeps silu(gate)): the
-    /// baseline `trainer bench --swiglu eager` and `--rope eager` measure against.
-    Eager,
-    /// ATen's kernels in one autograd node: eager's values to the bit.
-    Composed,
-    /// One jiterator kernel each way, CUDA only: each input read once, rounded once.
-    Fused,
-}
-
-impl Candidate for Kernels {
-    fn name(self) -> &'static str {
-        match self {
-            Kernels::Eager => "eager",
-            Kernels::Composed => "composed",
-            Kernels::Fused => "fused",
-        }
-    }
-}
-
-/// The ops whose kernels a run chooses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Swiglu,
-    Rope,
-}
-
-impl Op {
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Swiglu => "swiglu",
-            Op::Rope => "rope",
-        }
-    }
-}
 
 /// The kernels a CUDA run tries; the first wins a tie.
 pub const CUDA_CANDIDATES: [Kernels; 2] = [Kernels::Composed, Kernels::Fused];
-
-/// Every variant, in discriminant order.
-const ALL: [Kernels; 3] = [Kernels::Eager, Kernels::Composed, Kernels::Fused];
-
-/// Each op's kernels, by [`Op`]; process-wide, like the SDPA switches.
-static CURRENT: [AtomicU8; 2] = [AtomicU8::new(Kernels::Composed as u8), AtomicU8::new(Kernels::Composed as u8)];
-
 /// The rows (SwiGLU's tokens, RoPE's batch rows) of a trial's inputs checked against f32.
 const REFERENCE_ROWS: [i64; 2] = [256, 1];
-
-/// Sets the kernels `op` uses, for the whole process.
-pub fn set(op: Op, k: Kernels) {
-    CURRENT[op as usize].store(k as u8, Ordering::Relaxed);
-}
-
-/// The kernels `op` uses.
-pub fn current(op: Op) -> Kernels {
-    ALL[CURRENT[op as usize].load(Ordering::Relaxed) as usize]
-}
-
-/// `silu(gate) · up` with the process's kernels; both (…, d_ff), same dtype.
-pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor, TchError> {
-    swiglu_with(current(Op::Swiglu), gate, up)
-}
-
-fn swiglu_with(k: Kernels, gate: &Tensor, up: &Tensor) -> Result<Tensor, TchError> {
-    match k {
-        Kernels::Eager => gate.f_silu()?.f_mul(up),
-        Kernels::Composed | Kernels::Fused => ffi::swiglu(gate, up, k == Kernels::Fused),
-    }
-}
-
-/// RoPE of `x` (B, n_head, T, d_head) with the process's kernels and `tables` for its
-/// positions, in x's dtype.
-pub fn rope(x: &Tensor, tables: &RopeTables) -> Result<Tensor, TchError> {
-    rope_with(current(Op::Rope), x, tables)
-}
-
-fn rope_with(k: Kernels, x: &Tensor, tables: &RopeTables) -> Result<Tensor, TchError> {
-    match k {
-        Kernels::Eager => tables.eager(x),
-        Kernels::Composed | Kernels::Fused => ffi::rope(x, tables.maps(), k == Kernels::Fused),
-    }
-}
-
 /// Times `candidates` for `op` on the model's shapes at this micro-batch and sequence
 /// (SwiGLU: tokens × d_ff; RoPE: q, B × n_head × T × d_head in the model's layout), in
 /// `kind` on `device`, forward and backward, each checked against f32 on the first rows,
@@ -205,4 +120,75 @@ impl Problem {
         };
         self.forward_backward(&f32(&self.inputs)?, &f32(std::slice::from_ref(&self.g))?[0], Kernels::Composed)
     }
+}
+
+/// The kernels a run chooses between, and on CUDA what was timed to choose them.
+pub struct ChosenKernels {
+    /// `spec.attention`, `auto` resolved on CUDA ([`super::attention::tune`]).
+    pub attention: Attention,
+    pub attention_trials: Option<Choice<Attention>>,
+    /// SwiGLU's and RoPE's kernels, set for the process ([`set`]); empty
+    /// for GPT-2, which has neither.
+    pub fused: Vec<FusedChoice>,
+}
+
+/// One op's kernels, and on CUDA what was timed to choose them.
+pub struct FusedChoice {
+    pub op: Op,
+    pub kernels: Kernels,
+    pub trials: Option<Choice<Kernels>>,
+}
+
+impl ChosenKernels {
+    /// One log line per timed choice.
+    pub fn log(&self, micro_batch: u32, seq: u32) {
+        use super::trials::Candidate;
+        let at = format!("one layer's forward and backward at micro-batch {micro_batch} × {seq} tokens");
+        if let Some(t) = &self.attention_trials {
+            tracing::info!("attention: auto timed {at} ({}) and chose {}", t.summary(), t.chosen.name());
+        }
+        for f in &self.fused {
+            if let Some(t) = &f.trials {
+                tracing::info!("{}: timed {at} ({}) and chose {}", f.op.name(), t.summary(), t.chosen.name());
+            }
+        }
+    }
+}
+
+/// The SDPA backend (`auto` on CUDA timed on the model's attention at this micro-batch
+/// and sequence) and SwiGLU's and RoPE's kernels (timed on CUDA when not requested,
+/// ATen's composed ones elsewhere; GPT-2 has neither), with what was timed. With a
+/// `group`, every rank chooses the same.
+pub fn choose_kernels(
+    requested: KernelRequest,
+    m: &ModelConfig,
+    micro_batch: i64,
+    seq: i64,
+    kind: Kind,
+    device: Device,
+    group: Option<&ProcessGroup>,
+) -> Result<ChosenKernels, Error> {
+    let attention_trials = if requested.attention == Attention::Auto && device.is_cuda() {
+        Some(super::attention::tune(m, micro_batch, seq, kind, device, &super::attention::CUDA_CANDIDATES, group)?)
+    } else {
+        None
+    };
+    let mut fused = Vec::new();
+    if m.arch != crds::presets::Arch::Gpt2 {
+        for op in [Op::Swiglu, Op::Rope] {
+            let trials = match requested.fused(op) {
+                None if device.is_cuda() => Some(tune(op, m, micro_batch, seq, kind, device, &CUDA_CANDIDATES, group)?),
+                k => {
+                    set(op, k.unwrap_or(Kernels::Composed));
+                    None
+                }
+            };
+            fused.push(FusedChoice { op, kernels: current(op), trials });
+        }
+    }
+    Ok(ChosenKernels {
+        attention: attention_trials.as_ref().map_or(requested.attention, |c| c.chosen),
+        attention_trials,
+        fused,
+    })
 }

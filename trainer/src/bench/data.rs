@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::mix::{Mix, SourceTokens, Tokens};
-use super::shard::{self, Dtype, MANIFEST_FORMAT, Manifest, ManifestTokenizer, ShardEntry, ShardSet};
 use crate::Error;
+use crate::data::mix::{Mix, SourceTokens, Tokens};
+use crate::data::shard::{self, Dtype, MANIFEST_FORMAT, Manifest, ManifestTokenizer, ShardEntry, ShardSet};
 
 #[derive(Clone, Debug)]
 pub struct DataBenchOptions {
@@ -35,7 +35,7 @@ fn synthetic(dir: &Path, tokens: u64) -> Result<Vec<PathBuf>, Error> {
             let n = left.min(16 << 20);
             let toks: Vec<u32> = (0..n)
                 .map(|_| {
-                    x = super::splitmix64(x);
+                    x = crate::data::splitmix64(x);
                     (x % 50_000) as u32 + 1
                 })
                 .collect();

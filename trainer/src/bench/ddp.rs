@@ -7,14 +7,14 @@
 //! 2. The training step of N ranks over 1 rank at the same per-rank batch: the
 //!    ratio is DDP's overhead (1.0 is free).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
-use super::{Backend, GlooDevice, GroupOptions, Placement, ProcessGroup, ReduceOp, free_port};
 use crate::Error;
-use crate::status::SharedStatus;
+use crate::dist::loopback::{gloo, on_ranks};
+use crate::dist::{Placement, ProcessGroup, ReduceOp};
 use crate::train::{RunOptions, Trainer};
 
 #[derive(Clone, Debug)]
@@ -27,37 +27,6 @@ pub struct DdpBenchOptions {
     pub warmup: u32,
     /// All-reduce message sizes, MiB.
     pub sizes_mib: Vec<f64>,
-}
-
-/// Runs `f(rank)` on `world` threads and returns rank 0's result.
-pub(crate) fn on_ranks<T: Send>(world: u32, f: impl Fn(u32, u16) -> Result<T, Error> + Sync) -> Result<T, Error> {
-    let port = free_port()?;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                s.spawn({
-                    let f = &f;
-                    move || f(rank, port)
-                })
-            })
-            .collect();
-        let mut results: Vec<Result<T, Error>> =
-            handles.into_iter().map(|h| h.join().expect("bench rank panicked")).collect();
-        results.swap_remove(0)
-    })
-}
-
-pub(crate) fn gloo(rank: u32, world: u32, port: u16) -> Result<ProcessGroup, Error> {
-    ProcessGroup::new(&GroupOptions {
-        backend: Backend::Gloo,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        rank,
-        world_size: world,
-        timeout: Duration::from_secs(120),
-        gloo_device: GlooDevice::Host("127.0.0.1".into()),
-        cuda_device: 0,
-    })
 }
 
 /// Median seconds of one all-reduce of `numel` f32 over the group.
@@ -111,7 +80,6 @@ fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Pa
             Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
         let opts = RunOptions {
             output_dir: dir.join(format!("w{world}-t{thread}")),
-            status_addr: None,
             stop_after_steps: None,
             tty: Some(false),
             sample: false,
@@ -119,7 +87,7 @@ fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Pa
             placement,
             sync_every: None,
         };
-        let mut t = Trainer::new(&cfg, opts, SharedStatus::from_config(&cfg))?;
+        let mut t = Trainer::new(&cfg, opts)?;
         for _ in 0..o.warmup {
             t.train_step()?;
         }

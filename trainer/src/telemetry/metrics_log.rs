@@ -14,7 +14,7 @@ use std::time::Instant;
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 
-use crate::status::{StepReport, unix_now};
+use super::report::{Event, Sink, StepReport, unix_now};
 use crate::{Error, io_err};
 
 /// File name of the log inside the checkpoint directory.
@@ -118,7 +118,7 @@ pub struct StepRecord {
     pub elapsed_seconds: f64,
     /// GRPO's metrics of the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grpo: Option<crate::grpo::step::GrpoStats>,
+    pub grpo: Option<crate::grpo::stats::GrpoStats>,
     /// Peak GPU memory of rank 0's tensors so far, GiB (CUDA runs).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryPeakGiB")]
     pub gpu_memory_peak_gib: Option<f64>,
@@ -132,7 +132,7 @@ pub struct AccuracyRecord {
     pub step: u64,
     pub tokens: u64,
     #[serde(flatten)]
-    pub score: crate::grpo::eval::McqScore,
+    pub score: crate::grpo::stats::McqScore,
     /// Unix time, seconds.
     pub time: f64,
 }
@@ -409,7 +409,7 @@ impl MetricsLog {
     }
 
     /// Appends an `accuracy` record.
-    pub fn accuracy(&mut self, step: u64, tokens: u64, score: &crate::grpo::eval::McqScore) -> Result<(), Error> {
+    pub fn accuracy(&mut self, step: u64, tokens: u64, score: &crate::grpo::stats::McqScore) -> Result<(), Error> {
         self.append(&Record::Accuracy(AccuracyRecord { step, tokens, score: *score, time: unix_now() }))
     }
 
@@ -418,6 +418,19 @@ impl MetricsLog {
         let record =
             SampleRecord { step, tokens, prompt: prompt.map(str::to_owned), text: text.to_owned(), time: unix_now() };
         self.append(&Record::Sample(record))
+    }
+}
+
+impl Sink for MetricsLog {
+    fn record(&mut self, event: &Event) -> Result<(), Error> {
+        match *event {
+            Event::Step(report) => self.step(report),
+            Event::Eval { step, tokens, val_loss, per_source } => self.eval(step, tokens, val_loss, per_source),
+            Event::Accuracy { step, tokens, score, .. } => self.accuracy(step, tokens, score),
+            Event::Checkpoint(checkpoint) => self.checkpoint(checkpoint),
+            Event::Sample { step, tokens, prompt, text } => self.sample(step, tokens, Some(prompt), text),
+            Event::Started(_) | Event::Phase(_) | Event::NonFinite { .. } | Event::Failure(_) => Ok(()),
+        }
     }
 }
 
@@ -443,6 +456,7 @@ mod tests {
             mfu: None,
             grpo: None,
             gpu_memory: None,
+            tokens_by_source: Vec::new(),
         }
     }
 

@@ -7,11 +7,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::status::StepReport;
-
-/// Set by `trainer launch` for its workers when its own stderr is a terminal: theirs
-/// is a pipe through the launcher.
-pub const FORCE_COLOR_ENV: &str = "CLICOLOR_FORCE";
+use super::report::{Event, Sink, StepReport};
+use crate::Error;
+use crate::dist::launch::FORCE_COLOR_ENV;
 
 /// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`), lines go
 /// to stderr, coloured only when stderr is a terminal (or `CLICOLOR_FORCE` is set and
@@ -42,7 +40,7 @@ impl Default for ProgressConfig {
     }
 }
 
-enum Sink {
+enum Output {
     Bar(ProgressBar),
     Log,
     #[cfg(test)]
@@ -54,7 +52,7 @@ pub struct Progress {
     total_steps: u64,
     total_tokens: u64,
     config: ProgressConfig,
-    sink: Sink,
+    sink: Output,
     last_logged_step: u64,
     last_logged_at: Instant,
     /// Exponential moving average of tokens per second, for the ETA.
@@ -67,7 +65,7 @@ impl std::fmt::Debug for Progress {
         f.debug_struct("Progress")
             .field("total_steps", &self.total_steps)
             .field("total_tokens", &self.total_tokens)
-            .field("tty", &matches!(self.sink, Sink::Bar(_)))
+            .field("tty", &matches!(self.sink, Output::Bar(_)))
             .finish()
     }
 }
@@ -99,9 +97,9 @@ impl Progress {
             if start_step > 0 && total_steps > 0 {
                 bar.set_position(total_tokens / total_steps * start_step);
             }
-            Sink::Bar(bar)
+            Output::Bar(bar)
         } else {
-            Sink::Log
+            Output::Log
         };
         Progress {
             total_steps,
@@ -126,7 +124,7 @@ impl Progress {
             self.rate = Some(self.rate.map_or(r, |old| 0.9 * old + 0.1 * r));
         }
         let first = self.last.replace(report.clone()).is_none();
-        if let Sink::Bar(bar) = &self.sink {
+        if let Output::Bar(bar) = &self.sink {
             bar.set_position(report.tokens.min(self.total_tokens));
             bar.set_message(self.message(report));
             return;
@@ -197,10 +195,10 @@ impl Progress {
 
     fn emit(&mut self, line: String) {
         match &mut self.sink {
-            Sink::Bar(bar) => bar.println(line),
-            Sink::Log => tracing::info!("{line}"),
+            Output::Bar(bar) => bar.println(line),
+            Output::Log => tracing::info!("{line}"),
             #[cfg(test)]
-            Sink::Capture(lines) => lines.push(line),
+            Output::Capture(lines) => lines.push(line),
         }
     }
 
@@ -219,11 +217,55 @@ impl Progress {
 
     /// Ends the display with a summary of the last step.
     pub fn finish(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
         let summary = self.summary();
         match &mut self.sink {
-            Sink::Bar(bar) => bar.finish_with_message(summary),
+            Output::Bar(bar) => bar.finish_with_message(summary),
             _ => self.emit(summary),
         }
+    }
+}
+
+impl Sink for Progress {
+    fn record(&mut self, event: &Event) -> Result<(), Error> {
+        match *event {
+            Event::Started(start) => {
+                let cfg = start.cfg;
+                self.println(format!(
+                    "{}: {} ({} params) on {}, {} steps of {} tokens; {}",
+                    cfg.name,
+                    cfg.model.preset,
+                    human_count(cfg.params.total as f64),
+                    cfg.topology.display,
+                    cfg.schedule.total_steps,
+                    cfg.batch.tokens_per_step,
+                    start.data,
+                ));
+            }
+            Event::Step(report) => self.on_step(report),
+            Event::Eval { step, val_loss, per_source, .. } => self.on_eval(step, val_loss, per_source),
+            Event::Accuracy { step, score, initial, .. } => self.println(format!(
+                "{} accuracy on {} held-out questions after {} steps: {:.1}% greedy, {:.1}% by log-likelihood ({:.1}% unanswered; chance 25%)",
+                if initial { "initial" } else { "final" },
+                score.questions,
+                step,
+                100.0 * score.greedy,
+                100.0 * score.log_likelihood,
+                100.0 * score.unparsed,
+            )),
+            Event::Sample { step, prompt, text, .. } => {
+                self.println(format!("sample after {step} steps:\n{prompt} {text}"))
+            }
+            Event::Phase(_) | Event::Checkpoint(_) | Event::NonFinite { .. } | Event::Failure(_) => {}
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        self.end();
     }
 }
 
@@ -266,13 +308,13 @@ mod tests {
 
     fn captured(total_steps: u64, start_step: u64, config: ProgressConfig) -> Progress {
         let mut p = Progress::with_config(total_steps, total_steps * 1000, start_step, Some(false), config);
-        p.sink = Sink::Capture(Vec::new());
+        p.sink = Output::Capture(Vec::new());
         p
     }
 
     fn lines(p: &Progress) -> &[String] {
         match &p.sink {
-            Sink::Capture(lines) => lines,
+            Output::Capture(lines) => lines,
             _ => unreachable!(),
         }
     }
@@ -288,6 +330,7 @@ mod tests {
             mfu: Some(0.5),
             grpo: None,
             gpu_memory: None,
+            tokens_by_source: Vec::new(),
         }
     }
 
@@ -307,7 +350,7 @@ mod tests {
     #[test]
     fn a_cuda_step_shows_its_peak_gpu_memory() {
         let mut p = captured(10, 0, ProgressConfig { log_every_steps: 1, log_interval: Duration::from_secs(3600) });
-        let g = crate::status::GpuMemory { peak_bytes: 45 << 29, total_bytes: 80 << 30 };
+        let g = crate::telemetry::report::GpuMemory { peak_bytes: 45 << 29, total_bytes: 80 << 30 };
         p.on_step_at(&StepReport { gpu_memory: Some(g), ..report(1) }, Instant::now());
         assert!(lines(&p)[0].contains(" mfu 50.0% mem 22.5/80 GiB eta "), "{}", lines(&p)[0]);
     }
@@ -352,10 +395,10 @@ mod tests {
     #[test]
     fn the_bar_tracks_tokens_without_logging() {
         let mut p = Progress::new(10, 10_000, 2, Some(true));
-        let Sink::Bar(bar) = &p.sink else { panic!("expected a bar") };
+        let Output::Bar(bar) = &p.sink else { panic!("expected a bar") };
         assert_eq!(bar.position(), 2000);
         p.on_step(&report(3));
-        let Sink::Bar(bar) = &p.sink else { unreachable!() };
+        let Output::Bar(bar) = &p.sink else { unreachable!() };
         assert_eq!(bar.position(), 3000);
         assert!(bar.message().starts_with("loss 2.5000 lr 3.00e-4 1.0K/s mfu 50.0% eta 7s"), "{}", bar.message());
         p.finish();

@@ -222,7 +222,7 @@ mod tests {
     /// is rejected on both, so both choose the same.
     #[test]
     fn ranks_agree_on_the_slowest_times() {
-        use crate::dist::bench::{gloo, on_ranks};
+        use crate::dist::loopback::{gloo, on_ranks};
         let chosen = on_ranks(2, |rank, port| {
             let group = gloo(rank, 2, port)?;
             let mut trials = match rank {

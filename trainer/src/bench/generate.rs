@@ -34,7 +34,7 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
     }
     let mut vs = tch::nn::VarStore::new(Device::Cpu);
     let model = {
-        let _rng = crate::train::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(0);
         Model::new(&vs.root(), &o.model, o.device)?
     };

@@ -14,12 +14,15 @@ use tch::{Device, Kind, Tensor};
 use std::sync::Arc;
 
 use crate::Error;
+use crate::checkpoint::resume::sorted_variables;
 use crate::dist::{Backend, DEFAULT_BUCKET_CAP_BYTES, GlooDevice, GradReducer, GroupOptions, ProcessGroup, ReduceOp};
-use crate::fused::{Kernels, Op};
+use crate::kernels::choice::KernelRequest;
+use crate::kernels::sdp;
+use crate::kernels::trials::Candidate;
+use crate::kernels::tune::choose_kernels;
 use crate::model::Model;
 use crate::optim::{self, AdamW};
-use crate::train::{KernelRequest, precision_plan, sorted_variables};
-use crate::trials::Candidate;
+use crate::train::precision::{matmul_kind, precision_plan};
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
@@ -80,8 +83,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         )));
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
-    let act = crate::train::matmul_kind(kind, autocast, o.device)?;
-    let kernels = crate::train::choose_kernels(o.kernels, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
+    let act = matmul_kind(kind, autocast, o.device)?;
+    let kernels = choose_kernels(o.kernels, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
     let attention = kernels.attention;
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
@@ -93,8 +96,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     vs.set_device(o.device);
     let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
     let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
-    optim::set_sdp_backend(attention)?;
-    let backend = crate::train::attention_backend(&model_cfg, attention, o.micro_batch, o.seq, act, o.device)?;
+    sdp::set_sdp_backend(attention)?;
+    let backend = sdp::attention_backend(&model_cfg, attention, o.micro_batch, o.seq, act, o.device)?;
 
     let recompute =
         crds::config::recomputed_blocks(o.gradient_checkpointing, o.checkpointed_blocks, model_cfg.n_layer) as usize;
@@ -206,49 +209,6 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         report[format!("{}_trials", f.op.name())] = json!(f.trials.as_ref().map(|c| &c.trials));
     }
     Ok(report)
-}
-
-/// `trainer bench-kernels`: SwiGLU's and RoPE's kernel sets timed on the model's shapes
-/// at this micro-batch and sequence, each as a run's trial times and checks it
-/// ([`crate::fused::tune`]), and each one's speed-up over eager from the same run. The
-/// fused kernels run on CUDA only; elsewhere they show as rejected.
-pub fn kernels(
-    model: &ModelConfig,
-    micro_batch: i64,
-    seq: i64,
-    precision: Precision,
-    device: Device,
-) -> Result<Value, Error> {
-    if model.arch == crds::presets::Arch::Gpt2 {
-        return Err(Error::InvalidSpec(format!("--preset {}: GPT-2 has neither SwiGLU nor RoPE", model.preset)));
-    }
-    let (kind, autocast, _) = precision_plan(precision, device);
-    let act = crate::train::matmul_kind(kind, autocast, device)?;
-    let candidates = [Kernels::Eager, Kernels::Composed, Kernels::Fused];
-    let mut ops = serde_json::Map::new();
-    for op in [Op::Swiglu, Op::Rope] {
-        let choice = crate::fused::tune(op, model, micro_batch, seq, act, device, &candidates, None)?;
-        let eager = choice.trials[0].ms;
-        let vs_eager: serde_json::Map<String, Value> = choice
-            .trials
-            .iter()
-            .map(|t| (t.candidate.name().to_string(), json!(eager.zip(t.ms).map(|(e, ms)| e / ms))))
-            .collect();
-        ops.insert(
-            op.name().into(),
-            json!({ "chosen": choice.chosen.name(), "trials": choice.trials, "speedup_vs_eager": vs_eager }),
-        );
-    }
-    Ok(json!({
-        "preset": model.preset,
-        "device": if device.is_cuda() { "cuda" } else { "cpu" },
-        "precision": serde_json::to_value(precision).expect("precision serializes"),
-        "dtype": format!("{act:?}"),
-        "micro_batch": micro_batch,
-        "seq": seq,
-        "threads": tch::get_num_threads(),
-        "ops": ops,
-    }))
 }
 
 #[cfg(feature = "cuda")]

@@ -9,30 +9,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TrainerPhase, TrainerStatus};
-
-/// Where the termination message goes: `TRAINER_TERMINATION_LOG`, else Kubernetes'
-/// `/dev/termination-log` when it exists.
-pub fn termination_log() -> Option<std::path::PathBuf> {
-    match std::env::var_os(crds::contract::env::TERMINATION_LOG) {
-        Some(p) if !p.is_empty() => Some(p.into()),
-        _ => Some(std::path::PathBuf::from(crds::contract::TERMINATION_LOG)).filter(|p| p.exists()),
-    }
-}
-
-/// After success, the final status becomes the termination message, so the
-/// operator learns the last loss and checkpoint even if it never polled.
-pub fn write_final_report(status: &TrainerStatus) {
-    if let Some(path) = termination_log() {
-        let json = serde_json::to_string(status).expect("TrainerStatus serializes");
-        if let Err(e) = std::fs::write(&path, json) {
-            tracing::warn!("writing the final report to {}: {e}", path.display());
-        }
-    }
-}
 use crds::types::{CheckpointRef, RunMetrics};
 use prometheus::core::Collector;
 use prometheus::{
@@ -40,6 +19,7 @@ use prometheus::{
 };
 use tiny_http::{Header, Method, Request, Response, Server};
 
+use super::report::{Event, GpuMemory, Sink, StepReport, unix_now};
 use crate::Error;
 
 /// Every phase, in the order `trainer_phase` lists them.
@@ -61,60 +41,6 @@ pub fn phase_name(phase: TrainerPhase) -> &'static str {
         TrainerPhase::Checkpointing => "checkpointing",
         TrainerPhase::Done => "done",
         TrainerPhase::Failed => "failed",
-    }
-}
-
-/// Seconds since the Unix epoch, as a float.
-pub fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// One completed optimizer step, as the training loop reports it to the status
-/// endpoint, the metrics log and the progress display.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepReport {
-    /// Optimizer steps completed, counting this one.
-    pub step: u64,
-    /// Tokens trained on so far, all ranks together, counting this step.
-    pub tokens: u64,
-    /// Mean training loss of the step.
-    pub loss: f64,
-    /// Learning rate the step used.
-    pub lr: f64,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Throughput, all ranks together.
-    pub tokens_per_second: f64,
-    /// Model FLOPs utilization (0-1), where a peak is known for the device.
-    pub mfu: Option<f64>,
-    /// GRPO's reward, accuracy, KL, clipping and throughput split.
-    pub grpo: Option<crate::grpo::step::GrpoStats>,
-    /// This rank's GPU memory (CUDA runs).
-    pub gpu_memory: Option<GpuMemory>,
-}
-
-/// A GPU's memory in bytes: the most libtorch's caching allocator has held in tensors
-/// since the trainer started, and the device's total.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GpuMemory {
-    pub peak_bytes: i64,
-    pub total_bytes: i64,
-}
-
-impl GpuMemory {
-    pub fn peak_gib(&self) -> f64 {
-        self.peak_bytes as f64 / (1u64 << 30) as f64
-    }
-
-    pub fn total_gib(&self) -> f64 {
-        self.total_bytes as f64 / (1u64 << 30) as f64
-    }
-}
-
-impl StepReport {
-    /// Whether the loss or the gradient norm is NaN or infinite.
-    pub fn is_nonfinite(&self) -> bool {
-        !self.loss.is_finite() || !self.grad_norm.is_finite()
     }
 }
 
@@ -269,6 +195,9 @@ impl SharedStatus {
             state.status.metrics.gpu_memory_total_gib = Some(gib(g.total_gib()));
             state.gpu_memory = Some(g);
         }
+        if !report.tokens_by_source.is_empty() {
+            state.status.tokens_by_source = report.tokens_by_source.iter().cloned().collect();
+        }
         state.last_step_time = Some(now);
         if report.is_nonfinite() {
             state.nonfinite_events += 1;
@@ -276,7 +205,7 @@ impl SharedStatus {
     }
 
     /// Records a held-out multiple-choice evaluation; `initial` before any GRPO step.
-    pub fn record_accuracy(&self, score: &crate::grpo::eval::McqScore, initial: bool) {
+    pub fn record_accuracy(&self, score: &crate::grpo::stats::McqScore, initial: bool) {
         let mut state = self.write();
         let m = &mut state.status.metrics;
         if initial {
@@ -334,6 +263,26 @@ impl SharedStatus {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&registry.gather(), &mut buf).expect("metrics encode");
         String::from_utf8(buf).expect("metrics text is UTF-8")
+    }
+}
+
+impl Sink for SharedStatus {
+    fn record(&mut self, event: &Event) -> Result<(), Error> {
+        match *event {
+            Event::Started(start) => self.update(|s| {
+                s.step = start.step;
+                s.tokens = start.tokens;
+            }),
+            Event::Phase(phase) => self.set_phase(phase),
+            Event::Step(report) => self.record_step(report),
+            Event::Eval { val_loss, per_source, .. } => self.record_eval(val_loss, per_source.to_vec()),
+            Event::Accuracy { score, initial, .. } => self.record_accuracy(score, initial),
+            Event::Checkpoint(checkpoint) => self.record_checkpoint(checkpoint.clone()),
+            Event::Sample { .. } => {}
+            Event::NonFinite { .. } => self.record_nonfinite(),
+            Event::Failure(reason) => self.record_failure(reason),
+        }
+        Ok(())
     }
 }
 
@@ -654,6 +603,7 @@ mod tests {
             mfu: Some(0.125),
             grpo: None,
             gpu_memory: None,
+            tokens_by_source: Vec::new(),
         }
     }
 
@@ -825,7 +775,7 @@ mod tests {
     #[test]
     fn run_info_comes_from_the_run_config() {
         let config = crds::resolve(
-            &crds::manifest::from_yaml(include_str!("../../examples/tiny-local.yaml"), "tiny-local.yaml").unwrap(),
+            &crds::manifest::from_yaml(include_str!("../../../examples/tiny-local.yaml"), "tiny-local.yaml").unwrap(),
         )
         .unwrap();
         let info = RunInfo::from_config(&config);

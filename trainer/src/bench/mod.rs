@@ -1,0 +1,9 @@
+//! Benchmarks: the training step against `torch_reference.py` ([`step`]), the fused
+//! kernels ([`kernels`]), data parallelism ([`ddp`]), the data loader ([`data`]) and
+//! GRPO's sampler ([`generate`]).
+
+pub mod data;
+pub mod ddp;
+pub mod generate;
+pub mod kernels;
+pub mod step;

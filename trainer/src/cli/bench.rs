@@ -1,0 +1,230 @@
+//! The benchmark commands: `trainer bench`, `bench-kernels`, `bench-ddp`,
+//! `bench-data` and `bench-generate`.
+
+use std::path::PathBuf;
+
+use crds::presets::ModelConfig;
+
+use super::parse;
+use crate::Error;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchDataArgs {
+    /// Prepared source directories (repeatable).
+    #[arg(long)]
+    pub data: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2048)]
+    pub seq: usize,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: usize,
+    #[arg(long, default_value_t = 2000)]
+    pub batches: usize,
+    /// Tokens per synthetic source.
+    #[arg(long, default_value = "32M")]
+    pub synthetic_tokens: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchGenerateArgs {
+    #[arg(long, default_value = "nano")]
+    pub preset: String,
+    /// Rows decoded together (GRPO: prompts per rank × generationsPerPrompt).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 48)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 192)]
+    pub new_tokens: usize,
+    /// cpu or cuda [default: cuda when available].
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchDdpArgs {
+    #[arg(long, default_value_t = 2)]
+    pub ranks: u32,
+    #[arg(long, default_value = "nano")]
+    pub preset: String,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: u32,
+    #[arg(long, default_value_t = 256)]
+    pub seq: u32,
+    #[arg(long, default_value_t = 10)]
+    pub steps: u32,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// All-reduce message sizes, MiB.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub sizes_mib: Vec<f64>,
+}
+
+/// The model, batch, precision and device a benchmark runs.
+#[derive(clap::Args, Debug)]
+pub struct BenchShape {
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: i64,
+    #[arg(long, default_value_t = 2048)]
+    pub seq: i64,
+    /// bf16-mixed, bf16 or f32.
+    #[arg(long, default_value = "bf16-mixed")]
+    pub precision: String,
+    /// cpu or cuda [default: cuda when available].
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub shape: BenchShape,
+    /// Timed steps.
+    #[arg(long, default_value_t = 20)]
+    pub steps: u32,
+    #[arg(long, default_value_t = 5)]
+    pub warmup: u32,
+    /// auto, flash, cudnn or math.
+    #[arg(long, default_value = "auto")]
+    pub attention: String,
+    /// SwiGLU's kernels: auto (on CUDA the faster exact of composed and fused, timed at
+    /// start-up; composed elsewhere), composed (ATen's silu and mul as one autograd node),
+    /// fused (jiterator, CUDA) or eager (two nodes, which keep silu(gate) too: the baseline).
+    #[arg(long, default_value = "auto")]
+    pub swiglu: String,
+    /// RoPE's kernels: auto, composed (ATen's mul and add as one autograd node), fused
+    /// (jiterator, CUDA) or eager (rotate-half as separate nodes: the baseline).
+    #[arg(long, default_value = "auto")]
+    pub rope: String,
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
+    /// With --gradient-checkpointing: recompute only this many leading blocks
+    /// (spec.checkpointedBlocks) [default: all].
+    #[arg(long)]
+    pub checkpointed_blocks: Option<u32>,
+    /// Through a world-size-1 c10d group (NCCL on CUDA, Gloo on CPU) and the
+    /// data-parallel gradient reducer, after checking a bf16 all-reduce.
+    #[arg(long)]
+    pub ddp: bool,
+    /// Tokens per chunk of the lm_head + cross-entropy; 0 computes the full logits at
+    /// once (the reference's way), to measure what chunking costs or saves
+    /// [default: training's, 1.6 GB of f32 logits: 8192 tokens at a 50K vocabulary].
+    #[arg(long)]
+    pub loss_chunk: Option<i64>,
+    /// Capture the whole step (forward, backward, clip, AdamW) as one CUDA graph after
+    /// the warm-up and replay it each step (CUDA, without --ddp).
+    #[arg(long)]
+    pub cuda_graph: bool,
+    /// Cap the CUDA caching allocator at this many GiB (e.g. 80 on a larger GPU), so
+    /// that the largest micro-batch found fits that GPU.
+    #[arg(long)]
+    pub memory_limit_gib: Option<f64>,
+}
+
+/// `trainer bench`.
+pub fn step(args: BenchArgs) -> Result<(), Error> {
+    let model = preset_arg(&args.shape.preset)?;
+    let device = bench_device(args.shape.device.as_deref())?;
+    let opts = crate::bench::step::BenchOptions {
+        model,
+        micro_batch: args.shape.micro_batch,
+        seq: args.shape.seq,
+        steps: args.steps,
+        warmup: args.warmup,
+        precision: parse("precision", &args.shape.precision)?,
+        kernels: crate::kernels::choice::KernelRequest {
+            attention: parse("attention", &args.attention)?,
+            swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },
+            rope: if args.rope == "auto" { None } else { Some(parse("rope", &args.rope)?) },
+        },
+        device,
+        gradient_checkpointing: args.gradient_checkpointing,
+        checkpointed_blocks: args.checkpointed_blocks,
+        ddp: args.ddp,
+        loss_chunk: args.loss_chunk,
+        cuda_graph: args.cuda_graph,
+        memory_limit_gib: args.memory_limit_gib,
+    };
+    println!("{}", crate::bench::step::run(&opts)?);
+    Ok(())
+}
+
+/// `trainer bench-kernels`.
+pub fn kernels(a: BenchShape) -> Result<(), Error> {
+    let model = preset_arg(&a.preset)?;
+    let device = bench_device(a.device.as_deref())?;
+    println!(
+        "{}",
+        crate::bench::kernels::run(&model, a.micro_batch, a.seq, parse("precision", &a.precision)?, device)?
+    );
+    Ok(())
+}
+
+/// `trainer bench-data`.
+pub fn data(a: BenchDataArgs) -> Result<(), Error> {
+    let opts = crate::bench::data::DataBenchOptions {
+        data: a.data,
+        seq: a.seq,
+        micro_batch: a.micro_batch,
+        batches: a.batches,
+        synthetic_tokens: crds::quantity::parse_tokens(&a.synthetic_tokens)
+            .map_err(|e| Error::InvalidSpec(format!("--synthetic-tokens {}: {e}", a.synthetic_tokens)))?,
+    };
+    println!("{}", crate::bench::data::run(&opts)?);
+    Ok(())
+}
+
+/// `trainer bench-generate`.
+pub fn generate(a: BenchGenerateArgs) -> Result<(), Error> {
+    let model = preset_arg(&a.preset)?;
+    let device = bench_device(a.device.as_deref())?;
+    let opts = crate::bench::generate::GenerateBenchOptions {
+        model,
+        device,
+        batch: a.batch,
+        prompt_tokens: a.prompt_tokens,
+        new_tokens: a.new_tokens,
+        bf16: device.is_cuda(),
+    };
+    println!("{}", crate::bench::generate::run(&opts)?);
+    Ok(())
+}
+
+/// `trainer bench-ddp`.
+pub fn ddp(a: BenchDdpArgs) -> Result<(), Error> {
+    let opts = crate::bench::ddp::DdpBenchOptions {
+        ranks: a.ranks,
+        preset: a.preset,
+        micro_batch: a.micro_batch,
+        seq: a.seq,
+        steps: a.steps,
+        warmup: a.warmup,
+        sizes_mib: a.sizes_mib,
+    };
+    println!("{}", crate::bench::ddp::run(&opts)?);
+    Ok(())
+}
+
+/// `--preset` of the benchmarks.
+fn preset_arg(name: &str) -> Result<ModelConfig, Error> {
+    crds::presets::preset(name).map(ModelConfig::from).ok_or_else(|| {
+        Error::InvalidSpec(format!("--preset {name}: unknown; one of {}", crds::presets::preset_names().join(", ")))
+    })
+}
+
+/// `--device` of the benchmarks: cpu or cuda, by default cuda when there is one.
+fn bench_device(arg: Option<&str>) -> Result<tch::Device, Error> {
+    Ok(match arg {
+        None if tch::Cuda::is_available() => tch::Device::Cuda(0),
+        None | Some("cpu") => tch::Device::Cpu,
+        Some("cuda") if tch::Cuda::is_available() => tch::Device::Cuda(0),
+        Some("cuda") => {
+            return Err(Error::InvalidSpec(
+                "--device cuda: no CUDA device is visible (or this trainer was built without the `cuda` feature)"
+                    .into(),
+            ));
+        }
+        Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
+    })
+}

@@ -1,0 +1,180 @@
+//! Commands that read a run's checkpoints: `trainer eval`, `generate` and `export`.
+
+use std::path::{Path, PathBuf};
+
+use crds::config::RunConfig;
+use tch::Device;
+use tch::nn::VarStore;
+
+use super::train::RUN_FILE;
+use crate::checkpoint::resume::copy_weights;
+use crate::data::corpus::{self, Split};
+use crate::data::sources;
+use crate::generate::Sampling;
+use crate::model::Model;
+use crate::{Error, io_err};
+
+/// What `trainer eval` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalTask {
+    /// Validation loss and perplexity per data source (a pretraining run).
+    Loss,
+    /// Multiple-choice accuracy.
+    Mcq,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// A run's output directory or one checkpoint directory.
+    pub checkpoint: PathBuf,
+    #[arg(long, value_enum, default_value = "loss")]
+    pub task: EvalTask,
+    /// Questions for `--task mcq`: embedded:mcq-rules, embedded:mcq (their held-out
+    /// questions), a MedQA jsonl file (all of it), or a prepared directory (its
+    /// validation records), as a path, pvc:// or s3:// URI [default: the GRPO run's
+    /// held-out questions, else embedded:mcq].
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Score at most this many questions.
+    #[arg(long, default_value_t = 256)]
+    pub questions: usize,
+    /// Tokens generated for the greedy answer.
+    #[arg(long, default_value_t = 16)]
+    pub max_new_tokens: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A run's output directory or one checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// Text to continue; defaults to a validation multiple-choice question.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i64,
+    /// Nucleus sampling threshold.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    /// Number of samples.
+    #[arg(long, short, default_value_t = 1)]
+    pub n: usize,
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+}
+
+/// The resolved run of a run directory or of one of its checkpoints.
+fn run_config(checkpoint: &Path) -> Result<RunConfig, Error> {
+    let candidates = [checkpoint.join(RUN_FILE), checkpoint.parent().map(|p| p.join(RUN_FILE)).unwrap_or_default()];
+    let path = candidates.iter().find(|p| p.is_file()).ok_or_else(|| Error::Checkpoint {
+        path: checkpoint.to_path_buf(),
+        message: format!("no {RUN_FILE} here or in the parent directory; is this a `trainer run` output?"),
+    })?;
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Checkpoint { path: path.clone(), message: format!("not a resolved run: {e}") })
+}
+
+/// The model of a checkpoint, on CPU in f32 (or the checkpoint's bf16).
+fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> {
+    let cfg = run_config(checkpoint)?;
+    let weights = crate::checkpoint::load_weights(checkpoint)?;
+    let vs = VarStore::new(Device::Cpu);
+    let model = Model::new(&vs.root(), &cfg.model, Device::Cpu)?;
+    copy_weights(&vs, &weights, checkpoint)?;
+    Ok((cfg, vs, model))
+}
+
+pub fn eval(args: &EvalArgs) -> Result<(), Error> {
+    if args.task == EvalTask::Mcq {
+        return eval_mcq(args);
+    }
+    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
+    let val = sources::validation_mixes(&cfg, &sources::load_tokenizer(&cfg)?)?;
+    let (mean, per_source) = crate::train::evaluate::evaluate(&model, &cfg, &val, Device::Cpu, false, None)?;
+    for (name, loss) in &per_source {
+        println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
+    }
+    println!("{:<16} val loss {mean:.4}  perplexity {:.2}", "mix", mean.exp());
+    Ok(())
+}
+
+/// `trainer eval --task mcq`.
+fn eval_mcq(args: &EvalArgs) -> Result<(), Error> {
+    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
+    let tokenizer = sources::load_tokenizer(&cfg)?;
+    let records = match (&args.dataset, &cfg.grpo) {
+        // The run's own held-out split, exactly as it evaluated itself.
+        (None, Some(g)) => {
+            let mut held_out = crate::grpo::data::load(&cfg, g)?.held_out;
+            held_out.truncate(args.questions);
+            held_out
+        }
+        (Some(uri), _) => {
+            let location = match uri.strip_prefix("embedded:") {
+                Some(name) => crds::config::Location::Embedded { name: name.into() },
+                None => {
+                    crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?
+                }
+            };
+            crate::grpo::data::eval_set(&cfg, &location, args.questions)?
+        }
+        (None, None) => {
+            crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?
+        }
+    };
+    if records.is_empty() {
+        return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });
+    }
+    let ctx = cfg.model.max_seq_len as usize;
+    let options = crate::grpo::eval::EvalOptions {
+        max_prompt_tokens: ctx.saturating_sub(args.max_new_tokens).max(1),
+        max_new_tokens: args.max_new_tokens.min(ctx - 1),
+        batch: 16,
+        device: Device::Cpu,
+        autocast: false,
+    };
+    let score = crate::grpo::eval::evaluate(&model, &tokenizer, &records, &options, None)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&score).expect("McqScore serializes"));
+    } else {
+        println!(
+            "{} questions: {:.1}% greedy answer letter, {:.1}% by log-likelihood, {:.1}% unanswered (chance 25%)",
+            score.questions,
+            100.0 * score.greedy,
+            100.0 * score.log_likelihood,
+            100.0 * score.unparsed
+        );
+    }
+    Ok(())
+}
+
+pub fn generate(args: &GenerateArgs) -> Result<(), Error> {
+    let (cfg, _vs, model) = load_model(&args.checkpoint)?;
+    let tokenizer = sources::load_tokenizer(&cfg)?;
+    let prompt = match &args.prompt {
+        Some(p) => p.clone(),
+        None => corpus::mcq_records(cfg.seed, 1, Split::Validation).remove(0).prompt(),
+    };
+    let sampling = Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
+    tch::manual_seed(args.seed as i64);
+    let samples =
+        crate::generate::complete(&model, &tokenizer, &prompt, args.n, args.max_new_tokens, &sampling, Device::Cpu)?;
+    println!("{}", samples.iter().map(|s| format!("{prompt}{s}")).collect::<Vec<_>>().join("\n---\n"));
+    Ok(())
+}
+
+pub fn export(checkpoint: &Path, hf: &Path) -> Result<(), Error> {
+    let (cfg, vs, _model) = load_model(checkpoint)?;
+    crate::export::export_hf(&cfg.model, &vs.variables(), hf)?;
+    println!("wrote {} (config.json, model.safetensors)", hf.display());
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! What GRPO reports: a step's metric sums and statistics, and held-out accuracy.
+
+use bytemuck::{Pod, Zeroable};
+
+/// This rank's sums for the step's metrics; one all-reduce of the struct
+/// ([`crate::dist::allreduce_sum`]) adds them over ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct Sums {
+    pub completions: f64,
+    pub reward: f64,
+    pub correct: f64,
+    pub unparsed: f64,
+    pub completion_tokens: f64,
+    pub kl: f64,
+    pub clipped: f64,
+    pub off_policy_masked: f64,
+    pub sampled_tokens: f64,
+    pub trained_tokens: f64,
+}
+
+/// A step's GRPO metrics, over all ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpoStats {
+    pub reward: f64,
+    pub accuracy: f64,
+    pub unparsed_fraction: f64,
+    pub completion_length: f64,
+    pub kl: f64,
+    pub clip_fraction: f64,
+    /// Completions left out by off-policy masking.
+    pub off_policy_masked: f64,
+    pub sampling_tokens_per_second: f64,
+    pub training_tokens_per_second: f64,
+}
+
+impl GrpoStats {
+    /// From the sums over ranks and this rank's sampling and training seconds (the
+    /// ranks run in lockstep).
+    pub fn from_sums(s: &Sums, sampling_seconds: f64, training_seconds: f64) -> GrpoStats {
+        let per = |x: f64, n: f64| if n > 0.0 { x / n } else { 0.0 };
+        GrpoStats {
+            reward: per(s.reward, s.completions),
+            accuracy: per(s.correct, s.completions),
+            unparsed_fraction: per(s.unparsed, s.completions),
+            completion_length: per(s.completion_tokens, s.completions),
+            kl: per(s.kl, s.completion_tokens),
+            clip_fraction: per(s.clipped, s.completion_tokens),
+            off_policy_masked: s.off_policy_masked,
+            sampling_tokens_per_second: per(s.sampled_tokens, sampling_seconds),
+            training_tokens_per_second: per(s.trained_tokens, training_seconds),
+        }
+    }
+}
+
+/// Accuracy on a question set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McqScore {
+    pub questions: u64,
+    /// Greedy generation: the parsed letter is the gold one.
+    pub greedy: f64,
+    /// The gold letter has the highest log-likelihood of " A" … " D".
+    pub log_likelihood: f64,
+    /// Greedy answers with no parseable letter.
+    pub unparsed: f64,
+}
+
+/// Counts behind an [`McqScore`], summed over ranks in one all-reduce.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct McqTally {
+    pub questions: f64,
+    pub greedy_correct: f64,
+    pub log_likelihood_correct: f64,
+    pub unparsed: f64,
+}
+
+impl McqTally {
+    pub fn score(&self) -> McqScore {
+        let n = self.questions.max(1.0);
+        McqScore {
+            questions: self.questions as u64,
+            greedy: self.greedy_correct / n,
+            log_likelihood: self.log_likelihood_correct / n,
+            unparsed: self.unparsed / n,
+        }
+    }
+}

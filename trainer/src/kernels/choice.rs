@@ -1,0 +1,88 @@
+//! Which kernels compute SwiGLU and RoPE: the process-wide registry the model reads
+//! ([`set`], [`current`]) and what a run or `trainer bench` asks for
+//! ([`KernelRequest`]).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crds::types::Attention;
+use serde::{Deserialize, Serialize};
+
+use super::trials::Candidate;
+
+/// Which kernels compute an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[repr(u8)]
+pub enum Kernels {
+    /// Eager PyTorch's graph of separate nodes (SwiGLU's also keeps silu(gate)): the
+    /// baseline `trainer bench --swiglu eager` and `--rope eager` measure against.
+    Eager,
+    /// ATen's kernels in one autograd node: eager's values to the bit.
+    Composed,
+    /// One jiterator kernel each way, CUDA only: each input read once, rounded once.
+    Fused,
+}
+
+impl Candidate for Kernels {
+    fn name(self) -> &'static str {
+        match self {
+            Kernels::Eager => "eager",
+            Kernels::Composed => "composed",
+            Kernels::Fused => "fused",
+        }
+    }
+}
+
+/// The ops whose kernels a run chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Swiglu,
+    Rope,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Swiglu => "swiglu",
+            Op::Rope => "rope",
+        }
+    }
+}
+/// Every variant, in discriminant order.
+const ALL: [Kernels; 3] = [Kernels::Eager, Kernels::Composed, Kernels::Fused];
+
+/// Each op's kernels, by [`Op`]; process-wide, like the SDPA switches.
+static CURRENT: [AtomicU8; 2] = [AtomicU8::new(Kernels::Composed as u8), AtomicU8::new(Kernels::Composed as u8)];
+/// Sets the kernels `op` uses, for the whole process.
+pub fn set(op: Op, k: Kernels) {
+    CURRENT[op as usize].store(k as u8, Ordering::Relaxed);
+}
+
+/// The kernels `op` uses.
+pub fn current(op: Op) -> Kernels {
+    ALL[CURRENT[op as usize].load(Ordering::Relaxed) as usize]
+}
+/// The kernels a run or `trainer bench` asks for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelRequest {
+    /// `spec.attention`; `auto` is timed on CUDA.
+    pub attention: Attention,
+    /// SwiGLU's kernels; `None`: timed on CUDA, composed elsewhere.
+    pub swiglu: Option<Kernels>,
+    /// RoPE's kernels; `None`: timed on CUDA, composed elsewhere.
+    pub rope: Option<Kernels>,
+}
+
+impl KernelRequest {
+    /// `attention`, and SwiGLU's and RoPE's kernels chosen by the run.
+    pub fn auto(attention: Attention) -> Self {
+        KernelRequest { attention, swiglu: None, rope: None }
+    }
+
+    pub fn fused(&self, op: Op) -> Option<Kernels> {
+        match op {
+            Op::Swiglu => self.swiglu,
+            Op::Rope => self.rope,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! What a run tells people and machines: the events of the training loop
+//! ([`report`]), and the sinks that consume them: the status endpoint ([`server`]),
+//! `metrics.jsonl` ([`metrics_log`]), the progress display ([`progress`]), and the
+//! termination message ([`termination`]).
+
+pub mod metrics_log;
+pub mod progress;
+pub mod report;
+pub mod server;
+pub mod termination;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::Error;
+use crate::train::{Outcome, Trainer};
+use metrics_log::MetricsLog;
+use progress::Progress;
+use report::Sinks;
+use server::SharedStatus;
+
+/// Runs `trainer` to its end with the standard sinks: `status` on every rank and, on
+/// rank 0, `metrics.jsonl` in the output directory and the progress display.
+pub fn run(trainer: Trainer, status: &SharedStatus, stop: Arc<AtomicBool>) -> Result<Outcome, Error> {
+    let mut sinks = Sinks::new();
+    sinks.push(status.clone());
+    if trainer.options().placement.rank == 0 {
+        let (cfg, opts) = (trainer.config(), trainer.options());
+        let (step, tokens) = (trainer.step(), trainer.tokens());
+        sinks.push(MetricsLog::open(&opts.output_dir, step, tokens, Some(&cfg.name), cfg.attempt)?);
+        sinks.push(Progress::new(cfg.schedule.total_steps, cfg.schedule.total_tokens, step, opts.tty));
+    }
+    trainer.run(stop, &mut sinks)
+}

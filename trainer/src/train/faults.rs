@@ -1,0 +1,63 @@
+//! Test-only fault injection, by environment variable: the operator's and the
+//! launcher's failure handling is tested against real NaNs, allocation failures and
+//! killed processes.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::Error;
+
+/// The loss of this optimizer step becomes NaN.
+pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
+/// This step allocates far more memory than exists.
+pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
+/// The process SIGKILLs itself at this step.
+pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
+/// The injections above apply only to this global rank (default: all).
+pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
+
+/// The optimizer steps at which this rank injects each fault.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    nan: Option<u64>,
+    oom: Option<u64>,
+    kill: Option<u64>,
+}
+
+impl Faults {
+    /// The faults the environment asks of `rank`.
+    pub fn from_env(rank: u32) -> Faults {
+        Faults {
+            nan: injected(INJECT_NAN_ENV, rank),
+            oom: injected(INJECT_OOM_ENV, rank),
+            kill: injected(INJECT_KILL_ENV, rank),
+        }
+    }
+
+    /// Before step `step`'s first forward pass: a real allocation failure through
+    /// libtorch's allocator, or SIGKILL.
+    pub fn before_step(&self, step: u64, rank: u32, device: Device) -> Result<(), Error> {
+        if self.oom == Some(step) {
+            let _ = Tensor::f_empty([1 << 40], (Kind::Float, device))?;
+        }
+        if self.kill == Some(step) {
+            tracing::warn!(rank, "{INJECT_KILL_ENV}: killing this process");
+            // SAFETY: raise(3) on this process; SIGKILL cannot be caught.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+        Ok(())
+    }
+
+    /// Step `step`'s loss scale: `scale`, or NaN where injected, so every gradient is NaN.
+    pub fn loss_scale(&self, step: u64, scale: f64) -> f64 {
+        if self.nan == Some(step) { f64::NAN } else { scale }
+    }
+}
+
+/// The step of a fault injection knob, if it applies to `rank`.
+fn injected(name: &str, rank: u32) -> Option<u64> {
+    let for_rank = std::env::var(INJECT_RANK_ENV).ok().and_then(|r| r.parse::<u32>().ok());
+    if for_rank.is_some_and(|r| r != rank) {
+        return None;
+    }
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}

@@ -1,0 +1,297 @@
+//! One optimizer step: the micro-batches' forward and backward passes (pretraining or
+//! GRPO), the gradient all-reduce, clipping and AdamW, queued on the device; and the
+//! sync that reads queued steps back.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytemuck::{Pod, Zeroable};
+use crds::presets::H100_PEAK_BF16_FLOPS;
+use tch::{Device, Kind, Tensor};
+
+use super::Trainer;
+use crate::Error;
+use crate::checkpoint::resume::sorted_variables;
+use crate::data::loader::{BatchPlan, Loader};
+use crate::dist::ReduceOp;
+use crate::grpo::stats::{GrpoStats, Sums};
+use crate::grpo::step::StepContext;
+use crate::optim;
+use crate::telemetry::report::{GpuMemory, StepReport};
+
+/// An optimizer step queued on the device whose results are not read yet.
+pub(super) struct PendingStep {
+    step: u64,
+    tokens: u64,
+    lr: f64,
+    /// [`StepScalars`] in f32, on the device.
+    values: Tensor,
+    grpo: Option<GrpoStats>,
+    tokens_by_source: Vec<(String, u64)>,
+    started: Instant,
+}
+
+/// A step's scalars as read back from the device: one f32 each, in field order.
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+struct StepScalars {
+    loss: f64,
+    /// The global gradient norm before clipping.
+    grad_norm: f64,
+    /// Ranks asking to stop (0 with one rank: it decides alone).
+    stop_votes: f64,
+}
+
+impl StepScalars {
+    /// The device tensor a [`StepScalars`] is read from.
+    fn on_device(loss: &Tensor, grad_norm: &Tensor, stop_votes: &Tensor) -> Result<Tensor, Error> {
+        Ok(Tensor::f_stack(&[loss, grad_norm, stop_votes], 0)?)
+    }
+}
+
+/// The layout of the f32 tensor a step all-reduces over ranks: the loss divided by
+/// the world size, the number of ranks asking to stop, and GRPO's [`Sums`].
+struct StepTotals;
+
+impl StepTotals {
+    const LOSS: i64 = 0;
+    const STOP_VOTES: i64 = 1;
+    const GRPO_SUMS: i64 = 2;
+    const GRPO_SUMS_LEN: i64 = (std::mem::size_of::<Sums>() / std::mem::size_of::<f64>()) as i64;
+}
+
+impl Trainer {
+    fn batch_plan(&self) -> BatchPlan {
+        BatchPlan {
+            micro_batch: self.cfg.batch.micro_batch as u64,
+            grad_accum: self.cfg.batch.grad_accum,
+            world_size: self.cfg.topology.world_size,
+            rank: self.opts.placement.rank,
+        }
+    }
+
+    /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T),
+    /// from the prefetching loader (started here at the first call).
+    fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
+        if self.loader.is_none() {
+            let depth = 2 * self.cfg.batch.grad_accum as usize;
+            let train = self
+                .train
+                .clone()
+                .ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
+            self.loader = Some(Loader::start(train, self.batch_plan(), self.data_position, self.device, depth)?);
+        }
+        let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
+        // From pinned memory the copies run asynchronously with respect to the host.
+        let to = |t: &Tensor| t.f_to_device_(self.device, Kind::Int64, self.device.is_cuda(), false);
+        Ok((to(&b.inputs)?, to(&b.targets)?))
+    }
+
+    /// The epoch of each source after it gave `counts` samples.
+    pub(super) fn epochs(&self, counts: &[u64]) -> Vec<u64> {
+        let Some(train) = &self.train else { return Vec::new() };
+        counts.iter().enumerate().map(|(s, &k)| if k == 0 { 0 } else { train.epoch_of(s, k - 1) }).collect()
+    }
+
+    /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
+    fn track_sources(&mut self) -> Vec<(String, u64)> {
+        let Some(train) = self.train.clone() else { return Vec::new() };
+        let counts = train.counts_at(self.data_position);
+        let seq = self.cfg.batch.seq_len as u64;
+        for (s, epoch) in self.epochs(&counts).into_iter().enumerate() {
+            if epoch > self.source_epochs[s] {
+                self.source_epochs[s] = epoch;
+                if self.rank0() {
+                    tracing::info!(
+                        source = %train.sources()[s].name,
+                        epoch = epoch + 1,
+                        samples_per_epoch = train.windows()[s],
+                        "data source ran out; starting a new epoch in a new order"
+                    );
+                }
+            }
+        }
+        let names = train.sources().iter().map(|s| s.name.clone());
+        names.zip(counts.iter().map(|c| c * seq)).collect()
+    }
+
+    /// The forward and backward passes of one optimizer step over `grad_accum`
+    /// micro-batches: leaves every parameter's gradient averaged over micro-batches
+    /// and ranks, and returns this step's mean loss over all ranks (0-dim, f32, on
+    /// the device). With several ranks it also agrees on whether any wants to stop.
+    pub fn compute_gradients(&mut self) -> Result<Tensor, Error> {
+        let step = self.step + 1;
+        let accum = self.cfg.batch.grad_accum;
+        self.faults.before_step(step, self.opts.placement.rank, self.device)?;
+        let (loss, grpo) = if self.grpo.is_some() {
+            let (loss, sums, sampling, training) = self.grpo_gradients(step, self.faults.loss_scale(step, 1.0))?;
+            (loss, Some((sums, sampling, training)))
+        } else {
+            (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
+        };
+        let Some((group, reducer)) = &self.ddp else {
+            self.last_grpo = grpo.map(|(sums, s, t)| GrpoStats::from_sums(&sums, s, t));
+            return Ok(loss);
+        };
+        reducer.finish()?;
+        // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
+        // in the same all-reduce: one f32 tensor laid out as [`StepTotals`].
+        let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
+        let mut head =
+            vec![loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_full([], stop, (Kind::Float, self.device))?];
+        if let Some((sums, _, _)) = &grpo {
+            let fields = bytemuck::cast_slice::<Sums, f64>(std::slice::from_ref(sums));
+            head.push(Tensor::f_from_slice(fields)?.f_to_kind(Kind::Float)?.f_to_device(self.device)?);
+        }
+        let totals = Tensor::f_cat(&head.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>()?, 0)?;
+        group.allreduce(&totals, ReduceOp::Sum)?.wait()?;
+        // Read at the next sync, with the loss.
+        self.stop_flags = Some(totals.f_get(StepTotals::STOP_VOTES)?);
+        if let Some((_, sampling, training)) = grpo {
+            let sums = totals.f_narrow(0, StepTotals::GRPO_SUMS, StepTotals::GRPO_SUMS_LEN)?;
+            let all = Vec::<f64>::try_from(sums.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+            let sums: Sums = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&all));
+            self.last_grpo = Some(GrpoStats::from_sums(&sums, sampling, training));
+        }
+        Ok(totals.f_get(StepTotals::LOSS)?)
+    }
+
+    /// GRPO's step on this rank: this rank's loss, metric sums, and sampling and
+    /// training seconds.
+    fn grpo_gradients(&mut self, step: u64, scale: f64) -> Result<(Tensor, Sums, f64, f64), Error> {
+        let mut grpo = self.grpo.take().expect("phase grpo");
+        let ctx = StepContext {
+            model: &self.model,
+            tokenizer: &self.tokenizer,
+            device: self.device,
+            autocast: self.autocast,
+            rank: self.opts.placement.rank,
+            world_size: self.cfg.topology.world_size,
+            group: self.ddp.as_ref().map(|(g, _)| g.as_ref()),
+            reducer: self.ddp.as_ref().map(|(_, r)| r),
+            step,
+            scale,
+        };
+        let out = grpo.gradients(&ctx);
+        self.grpo = Some(grpo);
+        out
+    }
+
+    /// Pretraining's forward and backward passes over this rank's micro-batches, with
+    /// the loss scaled by `scale`; returns this rank's mean loss.
+    fn pretrain_gradients(&mut self, scale: f64) -> Result<Tensor, Error> {
+        let accum = self.cfg.batch.grad_accum;
+        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
+        for m in 0..accum {
+            if m + 1 == accum
+                && let Some((_, reducer)) = &self.ddp
+            {
+                reducer.prepare()?;
+            }
+            let (x, y) = self.micro_batch(m)?;
+            let recompute = self.cfg.recomputed_blocks() as usize;
+            let loss = crate::ffi::autocast(self.device, self.autocast, || {
+                self.model.backward_checkpointed(&x, &y, scale, self.model.loss_chunk(), recompute)
+            })?;
+            loss_sum = loss_sum.f_add(&loss)?;
+        }
+        Ok(loss_sum.f_div_scalar(accum as f64)?)
+    }
+
+    /// Every parameter's gradient by name (copies), as [`Self::compute_gradients`] left them.
+    pub fn gradients(&self) -> Result<Vec<(String, Tensor)>, Error> {
+        sorted_variables(&self.vs).into_iter().map(|(name, p)| Ok((name, p.f_grad()?.f_detach_copy()?))).collect()
+    }
+
+    /// Every parameter by name, in checkpoint order.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        sorted_variables(&self.vs)
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches, read back from the device.
+    pub fn train_step(&mut self) -> Result<StepReport, Error> {
+        self.launch_step()?;
+        Ok(self.sync()?.pop().expect("a step was queued"))
+    }
+
+    /// Queues one optimizer step without waiting for the device. Clipping, the
+    /// non-finite check and the skip of a non-finite update all happen on the
+    /// device; [`Self::sync`] reads the results.
+    pub(super) fn launch_step(&mut self) -> Result<(), Error> {
+        let started = Instant::now();
+        let step = self.step + 1;
+        let lr = self.cfg.schedule.lr_at(self.tokens);
+        let loss = self.compute_gradients()?;
+        let (grad_norm, _skipped) =
+            self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr))?;
+        self.opt.zero_grad()?;
+        let stop = match self.stop_flags.take() {
+            Some(flags) => flags,
+            None => Tensor::f_zeros([], (Kind::Float, self.device))?,
+        };
+        let values =
+            StepScalars::on_device(&loss.f_to_kind(Kind::Float)?, &grad_norm.f_to_device(self.device)?, &stop)?;
+        self.step = step;
+        self.tokens += self.cfg.batch.tokens_per_step;
+        self.data_position = match &self.grpo {
+            Some(g) => g.prompts_consumed(step),
+            None => self.data_position + self.cfg.batch.global_sequences,
+        };
+        let tokens_by_source = self.track_sources();
+        self.pending.push(PendingStep {
+            step,
+            tokens: self.tokens,
+            lr,
+            values,
+            grpo: self.last_grpo.take(),
+            tokens_by_source,
+            started,
+        });
+        Ok(())
+    }
+
+    /// Waits for the queued steps and reads their losses and gradient norms in one
+    /// transfer. Fails at the first step whose loss or norm is not finite (the
+    /// device skipped its update). Throughput is the average over the queued steps.
+    pub(super) fn sync(&mut self) -> Result<Vec<StepReport>, Error> {
+        let pending = std::mem::take(&mut self.pending);
+        let Some(first) = pending.first() else { return Ok(Vec::new()) };
+        let (first_step, started) = (first.step, first.started);
+        let read = || -> Result<Vec<f64>, Error> {
+            let all = Tensor::f_stack(&pending.iter().map(|p| p.values.shallow_clone()).collect::<Vec<_>>(), 0)?;
+            Ok(Vec::<f64>::try_from(all.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?.f_reshape([-1])?)?)
+        };
+        let values = read().map_err(|e| e.at_step(first_step))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let tokens_per_second = (pending.len() as u64 * self.cfg.batch.tokens_per_step) as f64 / seconds;
+        let mfu = self.device.is_cuda().then(|| {
+            let per_gpu = tokens_per_second / self.cfg.topology.world_size as f64;
+            self.cfg.model.mfu(self.cfg.batch.seq_len, per_gpu, H100_PEAK_BF16_FLOPS)
+        });
+        let gpu_memory = crate::ffi::device_memory(self.device)?
+            .map(|m| GpuMemory { peak_bytes: m.peak_allocated, total_bytes: m.total });
+        let mut reports = Vec::with_capacity(pending.len());
+        for (p, v) in pending.into_iter().zip(bytemuck::cast_slice::<f64, StepScalars>(&values)) {
+            let (loss, grad_norm) = (v.loss, v.grad_norm);
+            if !loss.is_finite() || !grad_norm.is_finite() {
+                return Err(Error::NonFinite { step: p.step, loss, grad_norm });
+            }
+            if self.ddp.is_some() {
+                self.stop_agreed = v.stop_votes > 0.0;
+            }
+            reports.push(StepReport {
+                step: p.step,
+                tokens: p.tokens,
+                loss,
+                lr: p.lr,
+                grad_norm,
+                tokens_per_second,
+                mfu,
+                grpo: p.grpo,
+                gpu_memory,
+                tokens_by_source: p.tokens_by_source,
+            });
+        }
+        Ok(reports)
+    }
+}
