@@ -558,10 +558,8 @@ impl Drop for CudaGraph {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::rope as rope_fn;
+pub(crate) mod tests {
     use super::*;
-    use crate::kernels::rope::{Rope, RopeTables};
 
     #[test]
     fn shim_cuda_paths_follow_the_feature() {
@@ -612,7 +610,7 @@ mod tests {
     }
 
     /// [y, d(input)…] of `y = f(inputs)` for y's gradient `g`, through `sum(y · g)`.
-    fn value_and_grads(inputs: &[&Tensor], g: &Tensor, f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Tensor> {
+    pub(crate) fn value_and_grads(inputs: &[&Tensor], g: &Tensor, f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Tensor> {
         let xs: Vec<Tensor> = inputs.iter().map(|x| x.detach().requires_grad_(true)).collect();
         let y = f(&xs);
         let mut out = vec![y.detach()];
@@ -625,7 +623,7 @@ mod tests {
     }
 
     /// Asserts each pair equal to the bit, in `kind`.
-    fn assert_bitwise(got: &[Tensor], want: &[Tensor], kind: Kind, what: &str) {
+    pub(crate) fn assert_bitwise(got: &[Tensor], want: &[Tensor], kind: Kind, what: &str) {
         assert_eq!(got.len(), want.len());
         for (i, (got, want)) in got.iter().zip(want).enumerate() {
             assert_eq!(got.kind(), kind, "{what} output {i}");
@@ -698,94 +696,6 @@ mod tests {
             let fused = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, true).unwrap());
             let composed = swiglu_grads(&a, &b, &g, |a, b| swiglu(a, b, false).unwrap());
             assert_close(&fused, &composed, tol, &format!("swiglu {kind:?}"));
-        }
-    }
-
-    /// q as the model has it, (B, T, n_head, d_head) transposed to (B, n_head, T, d_head),
-    /// scaled so products round in bf16.
-    fn q_like(seed: i64, [b, h, t, d]: [i64; 4], kind: Kind, device: Device) -> Tensor {
-        tch::manual_seed(seed);
-        (Tensor::randn([b, t, h, d], (Kind::Float, device)) * 3).to_kind(kind).transpose(1, 2)
-    }
-
-    /// Composed, one node gives eager rotate-half's value and gradient to the bit, in f32
-    /// and bf16, at an offset and at per-row positions (decoding), keeps x's layout (so
-    /// no copy), and runs without autograd.
-    #[test]
-    fn rope_equals_rotate_half_bit_for_bit() {
-        let shape = [2, 3, 10, 16];
-        let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
-        let positions =
-            Tensor::from_slice(&[7i64, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).view([2, 10]);
-        for kind in [Kind::Float, Kind::BFloat16] {
-            let (x, g) = (q_like(1, shape, kind, Device::Cpu), q_like(2, shape, kind, Device::Cpu));
-            for (what, tables) in [
-                ("offset 5", rope.tables(kind, 5, 10).unwrap()),
-                ("per-row", rope.tables_at(kind, &positions).unwrap()),
-            ] {
-                let got = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
-                let want = value_and_grads(&[&x], &g, |x| tables.eager(&x[0]).unwrap());
-                assert_bitwise(&got, &want, kind, &format!("rope {what}"));
-                assert_eq!(got[0].stride(), x.stride(), "rope {what} keeps x's layout");
-            }
-            // Each row of the per-row tables is that row's own offset.
-            let per_row = rope_fn(&x, rope.tables_at(kind, &positions).unwrap().maps(), false).unwrap();
-            for (row, offset) in [(0, 7), (1, 0)] {
-                let one = rope_fn(&x.narrow(0, row, 1), rope.tables(kind, offset, 10).unwrap().maps(), false).unwrap();
-                assert!(one.equal(&per_row.narrow(0, row, 1)), "{kind:?} row {row}");
-            }
-            let y = tch::no_grad(|| {
-                rope_fn(&x.detach().requires_grad_(true), rope.tables(kind, 0, 10).unwrap().maps(), false).unwrap()
-            });
-            assert!(!y.requires_grad(), "{kind:?} under no_grad");
-        }
-    }
-
-    #[test]
-    fn rope_rejects_bad_tables_and_fused_kernels_off_cuda() {
-        let rope = Rope::new(16, 64, 1e4, Device::Cpu).unwrap();
-        let x = q_like(1, [2, 3, 10, 16], Kind::Float, Device::Cpu);
-        let err = |x: &Tensor, t: &RopeTables, fused| rope_fn(x, t.maps(), fused).unwrap_err().to_string();
-        let e = err(
-            &Tensor::ones([2, 10, 15], (Kind::Float, Device::Cpu)),
-            &rope.tables(Kind::Float, 0, 10).unwrap(),
-            false,
-        );
-        assert!(e.contains("rope: the head dimension 15 is odd"), "{e}");
-        let e = err(&x.to_kind(Kind::BFloat16), &rope.tables(Kind::Float, 0, 10).unwrap(), false);
-        assert!(e.contains("rope: table a is Float, x is BFloat16"), "{e}");
-        let e = err(&x, &rope.tables(Kind::Float, 0, 12).unwrap(), false);
-        assert!(e.contains("rope: table a [12, 2, 8] does not broadcast to [2, 3, 10, 2, 8]"), "{e}");
-        let e = err(&x, &rope.tables(Kind::Float, 0, 10).unwrap(), true);
-        let why = if shim_built_with_cuda() {
-            "rope: the fused kernels run on CUDA only, not on cpu"
-        } else {
-            "rope: the fused kernels need the trainer built with the cuda feature"
-        };
-        assert!(e.contains(why), "{e}");
-    }
-
-    /// On a GPU the fused kernel agrees with the composed ones to rounding (it rounds once
-    /// where they round each product and the sum), at an offset and per row, and its
-    /// output keeps x's layout, so the reshape back to (B, n_head, T, d_head) copies nothing.
-    #[cfg(feature = "cuda")]
-    #[test]
-    fn fused_rope_matches_the_composed_kernels_on_cuda() {
-        if !tch::Cuda::is_available() {
-            return;
-        }
-        let (shape, device) = ([4, 16, 33, 120], Device::Cuda(0));
-        let rope = Rope::new(120, 128, 1e4, device).unwrap();
-        let positions = Tensor::arange(33, (Kind::Int64, device))
-            + Tensor::from_slice(&[0i64, 5, 50, 95]).to_device(device).view([4, 1]); // (4, 33)
-        for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
-            let (x, g) = (q_like(1, shape, kind, device), q_like(2, shape, kind, device));
-            for tables in [rope.tables(kind, 7, 33).unwrap(), rope.tables_at(kind, &positions).unwrap()] {
-                let fused = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), true).unwrap());
-                let composed = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
-                assert_close(&fused, &composed, tol, &format!("rope {kind:?}"));
-                assert_eq!(fused[0].stride(), x.stride(), "{kind:?}: the fused output keeps x's layout");
-            }
         }
     }
 

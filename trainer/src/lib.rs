@@ -7,19 +7,20 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 1 | [`ffi`], [`rng`], [`storage`], [`torch_info`] | the C++ shim over ATen and c10d, libtorch's global RNG lock, S3 |
+//! | 1 | [`ffi`], [`files`], [`rng`], [`storage`], [`torch_info`] | the C++ shim over ATen and c10d, atomic file writes, libtorch's global RNG lock, S3 |
 //! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
 //! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW; token streams; checkpoints; sampling; HF export |
 //! | 6 | [`grpo`] | GRPO's questions, rollouts, rewards, loss and accuracy |
-//! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above |
-//! | 8 | [`telemetry`] | the loop's events ([`telemetry::report`]) and their sinks: `/status`, `metrics.jsonl`, progress |
+//! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above, and the events it reports ([`train::report`]) |
+//! | 8 | [`telemetry`] | the sinks of those events: `/status`, `metrics.jsonl`, progress; and the termination message |
 //! | 9 | [`bench`], [`plot`], [`cli`] | benchmarks, plots, and the commands; `cli` is used by `main.rs` alone |
 //!
 //! `dist` sits below `kernels` because a kernel choice timed on every rank must be the
-//! same on every rank. `train` speaks only the vocabulary of [`telemetry::report`];
-//! the sinks live above it and are chosen by the caller ([`telemetry::run`]).
+//! same on every rank. The loop hands each event to [`train::report::Sinks`] without
+//! knowing which sinks exist; they live above it and are chosen by the caller
+//! ([`telemetry::run`]).
 
 pub mod bench;
 pub mod checkpoint;
@@ -28,6 +29,7 @@ pub mod data;
 pub mod dist;
 pub mod export;
 pub mod ffi;
+pub mod files;
 pub mod generate;
 pub mod grpo;
 pub mod kernels;

@@ -180,7 +180,7 @@ mod tests {
 
     use super::*;
     use crate::telemetry::metrics_log::MetricsLog;
-    use crate::telemetry::report::StepReport;
+    use crate::train::report::StepReport;
 
     fn tempdir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("trainer-plot-{name}-{}", std::process::id()));

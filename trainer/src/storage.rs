@@ -288,7 +288,7 @@ impl S3 {
     /// Downloads an object to `path` (atomically).
     pub fn get_file(&self, bucket: &str, key: &str, path: &Path) -> Result<(), Error> {
         let bytes = self.get_bytes(bucket, key)?;
-        crate::data::write_atomic(path, &bytes).map_err(io_err(path))
+        crate::files::write_atomic(path, &bytes).map_err(io_err(path))
     }
 
     /// Keys and sizes under `prefix`, all pages.

@@ -231,7 +231,7 @@ pub fn step_dir_name(step: u64) -> String {
 
 /// Fails, naming every mismatch, unless run `cfg`, whose resume fingerprint is
 /// `config_hash`, can resume from a checkpoint with `state`. A different world size is
-/// refused for now: the data position and RNG streams are per-rank and not yet re-sharded.
+/// refused: the data position and RNG streams are per-rank.
 pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -> Result<()> {
     let world_size = cfg.topology.world_size;
     let mut problems = Vec::new();

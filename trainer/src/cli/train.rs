@@ -332,7 +332,7 @@ fn train_and_report(
 fn write_run_file(dir: &Path, cfg: &RunConfig) -> Result<(), Error> {
     let path = dir.join(RUN_FILE);
     let json = serde_json::to_string_pretty(cfg).expect("RunConfig serializes");
-    crate::data::write_atomic(&path, json.as_bytes()).map_err(io_err(&path))
+    crate::files::write_atomic(&path, json.as_bytes()).map_err(io_err(&path))
 }
 
 #[cfg(test)]

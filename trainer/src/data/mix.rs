@@ -82,7 +82,7 @@ pub fn embedded_source_tokens_in(
     let seconds = start.elapsed().as_secs_f64();
     tracing::debug!(source, tokens = tokens.len(), seconds, "tokenized an embedded source");
     if let Some(path) = path.filter(|_| seconds > CACHE_IF_SLOWER_THAN_S)
-        && let Err(e) = super::write_atomic(&path, &encode_tokens(&tokens))
+        && let Err(e) = crate::files::write_atomic(&path, &encode_tokens(&tokens))
     {
         tracing::warn!("could not cache tokens at {}: {e}", path.display());
     }
@@ -595,7 +595,7 @@ mod tests {
     #[test]
     fn sharded_sources_never_cut_a_sample_across_shards_and_visit_every_window() {
         use crate::data::shard::{self, Dtype, Manifest, ManifestTokenizer, ShardEntry, ShardSet};
-        let dir = crate::data::test_util::TempDir::new("mix-shards");
+        let dir = crate::files::test_util::TempDir::new("mix-shards");
         // Three shards of 100, 45 and 81 tokens; token value = global position.
         let mut entries = Vec::new();
         let mut start = 0u32;
@@ -685,7 +685,7 @@ mod tests {
     fn the_corpus_is_learnable_from_context() {
         // Even a bigram model beats the unigram entropy by a wide margin on held-out data;
         // a transformer with 256 tokens of context does much better.
-        let dir = crate::data::test_util::TempDir::new("learn");
+        let dir = crate::files::test_util::TempDir::new("learn");
         let tok = Tokenizer::embedded_in(&dir.0).unwrap();
         let (mut unigram, mut bigram) = (0.0, 0.0);
         for (name, weight) in [("textbook", 0.45), ("facts", 0.25), ("arithmetic", 0.20), ("mcq", 0.10)] {
@@ -706,7 +706,7 @@ mod tests {
 
     #[test]
     fn embedded_tokens_cache_and_report() {
-        let dir = crate::data::test_util::TempDir::new("mix");
+        let dir = crate::files::test_util::TempDir::new("mix");
         let tok = Tokenizer::embedded_in(&dir.0.join("cache")).unwrap();
         let mut sources = Vec::new();
         for (name, weight) in [("textbook", 0.45), ("facts", 0.25), ("arithmetic", 0.20), ("mcq", 0.10)] {
@@ -736,7 +736,7 @@ mod tests {
         // A valid cache file is used as is; a corrupt one is replaced.
         let path = tokens_cache_path(&cache, &tok, "arithmetic", 0, Split::Train, 1000);
         let fake: Vec<u32> = [vec![9; 1000], vec![0]].concat();
-        crate::data::write_atomic(&path, &encode_tokens(&fake)).unwrap();
+        crate::files::write_atomic(&path, &encode_tokens(&fake)).unwrap();
         assert_eq!(embedded_source_tokens_in(Some(&cache), &tok, "arithmetic", 0, Split::Train, 1000).unwrap(), fake);
         std::fs::write(&path, b"TRTOKv01 truncated").unwrap();
         let fresh = embedded_source_tokens_in(Some(&cache), &tok, "arithmetic", 0, Split::Train, 1000).unwrap();

@@ -460,14 +460,14 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
             RecordFiles { train: "records-train.jsonl".into(), validation: "records-validation.jsonl".into() };
         for (recs, file) in records.iter().zip([&mut files.train, &mut files.validation]) {
             let path = o.output.join(&*file);
-            super::write_atomic(&path, (recs.join("\n") + "\n").as_bytes()).map_err(io_err(&path))?;
+            crate::files::write_atomic(&path, (recs.join("\n") + "\n").as_bytes()).map_err(io_err(&path))?;
         }
         Some(files)
     } else {
         None
     };
     let tok_path = o.output.join("tokenizer.json");
-    super::write_atomic(&tok_path, tok.to_json()?.as_bytes()).map_err(io_err(&tok_path))?;
+    crate::files::write_atomic(&tok_path, tok.to_json()?.as_bytes()).map_err(io_err(&tok_path))?;
     let shards = train.len() + validation.len();
     let manifest = Manifest {
         format: MANIFEST_FORMAT.into(),
@@ -511,7 +511,7 @@ mod tests {
 
     use super::*;
     use crate::data::shard::ShardSet;
-    use crate::data::test_util::TempDir;
+    use crate::files::test_util::TempDir;
 
     fn docs() -> Vec<String> {
         (0..40)

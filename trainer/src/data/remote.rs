@@ -146,7 +146,7 @@ impl RemoteShards {
         })?;
         let started = Instant::now();
         let bytes = self.s3.get_ranged_parallel(&self.bucket, &key, size, CHUNK_BYTES)?;
-        super::write_atomic(path, &bytes).map_err(crate::io_err(path))?;
+        crate::files::write_atomic(path, &bytes).map_err(crate::io_err(path))?;
         tracing::info!(
             shard = %storage::uri(&self.bucket, &key),
             mb = size as f64 / 1e6,

@@ -136,7 +136,7 @@ pub fn write(path: &Path, tokens: &[u32], dtype: Dtype, eos_id: u32, tokenizer_h
     let mut bytes = Vec::with_capacity(HEADER_BYTES + payload.len());
     bytes.write_all(&header.encode()).expect("writing to a Vec");
     bytes.extend_from_slice(&payload);
-    super::write_atomic(path, &bytes).map_err(crate::io_err(path))?;
+    crate::files::write_atomic(path, &bytes).map_err(crate::io_err(path))?;
     Ok(header)
 }
 
@@ -300,7 +300,7 @@ impl Manifest {
     pub fn write(&self, dir: &Path) -> Result<(), Error> {
         let path = dir.join(MANIFEST);
         let json = serde_json::to_string_pretty(self).expect("Manifest serializes");
-        super::write_atomic(&path, json.as_bytes()).map_err(crate::io_err(&path))
+        crate::files::write_atomic(&path, json.as_bytes()).map_err(crate::io_err(&path))
     }
 
     pub fn tokens(entries: &[ShardEntry]) -> u64 {
@@ -345,7 +345,7 @@ impl ShardSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::test_util::TempDir;
+    use crate::files::test_util::TempDir;
 
     fn tokens(n: u32) -> Vec<u32> {
         (0..n).map(|i| if i % 7 == 6 { 0 } else { 1 + i % 50_000 }).collect()

@@ -57,7 +57,7 @@ impl Tokenizer {
         let start = std::time::Instant::now();
         let json = train_embedded(vocab, SAMPLE_BYTES_PER_SOURCE)?;
         tracing::info!(seconds = start.elapsed().as_secs_f64(), "trained the embedded tokenizer");
-        if let Err(e) = super::write_atomic(&path, json.as_bytes()) {
+        if let Err(e) = crate::files::write_atomic(&path, json.as_bytes()) {
             tracing::warn!("could not cache the embedded tokenizer at {}: {e}", path.display());
         }
         let t = Self::from_json(&json, "embedded")?;
@@ -209,7 +209,7 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::test_util::TempDir;
+    use crate::files::test_util::TempDir;
 
     #[test]
     fn training_is_deterministic() {

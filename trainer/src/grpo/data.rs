@@ -34,7 +34,7 @@ impl Questions {
 pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
     let needed = (cfg.schedule.total_steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
     let (train, held_out) = match &g.dataset {
-        Location::Embedded { name } if name == "mcq" || name == "mcq-rules" => {
+        Location::Embedded { name } if crds::contract::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
             let records = embedded(name);
             (
                 records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train),

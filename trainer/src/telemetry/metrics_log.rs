@@ -14,7 +14,7 @@ use std::time::Instant;
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 
-use super::report::{Event, Sink, StepReport, unix_now};
+use crate::train::report::{Event, Sink, StepReport, unix_now};
 use crate::{Error, io_err};
 
 /// File name of the log inside the checkpoint directory.

@@ -1,11 +1,10 @@
-//! What a run tells people and machines: the events of the training loop
-//! ([`report`]), and the sinks that consume them: the status endpoint ([`server`]),
-//! `metrics.jsonl` ([`metrics_log`]), the progress display ([`progress`]), and the
-//! termination message ([`termination`]).
+//! What a run tells people and machines: the sinks of the training loop's events
+//! ([`crate::train::report`]): the status endpoint ([`server`]), `metrics.jsonl`
+//! ([`metrics_log`]) and the progress display ([`progress`]); and the termination
+//! message ([`termination`]).
 
 pub mod metrics_log;
 pub mod progress;
-pub mod report;
 pub mod server;
 pub mod termination;
 
@@ -13,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::Error;
+use crate::train::report::Sinks;
 use crate::train::{Outcome, Trainer};
 use metrics_log::MetricsLog;
 use progress::Progress;
-use report::Sinks;
 use server::SharedStatus;
 
 /// Runs `trainer` to its end with the standard sinks: `status` on every rank and, on

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::report::{Event, Sink, StepReport};
 use crate::Error;
 use crate::dist::launch::FORCE_COLOR_ENV;
+use crate::train::report::{Event, Sink, StepReport};
 
 /// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`), lines go
 /// to stderr, coloured only when stderr is a terminal (or `CLICOLOR_FORCE` is set and
@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn a_cuda_step_shows_its_peak_gpu_memory() {
         let mut p = captured(10, 0, ProgressConfig { log_every_steps: 1, log_interval: Duration::from_secs(3600) });
-        let g = crate::telemetry::report::GpuMemory { peak_bytes: 45 << 29, total_bytes: 80 << 30 };
+        let g = crate::train::report::GpuMemory { peak_bytes: 45 << 29, total_bytes: 80 << 30 };
         p.on_step_at(&StepReport { gpu_memory: Some(g), ..report(1) }, Instant::now());
         assert!(lines(&p)[0].contains(" mfu 50.0% mem 22.5/80 GiB eta "), "{}", lines(&p)[0]);
     }

@@ -19,8 +19,8 @@ use prometheus::{
 };
 use tiny_http::{Header, Method, Request, Response, Server};
 
-use super::report::{Event, GpuMemory, Sink, StepReport, unix_now};
 use crate::Error;
+use crate::train::report::{Event, GpuMemory, Sink, StepReport, unix_now};
 
 /// Every phase, in the order `trainer_phase` lists them.
 const PHASES: [TrainerPhase; 6] = [

@@ -13,7 +13,7 @@ use crate::generate::{self, Sampling};
 use crate::grpo::eval::EvalOptions;
 use crate::grpo::stats::McqScore;
 use crate::model::Model;
-use crate::telemetry::report::{Event, Sinks};
+use crate::train::report::{Event, Sinks};
 
 /// Validation loss: the mix-weighted mean and (source, loss) per source.
 pub type Evaluation = (f64, Vec<(String, f64)>);

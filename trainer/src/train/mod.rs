@@ -6,6 +6,7 @@
 pub mod evaluate;
 pub mod faults;
 pub mod precision;
+pub mod report;
 pub mod restore;
 pub mod step;
 
@@ -37,9 +38,9 @@ use crate::kernels::tune::choose_kernels;
 use crate::model::Model;
 use crate::optim::AdamW;
 use crate::rng::GLOBAL_RNG;
-use crate::telemetry::report::{Event, RunStart, Sinks};
 use faults::Faults;
 use precision::{matmul_kind, precision_plan};
+use report::{Event, RunStart, Sinks};
 use step::PendingStep;
 
 /// How one process takes part in the run, and where it writes.

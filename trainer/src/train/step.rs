@@ -17,7 +17,7 @@ use crate::dist::ReduceOp;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
 use crate::optim;
-use crate::telemetry::report::{GpuMemory, StepReport};
+use crate::train::report::{GpuMemory, StepReport};
 
 /// An optimizer step queued on the device whose results are not read yet.
 pub(super) struct PendingStep {

@@ -22,8 +22,8 @@ use textbook::textbook_doc;
 /// Version of the generators' output; part of every cache key derived from the corpus.
 pub const CORPUS_VERSION: u32 = 2;
 
-/// Names of the sources, in the order of `crds::resolve::EMBEDDED_SOURCES`.
-pub const SOURCES: [&str; 4] = ["textbook", "facts", "arithmetic", "mcq"];
+/// Names of the sources: the contract's list, which the resolver checks manifests against.
+pub const SOURCES: [&str; 4] = crds::contract::EMBEDDED_SOURCES;
 
 /// Seed of the fixed synthetic world that `facts` and `mcq` talk about. It is not the
 /// run seed: every run, split and tokenizer sees the same world.
@@ -102,14 +102,16 @@ impl Iterator for DocStream {
 
     fn next(&mut self) -> Option<String> {
         let w = world();
-        if self.kind == 3 {
+        let source = SOURCES[self.kind];
+        if source == "mcq" {
             return Some(mcq_record(&mut self.rng, w, self.split, false).text());
         }
         loop {
-            let doc = match self.kind {
-                0 => textbook_doc(&mut self.rng),
-                1 => facts_doc(&mut self.rng, w),
-                _ => arithmetic_doc(&mut self.rng),
+            let doc = match source {
+                "textbook" => textbook_doc(&mut self.rng),
+                "facts" => facts_doc(&mut self.rng, w),
+                "arithmetic" => arithmetic_doc(&mut self.rng),
+                other => unreachable!("embedded source {other} has no generator"),
             };
             if split_of(&doc) == self.split {
                 return Some(doc);

@@ -1,7 +1,7 @@
 //! What the training loop tells its sinks: one [`Event`] at a time, each handed to
 //! every [`Sink`] through one call ([`Sinks::emit`]). The loop does not know which
-//! sinks exist: the status endpoint, the metrics log and the progress display are
-//! chosen by whoever runs it.
+//! sinks exist: the status endpoint, the metrics log and the progress display
+//! ([`crate::telemetry`]) are chosen by whoever runs it.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
