@@ -8,7 +8,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cuda)"
 export LIBTORCH
-export CARGO_TARGET_DIR="$PT_CACHE/target-cuda"
+# The same target directory as the CPU build: only torch-sys, tch and the trainer are
+# rebuilt against the CUDA libtorch; the other ~400 dependencies are shared.
 cargo build -p trainer --features cuda --locked "$@" >&2
 profile=debug
 for a in "$@"; do [ "$a" = --release ] && profile=release; done

@@ -19,7 +19,8 @@ pub struct RunConfig {
     pub namespace: Option<String>,
     pub phase: Phase,
     pub seed: u64,
-    /// Gang attempt, 1-based; the operator sets it for each new Job.
+    /// Gang attempt, 1-based. The operator writes it to the run's ConfigMap before it
+    /// creates the attempt's Job; the pods learn their attempt nowhere else.
     pub attempt: u32,
     pub model: ModelConfig,
     pub params: ParamCounts,

@@ -25,6 +25,14 @@ pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// mounted read-only at `PVC_MOUNT_ROOT/<claim>`.
 pub const PVC_MOUNT_ROOT: &str = "/mnt/pvc";
 
+/// Names of the corpora compiled into the trainer (`embedded:<name>`), in the
+/// trainer's order.
+pub const EMBEDDED_SOURCES: [&str; 4] = ["textbook", "facts", "arithmetic", "mcq"];
+/// Embedded GRPO question sets: `mcq-rules` (questions that name their answer's position,
+/// which a small model learns from reward alone) and `mcq` (the pretraining `mcq`
+/// source's questions: those plus questions about the synthetic world).
+pub const EMBEDDED_QUESTION_SETS: [&str; 2] = ["mcq-rules", "mcq"];
+
 /// Where `pvc://claim/path` is inside a trainer pod.
 pub fn pvc_path(claim: &str, path: &str) -> String {
     let path = path.trim_matches('/');
@@ -46,6 +54,9 @@ pub mod env {
     /// Path the trainer writes its termination message to.
     pub const TERMINATION_LOG: &str = "TRAINER_TERMINATION_LOG";
     pub const STATUS_PORT: &str = "TRAINER_STATUS_PORT";
+    /// Overrides the RunConfig's attempt in `trainer run` and `trainer worker`. A pod
+    /// takes its attempt from the ConfigMap alone; reserved so that `spec.env` cannot
+    /// change it.
     pub const ATTEMPT: &str = "TRAINER_ATTEMPT";
     /// Tokenizer and corpus cache directory.
     pub const CACHE: &str = "TRAINER_CACHE";
@@ -124,6 +135,167 @@ impl FailureReason {
             FailureReason::InvalidConfig => "InvalidConfig",
             FailureReason::DataError => "DataError",
         }
+    }
+}
+
+/// Why a run is where it is: `status.reason` and the reason of each of its conditions,
+/// hence the `reason` label of `trainingrun_condition`. Alerts, dashboards and health
+/// checks match on these names, so every reason the operator writes is one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunReason {
+    /// The trainer exited with a [`FailureReason`]; the reason has its name.
+    Trainer(FailureReason),
+    /// The spec resolves (Accepted=True).
+    Accepted,
+    /// The spec does not resolve: Failed until it is fixed.
+    InvalidSpec,
+    /// Waiting for the run named by `initFrom.trainingRun` to succeed.
+    WaitingForInitRun,
+    /// The Job waits for Kueue to admit it.
+    WaitingForQueue,
+    /// A Job was created: the phase reason of a first attempt, and the event of each.
+    JobCreated,
+    /// The Job's pods are not all running yet.
+    PodsPending,
+    /// A pod cannot pull its image.
+    ImagePullBackOff,
+    /// A pod cannot be scheduled.
+    Unschedulable,
+    /// A pod's container cannot be configured (a missing Secret or ConfigMap key).
+    CreateContainerConfigError,
+    /// Every pod runs.
+    Training,
+    /// Every node's trainer finished.
+    Completed,
+    /// A restart whose cause is no longer known.
+    Restarting,
+    /// A pod was preempted, evicted or lost with its node; restarts without counting.
+    Disruption,
+    /// A pod failed without a trainer failure reason.
+    PodFailed,
+    /// The Job failed and its pods are gone.
+    JobFailed,
+    /// The step stopped advancing (restart with `onStall: restart`, and the event).
+    Stalled,
+    /// A counted failure with no restarts left.
+    MaxRestartsExceeded,
+    /// `spec.suspend` is set.
+    Suspended,
+    /// `spec.suspend` was cleared and the Job is resumed.
+    Resuming,
+    /// The Job was suspended by someone other than the operator.
+    JobSuspended,
+    /// Restarting=False on a later attempt.
+    Resumed,
+    /// Restarting=False on the first attempt.
+    FirstAttempt,
+    /// Succeeded=False.
+    NotCompleted,
+    /// Failed=False.
+    NoFailure,
+    /// Stalled=True.
+    NoProgress,
+    /// Stalled=False while running: the step advances.
+    Progressing,
+    /// Stalled=False when not running.
+    NotRunning,
+    /// Suspended=False.
+    NotSuspended,
+}
+
+impl RunReason {
+    /// The reasons that are the operator's own, not the trainer's.
+    pub const OPERATOR: [RunReason; 28] = [
+        RunReason::Accepted,
+        RunReason::InvalidSpec,
+        RunReason::WaitingForInitRun,
+        RunReason::WaitingForQueue,
+        RunReason::JobCreated,
+        RunReason::PodsPending,
+        RunReason::ImagePullBackOff,
+        RunReason::Unschedulable,
+        RunReason::CreateContainerConfigError,
+        RunReason::Training,
+        RunReason::Completed,
+        RunReason::Restarting,
+        RunReason::Disruption,
+        RunReason::PodFailed,
+        RunReason::JobFailed,
+        RunReason::Stalled,
+        RunReason::MaxRestartsExceeded,
+        RunReason::Suspended,
+        RunReason::Resuming,
+        RunReason::JobSuspended,
+        RunReason::Resumed,
+        RunReason::FirstAttempt,
+        RunReason::NotCompleted,
+        RunReason::NoFailure,
+        RunReason::NoProgress,
+        RunReason::Progressing,
+        RunReason::NotRunning,
+        RunReason::NotSuspended,
+    ];
+
+    /// Every reason: the trainer's failure reasons, then the operator's.
+    pub fn all() -> impl Iterator<Item = RunReason> {
+        FailureReason::ALL.into_iter().map(RunReason::Trainer).chain(Self::OPERATOR)
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunReason::Trainer(r) => r.as_str(),
+            RunReason::Accepted => "Accepted",
+            RunReason::InvalidSpec => "InvalidSpec",
+            RunReason::WaitingForInitRun => "WaitingForInitRun",
+            RunReason::WaitingForQueue => "WaitingForQueue",
+            RunReason::JobCreated => "JobCreated",
+            RunReason::PodsPending => "PodsPending",
+            RunReason::ImagePullBackOff => "ImagePullBackOff",
+            RunReason::Unschedulable => "Unschedulable",
+            RunReason::CreateContainerConfigError => "CreateContainerConfigError",
+            RunReason::Training => "Training",
+            RunReason::Completed => "Completed",
+            RunReason::Restarting => "Restarting",
+            RunReason::Disruption => "Disruption",
+            RunReason::PodFailed => "PodFailed",
+            RunReason::JobFailed => "JobFailed",
+            RunReason::Stalled => "Stalled",
+            RunReason::MaxRestartsExceeded => "MaxRestartsExceeded",
+            RunReason::Suspended => "Suspended",
+            RunReason::Resuming => "Resuming",
+            RunReason::JobSuspended => "JobSuspended",
+            RunReason::Resumed => "Resumed",
+            RunReason::FirstAttempt => "FirstAttempt",
+            RunReason::NotCompleted => "NotCompleted",
+            RunReason::NoFailure => "NoFailure",
+            RunReason::NoProgress => "NoProgress",
+            RunReason::Progressing => "Progressing",
+            RunReason::NotRunning => "NotRunning",
+            RunReason::NotSuspended => "NotSuspended",
+        }
+    }
+
+    /// The reason of that name.
+    pub fn parse(name: &str) -> Option<RunReason> {
+        Self::all().find(|r| r.as_str() == name)
+    }
+}
+
+impl From<FailureReason> for RunReason {
+    fn from(r: FailureReason) -> RunReason {
+        RunReason::Trainer(r)
+    }
+}
+
+impl From<RunReason> for String {
+    fn from(r: RunReason) -> String {
+        r.as_str().into()
+    }
+}
+
+impl std::fmt::Display for RunReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -302,6 +474,18 @@ mod tests {
     fn pvc_paths() {
         assert_eq!(pvc_path("data", "/fineweb/"), "/mnt/pvc/data/fineweb");
         assert_eq!(pvc_path("data", ""), "/mnt/pvc/data");
+    }
+
+    #[test]
+    fn run_reasons_have_distinct_names_that_parse_back() {
+        let names: std::collections::BTreeSet<&str> = RunReason::all().map(RunReason::as_str).collect();
+        assert_eq!(names.len(), FailureReason::ALL.len() + RunReason::OPERATOR.len());
+        for r in RunReason::all() {
+            assert_eq!(RunReason::parse(r.as_str()), Some(r));
+            assert_eq!(r.to_string(), r.as_str());
+        }
+        assert!(RunReason::OPERATOR.iter().all(|r| !matches!(r, RunReason::Trainer(_))));
+        assert_eq!(RunReason::parse("RestartLimitExceeded"), None);
     }
 
     #[test]

@@ -10,12 +10,7 @@ use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
 use crate::quantity::{TokenQuantity, format_tokens};
 use crate::types::*;
 
-/// Names of the corpora compiled into the trainer (`embedded:<name>`).
-pub const EMBEDDED_SOURCES: &[&str] = &["textbook", "facts", "arithmetic", "mcq"];
-/// Embedded GRPO question sets: `mcq-rules` (questions that name their answer's position,
-/// which a small model learns from reward alone) and `mcq` (the pretraining `mcq`
-/// source's questions: those plus questions about the synthetic world).
-pub const EMBEDDED_QUESTION_SETS: &[&str] = &["mcq-rules", "mcq"];
+use crate::contract::{EMBEDDED_QUESTION_SETS, EMBEDDED_SOURCES};
 
 /// Longest TrainingRun name: children append suffixes such as `-a12-3` and pod
 /// hostnames must stay within 63 characters.

@@ -39,7 +39,7 @@ local fixtures = {
         observedGeneration = 2,
         phase = "Failed",
         reason = "NaNLoss",
-        conditions = { cond("Running", "False", "Failed"), cond("Failed", "True", "NaNLoss", "step 1200: non-finite loss (nan)") },
+        conditions = { cond("Running", "False", "NaNLoss"), cond("Failed", "True", "NaNLoss", "step 1200: non-finite loss (nan)") },
       },
     },
     status = "Degraded",

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::resources::APPLIED_HASH;
-use crate::{Error, MANAGER};
+use crate::{Error, MANAGER, Verb};
 
 pub fn params() -> PatchParams {
     PatchParams::apply(MANAGER).force()
@@ -24,22 +24,39 @@ fn hash<K: Serialize>(obj: &K) -> String {
 
 /// Applies `obj` unless the live object carries the same applied-hash. Returns
 /// whether it wrote.
-pub async fn ensure<K>(api: &Api<K>, mut obj: K) -> Result<bool, Error>
+pub async fn ensure<K>(api: &Api<K>, obj: K) -> Result<bool, Error>
 where
     K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
     K::DynamicType: Default,
 {
-    let kind = kind_of::<K>();
+    let name = obj.name_any();
+    let ns = obj.namespace().unwrap_or_default();
+    let live = api.get_opt(&name).await.map_err(Error::kube(Verb::Get, kind_of::<K>(), &ns, &name))?;
+    if live.as_ref().is_some_and(|l| l.annotations().get(APPLIED_HASH) == Some(&hash(&obj))) {
+        return Ok(false);
+    }
+    write(api, obj).await?;
+    Ok(true)
+}
+
+/// Applies `obj` with its applied-hash, whatever the live object carries: for a
+/// change decided from the live object, which others may have changed since.
+pub async fn write<K>(api: &Api<K>, mut obj: K) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
+    K::DynamicType: Default,
+{
     let name = obj.name_any();
     let ns = obj.namespace().unwrap_or_default();
     let digest = hash(&obj);
-    let live = api.get_opt(&name).await.map_err(Error::kube("get", kind.clone(), &ns, &name))?;
-    if live.as_ref().is_some_and(|l| l.annotations().get(APPLIED_HASH) == Some(&digest)) {
-        return Ok(false);
-    }
     obj.annotations_mut().insert(APPLIED_HASH.into(), digest);
-    api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube("apply", kind, &ns, &name))?;
-    Ok(true)
+    api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
+        Verb::Apply,
+        kind_of::<K>(),
+        &ns,
+        &name,
+    ))?;
+    Ok(())
 }
 
 /// Deletes a child and, in the background, what it owns (a Job's pods).
@@ -52,7 +69,7 @@ where
     match api.delete(name, &dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube("delete", kind_of::<K>(), namespace, name)(e)),
+        Err(e) => Err(Error::kube(Verb::Delete, kind_of::<K>(), namespace, name)(e)),
     }
 }
 

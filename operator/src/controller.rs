@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
@@ -22,13 +22,13 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::clock::{Clock, seconds_between};
-use crate::decide::{self, Decision, Observed};
+use crate::decide::{self, Decision};
 use crate::metrics::Metrics;
-use crate::observe::{self, StatusClient};
-use crate::resources::{self, Inputs, RUN_LABEL, SUSPENDED_BY_OPERATOR};
+use crate::observe::{self, Observed, StatusClient};
+use crate::resources::{self, Inputs, RUN_LABEL};
 use crate::settings::Settings;
 use crate::status::{self, is_terminal};
-use crate::{Error, MANAGER, apply, validate};
+use crate::{Error, MANAGER, Verb, apply, validate};
 
 /// Finalizer on every TrainingRun: deletion drops the run's metrics series.
 pub const FINALIZER: &str = "training.puretransformer.dev/cleanup";
@@ -132,7 +132,7 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let name = cached.name_any();
     let runs: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
     // The reflector may lag our own status writes; decide on the live object.
-    let Some(run) = runs.get_opt(&name).await.map_err(Error::kube("get", "TrainingRun", &ns, &name))? else {
+    let Some(run) = runs.get_opt(&name).await.map_err(Error::kube(Verb::Get, "TrainingRun", &ns, &name))? else {
         return Ok(Action::await_change());
     };
     let uid = run.uid().unwrap_or_default();
@@ -164,21 +164,14 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     // 4. observe
     let mut obs: Observed =
         if is_terminal(&old) { Observed::default() } else { observe::observe(&ctx.client, &run, &cfg).await? };
-    let job_name = resources::job_name(&name, cfg.attempt);
-    let rank0_running = obs.pods.iter().any(|p| {
-        p.labels().get(resources::ATTEMPT_LABEL) == Some(&cfg.attempt.to_string())
-            && crate::failure::completion_index(p) == Some(0)
-            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    });
-    let memory = ctx.memory(&uid);
-    let poll_due = memory.last_poll.is_none_or(|t| seconds_between(t, now) >= s.status_poll_interval.as_secs());
-    if rank0_running && poll_due {
+    let poll_due =
+        ctx.memory(&uid).last_poll.is_none_or(|t| seconds_between(t, now) >= s.status_poll_interval.as_secs());
+    if poll_due {
+        let job_name = resources::job_name(&name, cfg.attempt);
         let url = s.status_url_for(&name, &ns, &job_name, &resources::service_name(&name));
-        match ctx.status_client.get(&url).await {
-            Ok(t) => obs.trainer = Some(t),
-            Err(e) => tracing::info!(run = %name, "rank 0 status: {e}"),
+        if observe::poll_rank0(&ctx.status_client, &mut obs, cfg.attempt, &url, &name).await {
+            ctx.remember(&uid, |m| m.last_poll = Some(now));
         }
-        ctx.remember(&uid, |m| m.last_poll = Some(now));
     }
 
     // 5. decide, then act
@@ -191,30 +184,17 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     for stale in &d.delete_jobs {
         apply::delete(&jobs, &ns, stale).await?;
     }
+    let queued = run.spec.queue_name.is_some();
     if let Some(suspend) = d.suspend_job {
         let current = resources::job_name(&name, d.status.attempt);
-        let queued = run.spec.queue_name.is_some();
-        // A queued Job is handed back to Kueue suspended; Kueue admits it again.
-        let patch = match (suspend, queued) {
-            (true, _) => {
-                json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: "true"}}, "spec": {"suspend": true}})
-            }
-            (false, true) => json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}}),
-            (false, false) => {
-                json!({"metadata": {"annotations": {SUSPENDED_BY_OPERATOR: null}}, "spec": {"suspend": false}})
-            }
-        };
-        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
-        jobs.patch(&current, &pp, &Patch::Merge(&patch)).await.map_err(Error::kube("patch", "Job", &ns, &current))?;
+        if let Some(live) = obs.jobs.iter().find(|j| j.name_any() == current) {
+            apply::write(&jobs, resources::suspension(live, suspend, queued)).await?;
+        }
     }
     if d.create_job {
-        let mut cfg = cfg.clone();
-        cfg.attempt = d.status.attempt;
+        // The ConfigMap applied above already holds this attempt: see `Decision::create_job`.
         let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
-        // The ConfigMap carries the attempt the new Job's pods read.
-        apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
-        let suspend = run.spec.suspend || run.spec.queue_name.is_some();
-        apply::ensure(&jobs, resources::job(&inputs, suspend)).await?;
+        apply::ensure(&jobs, resources::job(&inputs, run.spec.suspend || queued)).await?;
     }
     Ok(action)
 }
@@ -247,7 +227,7 @@ async fn finish(
             "status": d.status,
         });
         runs.patch_status(&name, &apply::params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
-            "apply status",
+            Verb::ApplyStatus,
             "TrainingRun",
             &ns,
             &name,
@@ -307,11 +287,16 @@ pub async fn run(
     let controller = Controller::new(runs.clone(), watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
     let store = controller.store();
-    controller
+    let mut controller = controller
         .owns(api::<Job>(&client, &namespace), owned.clone())
         .owns(api::<ConfigMap>(&client, &namespace), owned.clone())
         .owns(api::<Service>(&client, &namespace), owned.clone())
-        .owns(api::<PersistentVolumeClaim>(&client, &namespace), owned)
+        .owns(api::<PersistentVolumeClaim>(&client, &namespace), owned.clone());
+    // Only with --network-policy: the chart grants access to NetworkPolicies only then.
+    if ctx.settings.network_policy.is_some() {
+        controller = controller.owns(api::<NetworkPolicy>(&client, &namespace), owned);
+    }
+    controller
         .watches(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL), |pod: Pod| {
             let run = pod.labels().get(RUN_LABEL).cloned();
             run.map(|r| ObjectRef::<TrainingRun>::new(&r).within(&pod.namespace().unwrap_or_default()))

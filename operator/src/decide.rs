@@ -4,39 +4,20 @@
 //! asks for nothing new.
 
 use crds::config::ResolvedInit;
-use crds::contract::TrainerStatus;
+use crds::contract::RunReason;
 use crds::types::{OnStall, RunPhase, TrainingRunStatus};
 use crds::{InvalidSpec, RunConfig, TrainingRun};
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use crate::failure::{self, Verdict};
+use crate::observe::{InitRun, Observed};
 use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR, job_name};
 use crate::settings::Settings;
 use crate::stall;
 use crate::status::{self, Cond};
-
-/// State of the run named by `initFrom.trainingRun`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum InitRun {
-    Missing,
-    Phase(Option<RunPhase>),
-}
-
-/// What the observe step saw.
-#[derive(Clone, Debug, Default)]
-pub struct Observed {
-    /// Every Job of the run, all attempts.
-    pub jobs: Vec<Job>,
-    /// Every pod of the run, all attempts.
-    pub pods: Vec<Pod>,
-    pub init_run: Option<InitRun>,
-    /// Rank 0's `/status`, when it was polled in this reconcile.
-    pub trainer: Option<TrainerStatus>,
-}
 
 /// An event to emit on the run.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,7 +30,9 @@ pub struct Note {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decision {
     pub status: TrainingRunStatus,
-    /// Create the Job of `status.attempt`.
+    /// Create the Job of `status.attempt`. That is always the attempt the reconcile
+    /// started with (a restart's Job is created by a later reconcile), so the ConfigMap
+    /// applied before deciding already holds it.
     pub create_job: bool,
     /// Jobs of earlier attempts (or the failed current one) to delete with their pods.
     pub delete_jobs: Vec<String>,
@@ -70,7 +53,7 @@ struct Outcome {
 }
 
 impl Outcome {
-    fn new(phase: RunPhase, reason: &str, message: impl Into<String>) -> Outcome {
+    fn new(phase: RunPhase, reason: impl Into<String>, message: impl Into<String>) -> Outcome {
         Outcome { phase, reason: reason.into(), message: message.into() }
     }
 }
@@ -81,8 +64,8 @@ pub fn invalid(run: &TrainingRun, err: &InvalidSpec, now: Timestamp) -> Decision
     let mut new = old.clone();
     new.observed_generation = run.metadata.generation;
     let message = format!("spec is invalid: {err}");
-    let outcome = Outcome::new(RunPhase::Failed, "InvalidSpec", message.clone());
-    let accepted = Cond { type_: "Accepted", status: false, reason: "InvalidSpec".into(), message };
+    let outcome = Outcome::new(RunPhase::Failed, RunReason::InvalidSpec, message.clone());
+    let accepted = Cond { type_: "Accepted", status: false, reason: RunReason::InvalidSpec.into(), message };
     finish(run, &old, new, outcome, accepted, None, now, Decision::default())
 }
 
@@ -101,7 +84,7 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
     let accepted = Cond {
         type_: "Accepted",
         status: true,
-        reason: "Accepted".into(),
+        reason: RunReason::Accepted.into(),
         message: format!(
             "{} on {}: {} steps of {} tokens",
             cfg.model.preset, cfg.topology.display, cfg.schedule.total_steps, cfg.batch.tokens_per_step
@@ -133,7 +116,7 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
     let outcome = match current {
         None if current_name_blocked(obs, &current_name, stale_pods) => Outcome::new(
             RunPhase::Restarting,
-            old.reason.as_deref().unwrap_or("Restarting"),
+            old.reason.as_deref().unwrap_or(RunReason::Restarting.as_str()),
             restart_cause(&old).unwrap_or_else(|| {
                 format!(
                     "waiting for {stale_pods} pod(s) of earlier attempts to terminate before attempt {attempt} starts"
@@ -151,7 +134,7 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                 };
                 Outcome::new(
                     RunPhase::Waiting,
-                    "WaitingForInitRun",
+                    RunReason::WaitingForInitRun,
                     format!("waiting for TrainingRun {init} to succeed; it {now_is}"),
                 )
             }
@@ -161,19 +144,23 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                     new.start_time = Some(Time(now));
                 }
                 if spec.suspend {
-                    Outcome::new(RunPhase::Suspended, "Suspended", "suspended by spec.suspend")
+                    Outcome::new(RunPhase::Suspended, RunReason::Suspended, "suspended by spec.suspend")
                 } else if let Some(q) = &spec.queue_name {
                     Outcome::new(
                         RunPhase::Pending,
-                        "WaitingForQueue",
+                        RunReason::WaitingForQueue,
                         format!("Job {current_name} waits for Kueue to admit it from LocalQueue {q}"),
                     )
                 } else if attempt > 1 {
                     let message = restart_cause(&old)
                         .unwrap_or_else(|| format!("created Job {current_name} for attempt {attempt}"));
-                    Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
+                    Outcome::new(
+                        RunPhase::Restarting,
+                        old.reason.as_deref().unwrap_or(RunReason::Restarting.as_str()),
+                        message,
+                    )
                 } else {
-                    Outcome::new(RunPhase::Pending, "JobCreated", format!("created Job {current_name}"))
+                    Outcome::new(RunPhase::Pending, RunReason::JobCreated, format!("created Job {current_name}"))
                 }
             }
         },
@@ -186,26 +173,26 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                 }
                 Outcome::new(
                     RunPhase::Suspended,
-                    "Suspended",
+                    RunReason::Suspended,
                     "suspended by spec.suspend; resuming continues from the last checkpoint",
                 )
             } else if suspended && ours {
                 d.suspend_job = Some(false);
                 Outcome::new(
                     RunPhase::Pending,
-                    "Resuming",
+                    RunReason::Resuming,
                     format!("resuming Job {current_name} from the last checkpoint"),
                 )
             } else if suspended {
                 match &spec.queue_name {
                     Some(q) => Outcome::new(
                         RunPhase::Pending,
-                        "WaitingForQueue",
+                        RunReason::WaitingForQueue,
                         format!("Job {current_name} is suspended until Kueue admits it from LocalQueue {q}"),
                     ),
                     None => Outcome::new(
                         RunPhase::Suspended,
-                        "JobSuspended",
+                        RunReason::JobSuspended,
                         format!("Job {current_name} was suspended outside the operator"),
                     ),
                 }
@@ -224,7 +211,7 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                             .map_or(String::new(), |l| format!("; final loss {l:.4}"));
                         Outcome::new(
                             RunPhase::Succeeded,
-                            "Completed",
+                            RunReason::Completed,
                             format!(
                                 "trained {} tokens in {} steps{loss}",
                                 cfg.schedule.total_tokens, cfg.schedule.total_steps
@@ -255,11 +242,20 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                                 let message =
                                     format!("step {} has not advanced for {}", p.step, status::short_duration(secs));
                                 stall = None;
-                                restart(&mut new, &mut d, cfg, &current_name, "Stalled", &message, true, now)
+                                restart(
+                                    &mut new,
+                                    &mut d,
+                                    cfg,
+                                    &current_name,
+                                    RunReason::Stalled.as_str(),
+                                    &message,
+                                    true,
+                                    now,
+                                )
                             }
                             _ => Outcome::new(
                                 RunPhase::Running,
-                                "Training",
+                                RunReason::Training,
                                 format!("{} pod(s) of Job {current_name} running", cfg.topology.nodes),
                             ),
                         }
@@ -269,11 +265,15 @@ pub fn decide(run: &TrainingRun, cfg: &RunConfig, obs: &Observed, now: Timestamp
                     }
                     Verdict::Pending { stuck: None } if attempt > 1 && old.phase == Some(RunPhase::Restarting) => {
                         let message = restart_cause(&old).unwrap_or_else(|| format!("attempt {attempt} is starting"));
-                        Outcome::new(RunPhase::Restarting, old.reason.as_deref().unwrap_or("Restarting"), message)
+                        Outcome::new(
+                            RunPhase::Restarting,
+                            old.reason.as_deref().unwrap_or(RunReason::Restarting.as_str()),
+                            message,
+                        )
                     }
                     Verdict::Pending { stuck: None } => Outcome::new(
                         RunPhase::Pending,
-                        "PodsPending",
+                        RunReason::PodsPending,
                         format!("waiting for the pods of Job {current_name} to run"),
                     ),
                 }
@@ -310,7 +310,7 @@ fn restart(
         new.completion_time = Some(Time(now));
         return Outcome::new(
             RunPhase::Failed,
-            "MaxRestartsExceeded",
+            RunReason::MaxRestartsExceeded,
             format!("{reason}: {message}; no restarts left after {} (failurePolicy.maxRestarts {max})", new.restarts),
         );
     }
@@ -373,56 +373,68 @@ fn finish(
             let step = new.progress.as_ref().map_or(0, |p| p.step);
             (
                 true,
-                "NoProgress",
+                RunReason::NoProgress.as_str(),
                 format!("step {step} has not advanced for {}", status::short_duration(s.stalled_for.unwrap_or(0))),
             )
         }
-        Some(_) => (false, "Progressing", "the step is advancing".to_string()),
-        None => (false, "NotRunning", String::new()),
+        Some(_) => (false, RunReason::Progressing.as_str(), "the step is advancing".to_string()),
+        None => (false, RunReason::NotRunning.as_str(), String::new()),
     };
-    let running_reason = if is(RunPhase::Running) { "Training" } else { o.reason.as_str() };
+    let running_reason = if is(RunPhase::Running) { RunReason::Training.as_str() } else { o.reason.as_str() };
     let conds = [
         accepted,
         cond("Running", is(RunPhase::Running), running_reason, &o.message),
         if is(RunPhase::Restarting) {
             cond("Restarting", true, &o.reason, &o.message)
         } else {
-            cond("Restarting", false, if new.attempt > 1 { "Resumed" } else { "FirstAttempt" }, &attempt_note)
+            cond(
+                "Restarting",
+                false,
+                if new.attempt > 1 { RunReason::Resumed.as_str() } else { RunReason::FirstAttempt.as_str() },
+                &attempt_note,
+            )
         },
         if is(RunPhase::Succeeded) {
             cond("Succeeded", true, &o.reason, &o.message)
         } else {
-            cond("Succeeded", false, "NotCompleted", "")
+            cond("Succeeded", false, RunReason::NotCompleted.as_str(), "")
         },
         if is(RunPhase::Failed) {
             cond("Failed", true, &o.reason, &o.message)
         } else {
-            cond("Failed", false, "NoFailure", "")
+            cond("Failed", false, RunReason::NoFailure.as_str(), "")
         },
         cond("Stalled", stalled, stall_reason, &stall_message),
         if is(RunPhase::Suspended) {
             cond("Suspended", true, &o.reason, &o.message)
         } else {
-            cond("Suspended", false, "NotSuspended", "")
+            cond("Suspended", false, RunReason::NotSuspended.as_str(), "")
         },
     ];
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
 
     if old.phase != new.phase || old.reason != new.reason || (old.attempt != new.attempt && old.attempt > 0) {
         let warning = matches!(phase, RunPhase::Failed | RunPhase::Restarting)
-            || matches!(o.reason.as_str(), "ImagePullBackOff" | "Unschedulable" | "CreateContainerConfigError");
+            || matches!(
+                RunReason::parse(&o.reason),
+                Some(RunReason::ImagePullBackOff | RunReason::Unschedulable | RunReason::CreateContainerConfigError)
+            );
         d.notes.push(Note { warning, reason: o.reason.clone(), message: o.message.clone() });
     }
     let was_stalled = status::condition(old, "Stalled").is_some_and(|c| c.status == "True");
     if stalled && !was_stalled {
-        d.notes.push(Note { warning: true, reason: "Stalled".into(), message: stall_message });
+        d.notes.push(Note { warning: true, reason: RunReason::Stalled.into(), message: stall_message });
     } else if was_stalled && !stalled && is(RunPhase::Running) {
-        d.notes.push(Note { warning: false, reason: "Progressing".into(), message: "the step advances again".into() });
+        d.notes.push(Note {
+            warning: false,
+            reason: RunReason::Progressing.into(),
+            message: "the step advances again".into(),
+        });
     }
     if d.create_job {
         d.notes.push(Note {
             warning: false,
-            reason: "JobCreated".into(),
+            reason: RunReason::JobCreated.into(),
             message: format!("created Job {} (attempt {})", new.job_name.clone().unwrap_or_default(), new.attempt),
         });
     }
@@ -435,7 +447,8 @@ mod tests {
     use super::*;
     use crate::failure::tests::{exited, job as job_with, running};
     use crate::resources::testing::{GPU_SPEC, GRPO_SPEC, run};
-    use crds::contract::{FailureReason, TerminationMessage};
+    use crds::contract::{FailureReason, TerminationMessage, TrainerStatus};
+    use k8s_openapi::api::batch::v1::Job;
     use serde_json::json;
 
     fn t(s: &str) -> Timestamp {
@@ -446,6 +459,9 @@ mod tests {
     fn step(r: &mut TrainingRun, obs: &Observed, now: Timestamp) -> Decision {
         let cfg = crate::validate::validate(r, r.status.as_ref().map_or(0, |s| s.attempt)).unwrap();
         let d = decide(r, &cfg, obs, now, &Settings::default());
+        if d.create_job {
+            assert_eq!(d.status.attempt, cfg.attempt, "the ConfigMap built from cfg holds the new Job's attempt");
+        }
         r.status = Some(d.status.clone());
         d
     }

@@ -3,7 +3,7 @@
 //! without counting; anything else restarts it and counts toward maxRestarts.
 
 use crds::RunConfig;
-use crds::contract::{ExitReport, FailureReason, TrainerStatus};
+use crds::contract::{ExitReport, FailureReason, RunReason, TrainerStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -103,7 +103,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = c.message.as_deref().map_or(String::new(), |m| format!(": {m}"));
         return Some(PodFailure {
             kind: Kind::Disruption,
-            reason: "Disruption".into(),
+            reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was disrupted ({why}{detail})"),
             at: c.last_transition_time.as_ref().map(|t| t.0),
         });
@@ -113,7 +113,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_default();
         return Some(PodFailure {
             kind: Kind::Disruption,
-            reason: "Disruption".into(),
+            reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was evicted: {detail}"),
             at: None,
         });
@@ -125,7 +125,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let overdue = now > deleted && seconds_between(deleted, now) > settings.lost_node_timeout.as_secs();
         return (overdue && phase(pod) != "Succeeded").then(|| PodFailure {
             kind: Kind::Disruption,
-            reason: "Disruption".into(),
+            reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} is stuck terminating; its node is lost"),
             at: Some(deleted),
         });
@@ -134,7 +134,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_else(|| "no container status".into());
         return Some(PodFailure {
             kind: Kind::Retriable,
-            reason: "PodFailed".into(),
+            reason: RunReason::PodFailed.into(),
             message: format!("pod {name}{rank} failed: {detail}"),
             at: None,
         });
@@ -173,7 +173,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     };
     Some(PodFailure {
         kind: Kind::Retriable,
-        reason: "PodFailed".into(),
+        reason: RunReason::PodFailed.into(),
         message: format!("pod {name}{rank} exited with code {}{signal}: {}", t.exit_code, last_line(&text)),
         at,
     })
@@ -210,15 +210,19 @@ fn stuck(pod: &Pod, now: Timestamp, settings: &Settings) -> Option<(String, Stri
         let reason = w.reason.unwrap_or_default();
         if matches!(reason.as_str(), "ImagePullBackOff" | "ErrImagePull" | "InvalidImageName" | "ErrImageNeverPull") {
             let msg = w.message.unwrap_or_default();
-            return Some(("ImagePullBackOff".into(), format!("pod {name} cannot pull its image ({reason}): {msg}")));
+            return Some((
+                RunReason::ImagePullBackOff.into(),
+                format!("pod {name} cannot pull its image ({reason}): {msg}"),
+            ));
         }
         if reason == "CreateContainerConfigError" {
+            let reason = RunReason::CreateContainerConfigError.into();
             return Some((reason, format!("pod {name}: {}", w.message.unwrap_or_default())));
         }
     }
     let c = condition(pod, "PodScheduled").filter(|c| c.status == "False")?;
     let msg = c.message.clone().unwrap_or_default();
-    Some(("Unschedulable".into(), format!("pod {name} cannot be scheduled: {msg}")))
+    Some((RunReason::Unschedulable.into(), format!("pod {name} cannot be scheduled: {msg}")))
 }
 
 /// Classifies the current attempt. `pods` are that attempt's pods only.
@@ -257,7 +261,7 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         }
         let reason = c.reason.clone().unwrap_or_else(|| "JobFailed".into());
         return Verdict::Restart {
-            reason: "JobFailed".into(),
+            reason: RunReason::JobFailed.into(),
             message: format!("Job failed ({reason}): {message}"),
             counts: true,
         };

@@ -19,11 +19,35 @@ pub mod validate;
 /// Field manager of every server-side apply, and the event reporter.
 pub const MANAGER: &str = "trainingrun-operator";
 
+/// The API call that failed, in [`Error::Kube`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    /// Server-side apply of a child.
+    Apply,
+    /// Server-side apply of a run's status.
+    ApplyStatus,
+    Delete,
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Apply => "apply",
+            Verb::ApplyStatus => "apply status",
+            Verb::Delete => "delete",
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{verb} {kind} {namespace}/{name}: {source}")]
     Kube {
-        verb: &'static str,
+        verb: Verb,
         kind: String,
         namespace: String,
         name: String,
@@ -62,10 +86,10 @@ impl Error {
     /// The Event reason this error is reported under.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::Kube { verb: "apply" | "create", .. } => "ApplyFailed",
-            Error::Kube { verb: "delete", .. } => "DeleteFailed",
-            Error::Kube { verb: "apply status", .. } => "StatusUpdateFailed",
-            Error::Kube { .. } => "ApiError",
+            Error::Kube { verb: Verb::Apply, .. } => "ApplyFailed",
+            Error::Kube { verb: Verb::Delete, .. } => "DeleteFailed",
+            Error::Kube { verb: Verb::ApplyStatus, .. } => "StatusUpdateFailed",
+            Error::Kube { verb: Verb::Get | Verb::List, .. } => "ApiError",
             Error::NoNamespace(_) => "InvalidSpec",
             Error::Finalizer { .. } => "FinalizerFailed",
             Error::CrdMissing { .. } | Error::Connect(_) => "ApiError",
@@ -75,7 +99,7 @@ impl Error {
     }
 
     pub(crate) fn kube(
-        verb: &'static str,
+        verb: Verb,
         kind: impl Into<String>,
         namespace: &str,
         name: &str,

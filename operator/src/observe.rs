@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crds::config::ResolvedInit;
 use crds::contract::TrainerStatus;
+use crds::types::RunPhase;
 use crds::{RunConfig, TrainingRun};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client as HttpClient;
@@ -16,9 +17,28 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::Error;
-use crate::decide::{InitRun, Observed};
-use crate::resources::RUN_LABEL;
+use crate::failure::completion_index;
+use crate::resources::{ATTEMPT_LABEL, RUN_LABEL};
+use crate::{Error, Verb};
+
+/// State of the run named by `initFrom.trainingRun`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitRun {
+    Missing,
+    Phase(Option<RunPhase>),
+}
+
+/// What the observe step saw.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Every Job of the run, all attempts.
+    pub jobs: Vec<Job>,
+    /// Every pod of the run, all attempts.
+    pub pods: Vec<Pod>,
+    pub init_run: Option<InitRun>,
+    /// Rank 0's `/status`, when it was polled in this reconcile.
+    pub trainer: Option<TrainerStatus>,
+}
 
 /// Reads rank 0's `GET /status` over plain HTTP inside the cluster.
 #[derive(Clone)]
@@ -58,12 +78,12 @@ pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Res
     let lp = ListParams::default().labels(&format!("{RUN_LABEL}={name}"));
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let jobs = jobs.list(&lp).await.map_err(Error::kube("list", "Job", &ns, &name))?.items;
-    let pods = pods.list(&lp).await.map_err(Error::kube("list", "Pod", &ns, &name))?.items;
+    let jobs = jobs.list(&lp).await.map_err(Error::kube(Verb::List, "Job", &ns, &name))?.items;
+    let pods = pods.list(&lp).await.map_err(Error::kube(Verb::List, "Pod", &ns, &name))?.items;
     let init_run = match &cfg.init_from {
         Some(ResolvedInit::TrainingRun { name: init }) => {
             let runs: Api<TrainingRun> = Api::namespaced(client.clone(), &ns);
-            let other = runs.get_opt(init).await.map_err(Error::kube("get", "TrainingRun", &ns, init))?;
+            let other = runs.get_opt(init).await.map_err(Error::kube(Verb::Get, "TrainingRun", &ns, init))?;
             Some(match other {
                 None => InitRun::Missing,
                 Some(o) => InitRun::Phase(o.status.and_then(|s| s.phase)),
@@ -72,4 +92,27 @@ pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Res
         _ => None,
     };
     Ok(Observed { jobs, pods, init_run, trainer: None })
+}
+
+/// Whether rank 0 of `attempt` is running, so that its `/status` can answer.
+pub fn rank0_running(obs: &Observed, attempt: u32) -> bool {
+    obs.pods.iter().any(|p| {
+        p.labels().get(ATTEMPT_LABEL) == Some(&attempt.to_string())
+            && completion_index(p) == Some(0)
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+}
+
+/// Reads rank 0's `/status` at `url` into `obs.trainer` when rank 0 of `attempt` is
+/// running. Returns whether it asked, answered or not. A failed poll is only logged;
+/// the next one is due after the poll interval.
+pub async fn poll_rank0(status: &StatusClient, obs: &mut Observed, attempt: u32, url: &str, run: &str) -> bool {
+    if !rank0_running(obs, attempt) {
+        return false;
+    }
+    match status.get(url).await {
+        Ok(t) => obs.trainer = Some(t),
+        Err(e) => tracing::info!(run = %run, "rank 0 status: {e}"),
+    }
+    true
 }

@@ -2,7 +2,7 @@
 //! ETA from rank 0's report, and what counts as a change worth writing at once.
 
 use crds::RunConfig;
-use crds::contract::TrainerStatus;
+use crds::contract::{RunReason, TrainerStatus};
 use crds::types::{Progress, RunPhase, TrainingRunStatus};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -113,7 +113,7 @@ pub fn is_terminal(status: &TrainingRunStatus) -> bool {
     match status.phase {
         Some(RunPhase::Succeeded) => true,
         // A spec that failed validation may be fixed.
-        Some(RunPhase::Failed) => status.reason.as_deref() != Some("InvalidSpec"),
+        Some(RunPhase::Failed) => status.reason.as_deref() != Some(RunReason::InvalidSpec.as_str()),
         _ => false,
     }
 }

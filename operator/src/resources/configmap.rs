@@ -1,4 +1,5 @@
-//! The ConfigMap holding the resolved run: exactly the `RunConfig` the trainer reads.
+//! The ConfigMap holding the resolved run: exactly the `RunConfig` the trainer reads,
+//! the current attempt included.
 
 use std::collections::BTreeMap;
 

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{Resource, ResourceExt};
 
 pub use configmap::configmap;
-pub use job::job;
+pub use job::{job, suspension};
 pub use networkpolicy::network_policy;
 pub use pvc::pvc;
 pub use service::service;

@@ -136,9 +136,6 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
     let manifest = crds::manifest::from_file(&args.manifest)?;
     let mut cfg =
         crds::resolve(&manifest).map_err(|e| Error::InvalidSpec(format!("{}: {e}", args.manifest.display())))?;
-    if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
-        cfg.attempt = attempt;
-    }
     if cfg.topology.device == RunDevice::Cuda && !tch::Cuda::is_available() {
         tracing::warn!(
             "spec.topology.gpusPerNode is {} but no CUDA device is visible: training {} process(es) on CPU with Gloo",
@@ -197,12 +194,9 @@ const LAUNCH_GRACE: Duration = Duration::from_secs(60);
 /// `trainer worker`: one rank, placed by the launcher's environment.
 pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
     let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
-    let mut cfg: RunConfig = serde_json::from_str(&text).map_err(|e| {
+    let cfg: RunConfig = serde_json::from_str(&text).map_err(|e| {
         Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display()))
     })?;
-    if let Some(attempt) = std::env::var(crds::contract::env::ATTEMPT).ok().and_then(|a| a.parse().ok()) {
-        cfg.attempt = attempt;
-    }
     let stop = stop_on_signals()?;
     let opts = args.flags.run_options(args.output.clone(), args.init_dir.clone(), Placement::from_env()?);
     train_and_report(&cfg, opts, args.status_addr, stop)

@@ -77,7 +77,7 @@ fn embedded(name: &str) -> fn(u64, usize, Split) -> Vec<McqRecord> {
 /// questions, a prepared directory's validation records, or every question of a file.
 pub fn eval_set(cfg: &RunConfig, loc: &Location, n: usize) -> Result<Vec<McqRecord>, Error> {
     let mut all = match loc {
-        Location::Embedded { name } if crds::resolve::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
+        Location::Embedded { name } if crds::contract::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
             embedded(name)(cfg.seed, n, Split::Validation)
         }
         _ => {
@@ -107,7 +107,7 @@ fn fetch(cfg: &RunConfig, loc: &Location) -> Result<PathBuf, Error> {
                 name: format!("embedded:{name}"),
                 message: format!(
                     "not a question set; the embedded ones are {}",
-                    crds::resolve::EMBEDDED_QUESTION_SETS.join(", ")
+                    crds::contract::EMBEDDED_QUESTION_SETS.join(", ")
                 ),
             });
         }

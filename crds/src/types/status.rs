@@ -1,0 +1,175 @@
+//! What the operator observes and writes: the run's status.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Observed state of a TrainingRun, written only by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingRunStatus {
+    /// Pending, Waiting, Running, Restarting, Succeeded, Failed or Suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RunPhase>,
+    /// Reason of the latest phase change, e.g. NaNLoss or WaitingForInitRun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Accepted, Running, Restarting, Succeeded, Failed, Stalled, Suspended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Training progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// Latest training metrics reported by rank 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<RunMetrics>,
+    /// The newest complete checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+    /// Gang restarts so far (disruptions excluded).
+    #[serde(default)]
+    pub restarts: u32,
+    /// Current attempt, starting at 1; every gang restart creates a new attempt.
+    #[serde(default)]
+    pub attempt: u32,
+    /// Name of the current attempt's Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// When the first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Topology for display, nodes x GPUs per node, e.g. "4x2".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+}
+
+/// Lifecycle phase of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RunPhase {
+    Pending,
+    Waiting,
+    Running,
+    Restarting,
+    Succeeded,
+    Failed,
+    Suspended,
+}
+
+/// Training progress.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Tokens trained on so far.
+    pub tokens: u64,
+    /// Tokens the run will train on.
+    pub total_tokens: u64,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Optimizer steps of the whole run.
+    pub total_steps: u64,
+    /// Percent done, 0-100.
+    pub percent: f64,
+    /// Estimated seconds to completion at the current throughput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+    /// ETA for display, e.g. "3h12m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    /// Progress for display, e.g. "42.1%".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<String>,
+    /// When `step` last advanced, or when the current attempt started running. A
+    /// Running run whose step has not advanced for failurePolicy.stallTimeout is Stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<Time>,
+}
+
+/// Training metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunMetrics {
+    /// Training loss (mean over the last step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Validation loss at the latest evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Tokens per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<u64>,
+    /// Model FLOPs utilization (0-1) against 989 TFLOP/s bf16 per GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Global gradient norm before clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// Current learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// GRPO: mean reward of the last step's completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    /// GRPO: fraction of the last step's completions that answered correctly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// GRPO: fraction of the last step's completions with no parseable answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unparsed_fraction: Option<f64>,
+    /// GRPO: mean KL to the reference model per completion token (k3 estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl: Option<f64>,
+    /// GRPO: fraction of completion tokens whose ratio was clipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_fraction: Option<f64>,
+    /// GRPO: mean completion length in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_length: Option<f64>,
+    /// GRPO: tokens generated per second while sampling, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_tokens_per_second: Option<u64>,
+    /// GRPO: prompt and completion tokens trained on per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_tokens_per_second: Option<u64>,
+    /// GRPO: held-out accuracy before training (greedy answer letter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_eval_accuracy: Option<f64>,
+    /// GRPO: held-out accuracy at the latest evaluation, by greedy generation of the
+    /// answer letter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// GRPO: held-out accuracy at the latest evaluation, by the log-likelihood of the
+    /// four answer letters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy_log_likelihood: Option<f64>,
+    /// Peak GPU memory held by tensors on rank 0's GPU since the trainer started, GiB
+    /// (CUDA runs). Against `gpuMemoryTotalGiB`, the headroom for a larger
+    /// `batch.microBatch`.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryPeakGiB")]
+    pub gpu_memory_peak_gib: Option<f64>,
+    /// Memory of rank 0's GPU, GiB (CUDA runs).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryTotalGiB")]
+    pub gpu_memory_total_gib: Option<f64>,
+}
+
+/// A complete checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRef {
+    /// Optimizer step of the checkpoint.
+    pub step: u64,
+    /// Tokens trained on at the checkpoint.
+    pub tokens: u64,
+    /// Where it is: a path on the checkpoint PVC, or its S3 mirror.
+    pub uri: String,
+    /// When it was completed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+}
