@@ -487,6 +487,11 @@ async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
         let phases = sim.phases_through(run, RunPhase::Failed).await;
         assert!(!phases.contains(&RunPhase::Restarting), "{run}: {phases:?}");
     }
+    // The surviving rank learns of its peer's death at its next collective, then exits.
+    let start = Instant::now();
+    while !sim.cluster.running().is_empty() && start.elapsed() < MINUTES(1) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(sim.cluster.running().is_empty(), "every trainer process has ended: {:?}", sim.cluster.running());
 }
 
