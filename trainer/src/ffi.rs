@@ -637,7 +637,7 @@ pub(crate) mod tests {
 
     /// The largest relative difference of each pair, in f32.
     #[cfg(feature = "cuda")]
-    fn assert_close(got: &[Tensor], want: &[Tensor], tol: f64, what: &str) {
+    pub(crate) fn assert_close(got: &[Tensor], want: &[Tensor], tol: f64, what: &str) {
         for (i, (f, c)) in got.iter().zip(want).enumerate() {
             let (f, c) = (f.to_kind(Kind::Float), c.to_kind(Kind::Float));
             let rel = (&f - &c).abs().max().double_value(&[]) / c.abs().max().double_value(&[]);

@@ -208,7 +208,7 @@ mod tests {
             for tables in [rope.tables(kind, 7, 33).unwrap(), rope.tables_at(kind, &positions).unwrap()] {
                 let fused = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), true).unwrap());
                 let composed = value_and_grads(&[&x], &g, |x| rope_fn(&x[0], tables.maps(), false).unwrap());
-                assert_close(&fused, &composed, tol, &format!("rope {kind:?}"));
+                crate::ffi::tests::assert_close(&fused, &composed, tol, &format!("rope {kind:?}"));
                 assert_eq!(fused[0].stride(), x.stride(), "{kind:?}: the fused output keeps x's layout");
             }
         }
