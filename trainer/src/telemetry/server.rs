@@ -215,11 +215,6 @@ impl SharedStatus {
         m.eval_accuracy_log_likelihood = Some(score.log_likelihood);
     }
 
-    /// Records how many tokens each data source has given so far.
-    pub fn record_source_tokens(&self, tokens: impl IntoIterator<Item = (String, u64)>) {
-        self.write().status.tokens_by_source = tokens.into_iter().collect();
-    }
-
     /// Records an evaluation: the mean validation loss and the loss of each source.
     pub fn record_eval(&self, val_loss: f64, per_source: Vec<(String, f64)>) {
         let mut state = self.write();
@@ -669,7 +664,8 @@ mod tests {
         state.set_phase(TrainerPhase::Evaluating);
         state.record_step(&report(10));
         state.record_eval(3.5, vec![("web".into(), 3.25)]);
-        state.record_source_tokens([("web".to_string(), 61_440), ("code".to_string(), 20_480)]);
+        let by_source = vec![("web".to_string(), 61_440), ("code".to_string(), 20_480)];
+        state.record_step(&StepReport { tokens_by_source: by_source, ..report(10) });
         state.record_checkpoint(CheckpointRef { step: 8, tokens: 65536, uri: "u".into(), time: None });
         state.record_step(&StepReport { loss: f64::NAN, ..report(11) });
         state.record_nonfinite();
