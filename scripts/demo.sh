@@ -12,8 +12,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
-cargo build --release -p trainer --locked
-trainer="$CARGO_TARGET_DIR/release/trainer"
+# The dev profile, as `make test` builds it: one build serves both, and the demo's time
+# is libtorch's (dependencies are built with opt-level 2; see docs/perf.md).
+cargo build -p trainer --locked
+trainer="$CARGO_TARGET_DIR/debug/trainer"
 "$trainer" run examples/tiny-local.yaml "$@"
 "$trainer" plot runs/tiny-local/metrics.jsonl
 "$trainer" run examples/tiny-grpo-local.yaml

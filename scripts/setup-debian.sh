@@ -5,6 +5,8 @@
 # With --test also what the tests need:
 #   prometheus   promtool, for the alert rules' unit tests.
 #   lua5.1       Argo CD's Lua dialect, for the health check's tests.
+# With --lint what scripts/check-cycles.sh needs:
+#   graphviz     sccmap, which finds the cycles in the module graph.
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 missing=()
@@ -12,6 +14,9 @@ missing=()
 if [ "${1:-}" = --test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v lua5.1 >/dev/null || missing+=(lua5.1)
+fi
+if [ "${1:-}" = --lint ]; then
+  command -v sccmap >/dev/null || missing+=(graphviz)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""

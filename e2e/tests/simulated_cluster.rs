@@ -31,7 +31,8 @@ mod common;
 use common::{NS, TR};
 
 /// nano on the embedded corpus, 2 nodes × 1 process, 64-token sequences:
-/// 40 steps of 1,024 tokens, a checkpoint every 8.
+/// 40 steps of 1,024 tokens, a checkpoint every 8, and a final evaluation of 2K tokens
+/// per source (the default, 1M, would take longer than the training).
 const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
   tokens: 40960
   data:
@@ -39,6 +40,7 @@ const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
       - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
       - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
       - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+    validation: {tokens: 2K}
   topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 5m}
   batch: {globalTokens: 1024, microBatch: 4, seqLength: 64}
   optimizer: {lr: 3.0e-3, warmupTokens: 1K}

@@ -172,6 +172,7 @@ spec:
     mix:
       - {{name: textbook, weight: 0.6, uri: "embedded:textbook"}}
       - {{name: mcq, weight: 0.4, uri: "embedded:mcq"}}
+    validation: {{tokens: "1K"}}
   topology: {{nodes: 1, gpusPerNode: 0}}
   batch: {{globalTokens: 512, microBatch: 4, seqLength: 64}}
   optimizer: {{lr: 3.0e-3, warmupTokens: "1K"}}

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::routing::Key;
+use super::resource::Key;
 
 /// An error of the fake, as the API server would report it (see [`FakeError::to_status`]).
 #[derive(Clone, Debug, thiserror::Error)]

@@ -1,16 +1,17 @@
 //! JSON helpers: object metadata, write checks, responses.
 
+use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};
 
-use super::ResponseBody;
 use super::error::{FakeError, invalid, stale};
-use super::routing::Key;
+use super::resource::Key;
 
 pub(super) fn as_map(v: &mut Value) -> &mut Map<String, Value> {
     if !v.is_object() {
@@ -188,6 +189,9 @@ pub(super) fn to_partial(obj: &Value) -> Value {
         "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
     })
 }
+
+/// Response body of the fake service.
+pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 
 pub(super) fn json_response(code: u16, body: &Value) -> Response<ResponseBody> {
     let bytes = serde_json::to_vec(body).unwrap_or_default();

@@ -32,13 +32,18 @@
 //! [`FakeApi::client`] must be called inside a tokio runtime (kube's client
 //! spawns its buffer task).
 //!
-//! This module holds the public API; `store` the objects, change log and deletion,
-//! `routing` the URL layout and the plain handlers, `ssa` server-side apply, `watch`
-//! the watch streams, `selectors` label and field selectors, `error` the `Status`
-//! errors and `json` the JSON helpers.
+//! This module holds the public API. Below it, each module uses only those listed
+//! after it: `routing` routes requests to the plain handlers, `watch` the watch
+//! streams, `ssa` server-side apply, `store` the objects, change log and deletion,
+//! `ownership` field ownership, `selectors` label and field selectors, `json` the
+//! JSON helpers, `request` the parsed request, `error` the `Status` errors and
+//! `resource` resource types, keys and the URL layout.
 
 mod error;
 mod json;
+mod ownership;
+mod request;
+mod resource;
 mod routing;
 mod selectors;
 mod ssa;
@@ -52,39 +57,25 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
-use http_body_util::combinators::UnsyncBoxBody;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 pub use error::FakeError;
+pub use json::ResponseBody;
 use json::{json_response, meta_mut, rv_of, set_meta, str_at, to_partial, version_info};
-use routing::{Key, Req, Res, Target, parse_query};
-use ssa::retain_present;
-use store::{Failure, Managers, Preconditions, State};
-
-/// Response body of the fake service.
-pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+use ownership::{Managers, retain_present};
+pub use request::Write;
+use request::{Req, parse_query};
+use resource::{Key, Res, Target};
+use store::{Failure, Preconditions, State};
 
 /// Watch events retained for resuming watches by default; older resourceVersions
 /// get 410 Expired.
 const LOG_CAPACITY: usize = 100_000;
 /// Live watch fan-out; a watcher that lags this far behind has its stream ended.
 const BROADCAST_CAPACITY: usize = 8192;
-
-/// A client write that changed something.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Write {
-    /// `create`, `update`, `patch`, `apply` or `delete`.
-    pub verb: String,
-    /// The request path, without the query.
-    pub path: String,
-    pub kind: String,
-    pub name: String,
-    pub subresource: Option<String>,
-}
 
 /// The fake API server. Cheap to clone; clones share the same cluster.
 #[derive(Clone)]

@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::error::FakeError;
-use super::routing::{Key, Req, Res, Target};
-use super::store::{Change, ChangeKind};
+use super::request::Req;
+use super::resource::{Key, Res, Target};
 
 /// What a list, watch or deletecollection selects.
 pub(super) struct Filter {
@@ -34,23 +34,6 @@ impl Filter {
             && self.name.as_ref().is_none_or(|n| *n == key.name)
             && self.labels.iter().all(|r| r.matches(obj))
             && self.fields.iter().all(|r| r.matches(obj))
-    }
-
-    /// The event a watcher with this filter sees for a change, if any: objects
-    /// that start matching are ADDED, those that stop matching DELETED.
-    pub(super) fn event<'c>(&self, change: &'c Change) -> Option<(&'static str, &'c Value)> {
-        let now = self.matches(&change.key, &change.obj);
-        let before = change.old.as_ref().is_some_and(|o| self.matches(&change.key, o));
-        match change.kind {
-            ChangeKind::Added => now.then_some(("ADDED", &change.obj)),
-            ChangeKind::Deleted => (now || before).then_some(("DELETED", &change.obj)),
-            ChangeKind::Modified => match (before, now) {
-                (true, true) => Some(("MODIFIED", &change.obj)),
-                (false, true) => Some(("ADDED", &change.obj)),
-                (true, false) => Some(("DELETED", &change.obj)),
-                (false, false) => None,
-            },
-        }
     }
 }
 

@@ -1,43 +1,24 @@
 //! The store: objects with their field managers, the change log that watches resume
 //! from, and deletion with finalizers, propagation and garbage collection.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use http::Method;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::Write;
 use super::error::{FakeError, conflict, details, not_found};
 use super::json::{
     as_map, comparable, finalizers, kind_str, mark_deleting, meta_mut, now, owner_refs, rv_of, set_meta, str_at,
     without_meta_and_status,
 };
-use super::routing::{Key, Req, Res, kind_of_plural};
+use super::ownership::{Managers, render_managed_fields, retain_present};
+use super::request::{Req, Write};
+use super::resource::{Key, Propagation, Res, kind_of_plural};
 use super::selectors::Filter;
-use super::ssa::{render_managed_fields, retain_present};
 
 const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
-
-/// Who owns which fields, keyed by manager, operation and subresource.
-pub(super) type Managers = BTreeMap<ManagerKey, Owned>;
-/// A field: the keys from the object root to a leaf (lists are leaves).
-pub(super) type FieldPath = Vec<String>;
-
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct ManagerKey {
-    pub(super) manager: String,
-    pub(super) apply: bool,
-    pub(super) subresource: Option<String>,
-}
-
-#[derive(Clone, Debug)]
-pub(super) struct Owned {
-    pub(super) paths: BTreeSet<FieldPath>,
-    pub(super) time: String,
-    pub(super) api_version: String,
-}
 
 #[derive(Clone, Debug)]
 pub(super) struct Stored {
@@ -69,13 +50,6 @@ pub(super) enum Outcome {
     Created,
     Modified,
     Removed,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Propagation {
-    Orphan,
-    Background,
-    Foreground,
 }
 
 #[derive(Default)]

@@ -10,12 +10,11 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::ResponseBody;
 use super::error::FakeError;
-use super::json::to_partial;
-use super::routing::Req;
+use super::json::{ResponseBody, to_partial};
+use super::request::Req;
 use super::selectors::Filter;
-use super::store::{Change, State};
+use super::store::{Change, ChangeKind, State};
 
 /// Watch duration when the client sends no `timeoutSeconds`.
 const DEFAULT_WATCH_SECONDS: u64 = 1800;
@@ -58,7 +57,7 @@ impl State {
                     expired = true;
                 } else {
                     for change in self.log.iter().filter(|c| c.rv > from) {
-                        if let Some((ty, obj)) = filter.event(change) {
+                        if let Some((ty, obj)) = event(&filter, change) {
                             lines.push_back(event_line(ty, obj, as_meta));
                         }
                     }
@@ -109,7 +108,7 @@ impl Watch {
                         continue;
                     }
                     self.last_rv = change.rv;
-                    if let Some((ty, obj)) = self.filter.event(&change) {
+                    if let Some((ty, obj)) = event(&self.filter, &change) {
                         return Some(event_line(ty, obj, self.as_meta));
                     }
                 }
@@ -127,6 +126,23 @@ impl Watch {
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
         response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         response
+    }
+}
+
+/// The event a watcher with `filter` sees for a change, if any: objects
+/// that start matching are ADDED, those that stop matching DELETED.
+fn event<'c>(filter: &Filter, change: &'c Change) -> Option<(&'static str, &'c Value)> {
+    let now = filter.matches(&change.key, &change.obj);
+    let before = change.old.as_ref().is_some_and(|o| filter.matches(&change.key, o));
+    match change.kind {
+        ChangeKind::Added => now.then_some(("ADDED", &change.obj)),
+        ChangeKind::Deleted => (now || before).then_some(("DELETED", &change.obj)),
+        ChangeKind::Modified => match (before, now) {
+            (true, true) => Some(("MODIFIED", &change.obj)),
+            (false, true) => Some(("ADDED", &change.obj)),
+            (true, false) => Some(("DELETED", &change.obj)),
+            (false, false) => None,
+        },
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crds::contract::CONFIG_KEY;
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use super::{Inputs, configmap_name};
+use super::meta::{Inputs, configmap_name};
 
 pub fn configmap(i: &Inputs) -> ConfigMap {
     let json = serde_json::to_string_pretty(i.cfg).expect("RunConfig serializes");

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{
+use super::meta::{
     APPLIED_HASH, ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, SUSPENDED_BY_OPERATOR, configmap_name, job_name,
     labels, pvc_name, service_name,
 };
@@ -509,7 +509,7 @@ mod tests {
         ));
         let j = build_with(&r, 1, true);
         assert_eq!(j.metadata.labels.clone().unwrap()["kueue.x-k8s.io/queue-name"], "team-a");
-        assert_eq!(j.metadata.annotations.clone().unwrap()[crate::resources::SUSPENDED_BY_OPERATOR], "true");
+        assert_eq!(j.metadata.annotations.clone().unwrap()[SUSPENDED_BY_OPERATOR], "true");
         let s = j.spec.clone().unwrap();
         assert_eq!(s.suspend, Some(true));
         assert_eq!(s.ttl_seconds_after_finished, Some(3600));

@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Inputs, run_selector, service_name};
+use super::meta::{Inputs, run_selector, service_name};
 
 /// The operator pods' label, as the Helm chart sets it.
 pub const OPERATOR_NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "trainingrun-operator");

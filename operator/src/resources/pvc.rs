@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crds::types::AccessMode;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements};
 
-use super::{Inputs, pvc_name};
+use super::meta::{Inputs, pvc_name};
 
 /// ReadWriteMany when pods on several nodes share it, unless the spec says otherwise.
 pub fn access_mode(i: &Inputs) -> AccessMode {

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Inputs, run_selector, service_name};
+use super::meta::{Inputs, run_selector, service_name};
 use crds::contract::{RENDEZVOUS_PORT, STATUS_PORT};
 
 pub fn service(i: &Inputs) -> Service {

@@ -35,7 +35,7 @@ fn synthetic(dir: &Path, tokens: u64) -> Result<Vec<PathBuf>, Error> {
             let n = left.min(16 << 20);
             let toks: Vec<u32> = (0..n)
                 .map(|_| {
-                    x = crate::data::splitmix64(x);
+                    x = crate::rng::splitmix64(x);
                     (x % 50_000) as u32 + 1
                 })
                 .collect();

@@ -45,7 +45,7 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
     let vocab = o.model.vocab_size as i64;
     let prompts: Vec<Vec<i64>> = (0..o.batch as u64)
         .map(|b| {
-            (0..o.prompt_tokens as u64).map(|i| (crate::data::splitmix64(b * 7919 + i) % vocab as u64) as i64).collect()
+            (0..o.prompt_tokens as u64).map(|i| (crate::rng::splitmix64(b * 7919 + i) % vocab as u64) as i64).collect()
         })
         .collect();
     let flat: Vec<i64> = prompts.concat();

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use crds::presets::ModelConfig;
 
-use super::parse;
 use crate::Error;
 
 #[derive(clap::Args, Debug)]
@@ -227,4 +226,10 @@ fn bench_device(arg: Option<&str>) -> Result<tch::Device, Error> {
         }
         Some(other) => return Err(Error::InvalidSpec(format!("--device {other}: cpu or cuda"))),
     })
+}
+
+/// A flag value parsed as the manifest spells it (`bf16-mixed`, `flash`, …).
+fn parse<T: serde::de::DeserializeOwned>(field: &str, v: &str) -> Result<T, Error> {
+    serde_json::from_value(serde_json::Value::String(v.into()))
+        .map_err(|_| Error::InvalidSpec(format!("--{field} {v}: not a valid value")))
 }

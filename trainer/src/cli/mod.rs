@@ -138,12 +138,6 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// A flag value parsed as the manifest spells it (`bf16-mixed`, `flash`, …).
-fn parse<T: serde::de::DeserializeOwned>(field: &str, v: &str) -> Result<T, Error> {
-    serde_json::from_value(serde_json::Value::String(v.into()))
-        .map_err(|_| Error::InvalidSpec(format!("--{field} {v}: not a valid value")))
-}
-
 fn presets(json: bool) {
     if !json {
         println!(

@@ -16,9 +16,9 @@ use sha2::{Digest, Sha256};
 use super::corpus::{self, CORPUS_VERSION, Split};
 use super::remote::RemoteShards;
 use super::shard::ShardSet;
-use super::splitmix64;
 use super::tokenizer::Tokenizer;
 use crate::Error;
+use crate::rng::splitmix64;
 
 /// Generating and tokenizing a stream for longer than this caches it on disk.
 const CACHE_IF_SLOWER_THAN_S: f64 = 1.0;

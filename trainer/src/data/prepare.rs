@@ -310,7 +310,7 @@ impl<'a> ShardWriter<'a> {
 
 /// Whether document `i` is held out: a seeded hash below the fraction.
 fn held_out(seed: u64, i: u64, fraction: f64) -> bool {
-    let h = super::splitmix64(super::splitmix64(seed ^ 0x7661_6c69_6461_7465) ^ i);
+    let h = crate::rng::splitmix64(crate::rng::splitmix64(seed ^ 0x7661_6c69_6461_7465) ^ i);
     (h as f64 / u64::MAX as f64) < fraction
 }
 

@@ -25,7 +25,7 @@ impl Questions {
     /// question once, in an order seeded by (seed, epoch).
     pub fn nth(&self, i: u64, seed: u64) -> &McqRecord {
         let n = self.train.len() as u64;
-        let key = crate::data::splitmix64(seed ^ 0x6772_706f ^ crate::data::splitmix64(i / n));
+        let key = crate::rng::splitmix64(seed ^ 0x6772_706f ^ crate::rng::splitmix64(i / n));
         &self.train[crate::data::mix::permute(i % n, n, key) as usize]
     }
 }

@@ -269,7 +269,7 @@ impl Grpo {
         let completions = {
             let _rng = crate::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
             let key =
-                crate::data::splitmix64(self.seed ^ crate::data::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
+                crate::rng::splitmix64(self.seed ^ crate::rng::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
             tch::manual_seed((key >> 1) as i64);
             crate::ffi::autocast(ctx.device, ctx.autocast, || {
                 generate::generate_cached(ctx.model, &rows, g.max_new_tokens as usize, &sampling, Some(eos), ctx.device)

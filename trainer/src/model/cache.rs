@@ -4,7 +4,7 @@
 
 use tch::{Device, Kind, TchError, Tensor};
 
-use super::Dims;
+use super::dims::Dims;
 
 /// One decoding call's view of the cache for the blocks: where the new tokens sit.
 pub struct Step<'a> {

@@ -6,8 +6,8 @@ use tch::nn::Path;
 use tch::{TchError, Tensor};
 
 use super::cache::Step;
+use super::dims::{Dims, INIT_STD};
 use super::layers::{LayerNorm, Linear};
-use super::{Dims, INIT_STD};
 
 /// `attn`: causal multi-head attention with a fused `c_attn`.
 #[derive(Debug)]

@@ -4,8 +4,8 @@ use tch::nn::Path;
 use tch::{TchError, Tensor};
 
 use super::cache::Step;
+use super::dims::{Dims, INIT_STD};
 use super::layers::{Linear, RmsNorm};
-use super::{Dims, INIT_STD};
 use crate::kernels::rope::Rope;
 
 /// `self_attn`: GQA attention with RoPE and SDPA.

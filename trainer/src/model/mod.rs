@@ -3,6 +3,7 @@
 //! `transformer.h.{i}.attn.c_attn.weight`, …), so a VarStore is a checkpoint.
 
 pub mod cache;
+pub mod dims;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
@@ -14,12 +15,10 @@ use tch::{Device, Kind, Reduction, TchError, Tensor};
 use crate::kernels::rope::Rope;
 use crate::kernels::sdp::{AllSdpBackends, expands_kv};
 use cache::{KvCache, Step};
+pub use dims::{Dims, INIT_STD};
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm};
 use llama::LlamaBlock;
-
-/// Standard deviation of every weight at init (GPT-2 / nanoGPT).
-pub const INIT_STD: f64 = 0.02;
 
 /// f32 logits per chunk of the chunked lm_head and cross-entropy: 8,192 tokens at a
 /// 50,304 vocabulary, 1.6 GB, against 3.3 GB for micro-batch 8 × 2048 at once.
@@ -30,46 +29,6 @@ pub const LOSS_CHUNK_BYTES: i64 = 8192 * 50304 * 4;
 /// and Qwen3's 128K–152K vocabularies hold no more than GPT-2's 50K.
 pub fn loss_chunk_tokens(vocab: i64) -> i64 {
     (LOSS_CHUNK_BYTES / (4 * vocab.max(1)) / 256 * 256).max(256)
-}
-
-/// The sizes every layer needs, as i64 for tch.
-#[derive(Clone, Copy, Debug)]
-pub struct Dims {
-    pub n_layer: i64,
-    pub d_model: i64,
-    pub n_head: i64,
-    pub n_kv_head: i64,
-    pub d_head: i64,
-    pub d_ff: i64,
-    pub vocab: i64,
-    pub max_seq: i64,
-    pub eps: f64,
-    /// Repeat K/V to every query head before SDPA instead of passing `enable_gqa`:
-    /// cuDNN attention runs only on expanded K/V.
-    pub expand_kv: bool,
-}
-
-impl Dims {
-    pub fn of(cfg: &ModelConfig) -> Dims {
-        Dims {
-            n_layer: cfg.n_layer.into(),
-            d_model: cfg.d_model.into(),
-            n_head: cfg.n_head.into(),
-            n_kv_head: cfg.n_kv_head.into(),
-            d_head: cfg.d_head.into(),
-            d_ff: cfg.d_ff.into(),
-            vocab: cfg.vocab_size.into(),
-            max_seq: cfg.max_seq_len.into(),
-            eps: cfg.norm_eps,
-            expand_kv: false,
-        }
-    }
-
-    /// Residual output projections start smaller so the residual stream's variance
-    /// does not grow with depth: 0.02 / √(2·layers).
-    pub fn residual_std(&self) -> f64 {
-        INIT_STD / (2.0 * self.n_layer as f64).sqrt()
-    }
 }
 
 #[derive(Debug)]

@@ -5,6 +5,7 @@
 
 pub mod evaluate;
 pub mod faults;
+mod pending;
 pub mod precision;
 pub mod report;
 pub mod restore;
@@ -39,9 +40,9 @@ use crate::model::Model;
 use crate::optim::AdamW;
 use crate::rng::GLOBAL_RNG;
 use faults::Faults;
+use pending::PendingStep;
 use precision::{matmul_kind, precision_plan};
 use report::{Event, RunStart, Sinks};
-use step::PendingStep;
 
 /// How one process takes part in the run, and where it writes.
 #[derive(Clone, Debug)]

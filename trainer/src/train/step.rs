@@ -5,11 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use bytemuck::{Pod, Zeroable};
 use crds::presets::H100_PEAK_BF16_FLOPS;
 use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
+use super::pending::{PendingStep, StepScalars};
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
 use crate::data::loader::{BatchPlan, Loader};
@@ -18,36 +18,6 @@ use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
 use crate::optim;
 use crate::train::report::{GpuMemory, StepReport};
-
-/// An optimizer step queued on the device whose results are not read yet.
-pub(super) struct PendingStep {
-    step: u64,
-    tokens: u64,
-    lr: f64,
-    /// [`StepScalars`] in f32, on the device.
-    values: Tensor,
-    grpo: Option<GrpoStats>,
-    tokens_by_source: Vec<(String, u64)>,
-    started: Instant,
-}
-
-/// A step's scalars as read back from the device: one f32 each, in field order.
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-#[repr(C)]
-struct StepScalars {
-    loss: f64,
-    /// The global gradient norm before clipping.
-    grad_norm: f64,
-    /// Ranks asking to stop (0 with one rank: it decides alone).
-    stop_votes: f64,
-}
-
-impl StepScalars {
-    /// The device tensor a [`StepScalars`] is read from.
-    fn on_device(loss: &Tensor, grad_norm: &Tensor, stop_votes: &Tensor) -> Result<Tensor, Error> {
-        Ok(Tensor::f_stack(&[loss, grad_norm, stop_votes], 0)?)
-    }
-}
 
 /// The layout of the f32 tensor a step all-reduces over ranks: the loss divided by
 /// the world size, the number of ranks asking to stop, and GRPO's [`Sums`].

@@ -3,8 +3,42 @@
 
 use super::facts::{COLORS, N_COUNTRIES, N_ELEMENTS, N_PEOPLE, N_TOWNS, PRODUCTS, PROFESSIONS, World};
 use super::rng::{Rng, article, capitalize};
+use super::split::{Split, split_of};
 use super::textbook::{CAUSES, CONCEPTS, Concept};
-use super::{McqRecord, Split, split_of};
+
+/// A multiple-choice question with its gold answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McqRecord {
+    /// The question, without the `Question: ` prefix.
+    pub question: String,
+    /// Options A to D.
+    pub options: [String; 4],
+    /// Index of the correct option, 0..4 (A..D).
+    pub answer: usize,
+}
+
+impl McqRecord {
+    /// The letter of option `i` (0 → 'A').
+    pub fn letter(i: usize) -> char {
+        (b'A' + i as u8) as char
+    }
+
+    /// The text up to and including `Answer:`, which a policy completes with a letter.
+    pub fn prompt(&self) -> String {
+        let o = &self.options;
+        format!("Question: {}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", self.question, o[0], o[1], o[2], o[3])
+    }
+
+    /// The split this question belongs to, by a hash of the question and its answer.
+    pub fn split(&self) -> Split {
+        split_of(&format!("{}\n{}", self.question, self.options[self.answer]))
+    }
+
+    /// The full document: the prompt, a space and the gold letter.
+    pub fn text(&self) -> String {
+        format!("{} {}", self.prompt(), Self::letter(self.answer))
+    }
+}
 
 /// A rule question: it names its answer's position ("Which option comes after B?"),
 /// so a small model learns it from reward alone, without the world's facts.

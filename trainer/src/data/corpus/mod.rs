@@ -10,13 +10,17 @@ mod arithmetic;
 mod facts;
 mod mcq;
 mod rng;
+mod split;
 mod textbook;
 
 use crate::Error;
 use arithmetic::arithmetic_doc;
 use facts::{facts_doc, world};
+pub use mcq::McqRecord;
 use mcq::mcq_record;
 use rng::Rng;
+use split::split_of;
+pub use split::{Split, VALIDATION_MODULUS};
 use textbook::textbook_doc;
 
 /// Version of the generators' output; part of every cache key derived from the corpus.
@@ -24,42 +28,6 @@ pub const CORPUS_VERSION: u32 = 2;
 
 /// Names of the sources: the contract's list, which the resolver checks manifests against.
 pub const SOURCES: [&str; 4] = crds::contract::EMBEDDED_SOURCES;
-
-/// Seed of the fixed synthetic world that `facts` and `mcq` talk about. It is not the
-/// run seed: every run, split and tokenizer sees the same world.
-const WORLD_SEED: u64 = 0x05ee_d0f7_ac75;
-
-/// One in `VALIDATION_MODULUS` documents (by a hash of the text; for `mcq`, of the
-/// question and its answer) belongs to the validation split, so the splits never share
-/// a document.
-pub const VALIDATION_MODULUS: u64 = 8;
-
-/// Which document stream. The splits use distinct random streams and partition the
-/// possible documents (`mcq`: question-answer pairs) by hash, so they are disjoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Split {
-    /// The training stream.
-    Train,
-    /// Held-out documents for evaluation.
-    Validation,
-}
-
-impl Split {
-    fn index(self) -> u64 {
-        match self {
-            Split::Train => 0,
-            Split::Validation => 1,
-        }
-    }
-
-    /// Lowercase name, used in cache file names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Validation => "validation",
-        }
-    }
-}
 
 /// Generates documents of `source` until their total size reaches `n_bytes` (the last
 /// document may overshoot). A larger `n_bytes` extends the same stream.
@@ -120,40 +88,6 @@ impl Iterator for DocStream {
     }
 }
 
-/// A multiple-choice question with its gold answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct McqRecord {
-    /// The question, without the `Question: ` prefix.
-    pub question: String,
-    /// Options A to D.
-    pub options: [String; 4],
-    /// Index of the correct option, 0..4 (A..D).
-    pub answer: usize,
-}
-
-impl McqRecord {
-    /// The letter of option `i` (0 → 'A').
-    pub fn letter(i: usize) -> char {
-        (b'A' + i as u8) as char
-    }
-
-    /// The text up to and including `Answer:`, which a policy completes with a letter.
-    pub fn prompt(&self) -> String {
-        let o = &self.options;
-        format!("Question: {}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", self.question, o[0], o[1], o[2], o[3])
-    }
-
-    /// The split this question belongs to, by a hash of the question and its answer.
-    pub fn split(&self) -> Split {
-        split_of(&format!("{}\n{}", self.question, self.options[self.answer]))
-    }
-
-    /// The full document: the prompt, a space and the gold letter.
-    pub fn text(&self) -> String {
-        format!("{} {}", self.prompt(), Self::letter(self.answer))
-    }
-}
-
 /// The first `n` multiple-choice records of the `mcq` stream for `seed` and `split`
 /// (the same records, as text, that `documents("mcq", seed, split, ..)` yields).
 pub fn mcq_records(seed: u64, n: usize, split: Split) -> Vec<McqRecord> {
@@ -166,14 +100,6 @@ pub fn mcq_records(seed: u64, n: usize, split: Split) -> Vec<McqRecord> {
 pub fn mcq_rule_records(seed: u64, n: usize, split: Split) -> Vec<McqRecord> {
     let mut rng = Rng::new(seed, 4 * 2 + split.index());
     (0..n).map(|_| mcq_record(&mut rng, world(), split, true)).collect()
-}
-
-fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
-
-pub(super) fn split_of(text: &str) -> Split {
-    if fnv1a(text).is_multiple_of(VALIDATION_MODULUS) { Split::Validation } else { Split::Train }
 }
 
 #[cfg(test)]
