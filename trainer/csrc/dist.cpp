@@ -45,9 +45,11 @@ struct Group {
 };
 
 // An in-flight collective. AVG on Gloo (which lacks it) is a SUM divided on wait.
+// `input` keeps a separate source tensor alive until the collective is done.
 struct Work {
   c10::intrusive_ptr<c10d::Work> work;
   at::Tensor tensor;
+  at::Tensor input;
   int divide_by = 1;
   Ms timeout{0};
 };
@@ -59,28 +61,67 @@ void wait_work(Work& w) {
   if (w.divide_by > 1) w.tensor.div_(w.divide_by);
 }
 
+// The c10d op for `op`; AVG on Gloo becomes SUM and sets w.divide_by.
+c10d::ReduceOp reduce_op(const Group& g, int op, Work& w) {
+  switch (op) {
+    case kSum: return c10d::ReduceOp::SUM;
+    case kAvg:
+      if (g.nccl) return c10d::ReduceOp::AVG;
+      w.divide_by = g.world;
+      return c10d::ReduceOp::SUM;
+    case kMax: return c10d::ReduceOp::MAX;
+    case kMin: return c10d::ReduceOp::MIN;
+    default: break;
+  }
+  TORCH_CHECK(false, "unknown reduce op ", op);
+}
+
 Work start_allreduce(Group& g, at::Tensor t, int op) {
   c10d::AllreduceOptions o;
   o.timeout = g.timeout;
   Work w;
   w.tensor = t;
   w.timeout = g.timeout;
-  switch (op) {
-    case kSum: o.reduceOp = c10d::ReduceOp::SUM; break;
-    case kAvg:
-      if (g.nccl) {
-        o.reduceOp = c10d::ReduceOp::AVG;
-      } else {
-        o.reduceOp = c10d::ReduceOp::SUM;
-        w.divide_by = g.world;
-      }
-      break;
-    case kMax: o.reduceOp = c10d::ReduceOp::MAX; break;
-    case kMin: o.reduceOp = c10d::ReduceOp::MIN; break;
-    default: TORCH_CHECK(false, "unknown reduce op ", op);
-  }
+  o.reduceOp = reduce_op(g, op, w);
   std::vector<at::Tensor> ts{t};
   w.work = g.backend->allreduce(ts, o);
+  return w;
+}
+
+// Reduce-scatter: `in` is world equal chunks end to end; rank r's `out` (one chunk)
+// gets chunk r reduced over every rank.
+Work start_reduce_scatter(Group& g, at::Tensor out, at::Tensor in, int op) {
+  TORCH_CHECK(in.numel() == out.numel() * g.world, "reduce_scatter: the input has ", in.numel(),
+              " elements, not the output's ", out.numel(), " times the world size ", g.world);
+  TORCH_CHECK(in.scalar_type() == out.scalar_type() && in.device() == out.device(),
+              "reduce_scatter: input and output differ in dtype or device");
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce_scatter: tensors must be contiguous");
+  c10d::ReduceScatterOptions o;
+  o.timeout = g.timeout;
+  Work w;
+  w.tensor = out;
+  w.input = in;
+  w.timeout = g.timeout;
+  o.reduceOp = reduce_op(g, op, w);
+  w.work = g.backend->_reduce_scatter_base(out, in, o);
+  return w;
+}
+
+// All-gather: rank r's `in` lands as chunk r of every rank's `out` (world chunks end
+// to end).
+Work start_all_gather(Group& g, at::Tensor out, at::Tensor in) {
+  TORCH_CHECK(out.numel() == in.numel() * g.world, "all_gather: the output has ", out.numel(),
+              " elements, not the input's ", in.numel(), " times the world size ", g.world);
+  TORCH_CHECK(in.scalar_type() == out.scalar_type() && in.device() == out.device(),
+              "all_gather: input and output differ in dtype or device");
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "all_gather: tensors must be contiguous");
+  c10d::AllgatherOptions o;
+  o.timeout = g.timeout;
+  Work w;
+  w.tensor = out;
+  w.input = in;
+  w.timeout = g.timeout;
+  w.work = g.backend->_allgather_base(out, in, o);
   return w;
 }
 
@@ -218,6 +259,24 @@ char* shim_pg_allreduce(void* g, at::Tensor* t, int op, void** work) {
     *work = nullptr;
     TORCH_CHECK(t != nullptr && t->defined(), "allreduce: undefined tensor");
     *work = new Work(start_allreduce(*static_cast<Group*>(g), *t, op));
+  });
+}
+
+// Starts a reduce-scatter of in (world chunks) into out (op as in allreduce).
+char* shim_pg_reduce_scatter(void* g, at::Tensor* out, at::Tensor* in, int op, void** work) {
+  return guarded([&] {
+    *work = nullptr;
+    TORCH_CHECK(out != nullptr && out->defined() && in != nullptr && in->defined(), "reduce_scatter: undefined tensor");
+    *work = new Work(start_reduce_scatter(*static_cast<Group*>(g), *out, *in, op));
+  });
+}
+
+// Starts an all-gather of in into out (world chunks).
+char* shim_pg_all_gather(void* g, at::Tensor* out, at::Tensor* in, void** work) {
+  return guarded([&] {
+    *work = nullptr;
+    TORCH_CHECK(out != nullptr && out->defined() && in != nullptr && in->defined(), "all_gather: undefined tensor");
+    *work = new Work(start_all_gather(*static_cast<Group*>(g), *out, *in));
   });
 }
 

@@ -32,6 +32,19 @@ mod raw {
         pub fn shim_pg_free(g: *mut c_void);
         pub fn shim_pg_allreduce(g: *mut c_void, t: *mut C_tensor, op: c_int, work: *mut *mut c_void) -> *mut c_char;
         pub fn shim_pg_broadcast(g: *mut c_void, t: *mut C_tensor, root: c_int, work: *mut *mut c_void) -> *mut c_char;
+        pub fn shim_pg_reduce_scatter(
+            g: *mut c_void,
+            out: *mut C_tensor,
+            input: *mut C_tensor,
+            op: c_int,
+            work: *mut *mut c_void,
+        ) -> *mut c_char;
+        pub fn shim_pg_all_gather(
+            g: *mut c_void,
+            out: *mut C_tensor,
+            input: *mut C_tensor,
+            work: *mut *mut c_void,
+        ) -> *mut c_char;
         pub fn shim_pg_barrier(g: *mut c_void, cuda_device: c_int) -> *mut c_char;
         pub fn shim_work_wait(w: *mut c_void) -> *mut c_char;
         pub fn shim_work_free(w: *mut c_void);
@@ -99,7 +112,7 @@ impl GroupOptions {
     }
 }
 
-/// Reductions of [`ProcessGroup::allreduce`].
+/// Reductions of [`ProcessGroup::allreduce`] and [`ProcessGroup::reduce_scatter`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     Sum = 0,
@@ -206,6 +219,43 @@ impl ProcessGroup {
         self.work(err, work, "allreduce")
     }
 
+    /// Starts a reduce-scatter (c10d's `_reduce_scatter_base`, torch's
+    /// `reduce_scatter_tensor`): `input` holds one equal chunk per rank, end to end, and
+    /// this rank's `output` receives its chunk reduced over every rank. Both contiguous,
+    /// of one dtype and device, `input` world size times `output`'s length.
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<Work<'_>, Error> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: live tensors; the Work keeps its own references to both.
+        let err = unsafe {
+            raw::shim_pg_reduce_scatter(
+                self.as_raw(),
+                output.as_ptr() as *mut C_tensor,
+                input.as_ptr() as *mut C_tensor,
+                op as c_int,
+                &mut work,
+            )
+        };
+        self.work(err, work, "reduce_scatter")
+    }
+
+    /// Starts an all-gather (c10d's `_allgather_base`, torch's
+    /// `all_gather_into_tensor`): rank r's `input` becomes chunk r of every rank's
+    /// `output`. Both contiguous, of one dtype and device, `output` world size times
+    /// `input`'s length.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work<'_>, Error> {
+        let mut work = std::ptr::null_mut();
+        // SAFETY: as in reduce_scatter.
+        let err = unsafe {
+            raw::shim_pg_all_gather(
+                self.as_raw(),
+                output.as_ptr() as *mut C_tensor,
+                input.as_ptr() as *mut C_tensor,
+                &mut work,
+            )
+        };
+        self.work(err, work, "all_gather")
+    }
+
     /// Starts an in-place broadcast of `t` from `root`.
     pub fn broadcast(&self, t: &Tensor, root: u32) -> Result<Work<'_>, Error> {
         let mut work = std::ptr::null_mut();
@@ -257,5 +307,84 @@ impl Drop for Work<'_> {
     fn drop(&mut self) {
         // SAFETY: created by the shim, freed once.
         unsafe { raw::shim_work_free(self.raw.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    use super::ReduceOp;
+    use crate::Error;
+    use crate::dist::loopback::{gloo, on_ranks};
+
+    /// Rank r's input to the collectives: element i of chunk c is `100·r + 10·c + i`.
+    fn input(rank: u32, world: u32, chunk: i64, kind: Kind) -> Tensor {
+        let i = Tensor::arange(chunk, (Kind::Double, Device::Cpu));
+        let chunks: Vec<Tensor> = (0..world).map(|c| &i + (100 * rank + 10 * c) as f64).collect();
+        Tensor::cat(&chunks, 0).to_kind(kind)
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(t.to_kind(Kind::Double)).unwrap()
+    }
+
+    #[test]
+    fn reduce_scatter_gives_each_rank_its_chunk_reduced_over_every_rank() {
+        for world in [2u32, 3] {
+            for (op, kind) in
+                [(ReduceOp::Sum, Kind::Float), (ReduceOp::Avg, Kind::Double), (ReduceOp::Max, Kind::Float)]
+            {
+                on_ranks(world, |rank, port| {
+                    let g = gloo(rank, world, port)?;
+                    let chunk = 5;
+                    let out = Tensor::full([chunk], -1.0, (kind, Device::Cpu));
+                    g.reduce_scatter(&out, &input(rank, world, chunk, kind), op)?.wait()?;
+                    let got = values(&out);
+                    for (i, v) in got.iter().enumerate() {
+                        let of = |r: u32| (100 * r + 10 * rank) as f64 + i as f64;
+                        let want = match op {
+                            ReduceOp::Sum => (0..world).map(of).sum::<f64>(),
+                            ReduceOp::Avg => (0..world).map(of).sum::<f64>() / world as f64,
+                            _ => of(world - 1),
+                        };
+                        assert_eq!(*v, want, "{op:?} {kind:?} world {world} rank {rank}: {got:?}");
+                    }
+                    Ok::<_, Error>(())
+                })
+                .unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn all_gather_lays_every_ranks_input_out_in_rank_order() {
+        for world in [2u32, 3] {
+            on_ranks(world, |rank, port| {
+                let g = gloo(rank, world, port)?;
+                let mine = Tensor::arange(4, (Kind::Float, Device::Cpu)) + (10 * rank) as f64;
+                let out = Tensor::zeros([4 * world as i64], (Kind::Float, Device::Cpu));
+                g.all_gather(&out, &mine)?.wait()?;
+                let want: Vec<f64> = (0..world).flat_map(|r| (0..4).map(move |i| (10 * r + i) as f64)).collect();
+                assert_eq!(values(&out), want, "world {world} rank {rank}");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn mismatched_sizes_are_a_collective_error_naming_the_op() {
+        let err = on_ranks(1, |rank, port| {
+            let g = gloo(rank, 1, port)?;
+            let out = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+            let bad = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+            let scatter = g.reduce_scatter(&out, &bad, ReduceOp::Sum).err().expect("refused");
+            let gather = g.all_gather(&bad, &out).err().expect("refused");
+            Ok::<_, Error>((scatter.to_string(), gather.to_string()))
+        })
+        .unwrap();
+        assert!(err.0.contains("reduce_scatter") && err.0.contains("world size"), "{}", err.0);
+        assert!(err.1.contains("all_gather") && err.1.contains("world size"), "{}", err.1);
     }
 }

@@ -1,11 +1,13 @@
-//! Data parallelism through libtorch's own c10d: the process group ([`group`]), the
-//! bucketed, overlapped gradient all-reduce ([`reducer`]) and the in-pod launcher
+//! Data parallelism through libtorch's own c10d: the process group and its
+//! collectives ([`group`]), the bucketed, overlapped gradient all-reduce ([`reducer`]),
+//! ZeRO's partition of the parameters over ranks ([`shard`]) and the in-pod launcher
 //! ([`launch`]), like torchrun.
 
 pub mod group;
 pub mod launch;
 pub mod loopback;
 pub mod reducer;
+pub mod shard;
 
 use std::time::Duration;
 

@@ -1,10 +1,13 @@
 //! AdamW over ATen's fused kernel, global-norm gradient clipping and the handling of
-//! non-finite gradients (golden tests against PyTorch in `tests.rs`).
+//! non-finite gradients (golden tests against PyTorch in `tests.rs`); its ZeRO-1 form,
+//! with the state sharded over ranks, is [`zero::ShardedAdamW`].
 
 use std::collections::HashMap;
 
 use crds::config::ResolvedOptimizer;
 use tch::{Kind, Tensor};
+
+pub mod zero;
 
 use crate::Error;
 pub use crate::ffi::Lr;

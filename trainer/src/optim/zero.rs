@@ -1,0 +1,272 @@
+//! ZeRO-1: AdamW whose state is partitioned over the ranks. Gradients arrive
+//! all-reduced, as under plain data parallelism; each rank clips them by the same
+//! global norm, runs the fused AdamW on the pieces of the parameters it owns
+//! ([`crate::dist::shard`]), and the updated pieces are all-gathered bucket by bucket,
+//! so every rank ends the step with the same parameters as [`super::AdamW`] would give.
+//! Moments take 1/world of the memory per rank.
+//!
+//! The checkpointed state is the consolidated one, named as [`super::AdamW`] names it,
+//! so a checkpoint does not depend on the strategy or the world size.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crds::config::ResolvedOptimizer;
+use tch::{Kind, Tensor};
+
+use super::{Lr, nonfinite};
+use crate::Error;
+use crate::dist::shard::{BucketShards, ShardLayout};
+use crate::dist::{ProcessGroup, ReduceOp};
+use crate::ffi::{self, AdamWParams};
+
+/// A piece of a parameter this rank owns, and its AdamW state.
+struct OwnedSegment {
+    param: usize,
+    elements: Range<i64>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// f32 0-dim, as the fused kernel keeps it.
+    step: Tensor,
+}
+
+/// AdamW with its state sharded over a process group (ZeRO stage 1).
+pub struct ShardedAdamW {
+    config: ResolvedOptimizer,
+    group: Arc<ProcessGroup>,
+    layout: ShardLayout,
+    /// (name, parameter) in the order the layout indexes them.
+    params: Vec<(String, Tensor)>,
+    decay: Vec<OwnedSegment>,
+    no_decay: Vec<OwnedSegment>,
+}
+
+impl ShardedAdamW {
+    /// `params` in the order `bucket_of` assigns them (the gradient reducer's); like
+    /// [`super::AdamW`], weight decay applies to parameters of two or more dimensions.
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        bucket_of: &[i64],
+        group: Arc<ProcessGroup>,
+        config: &ResolvedOptimizer,
+    ) -> Result<Self, Error> {
+        if params.len() != bucket_of.len() {
+            return Err(Error::Shim(format!(
+                "sharded AdamW: {} parameters but {} bucket assignments",
+                params.len(),
+                bucket_of.len()
+            )));
+        }
+        let numels: Vec<i64> = params.iter().map(|(_, p)| p.numel() as i64).collect();
+        let layout = ShardLayout::new(&numels, bucket_of, group.world_size(), group.rank());
+        let (mut decay, mut no_decay) = (Vec::new(), Vec::new());
+        for bucket in &layout.buckets {
+            for seg in bucket.segments() {
+                let param = &params[seg.param].1;
+                let len = seg.len();
+                let state = OwnedSegment {
+                    param: seg.param,
+                    elements: seg.elements,
+                    exp_avg: Tensor::f_zeros([len], (param.kind(), param.device()))?,
+                    exp_avg_sq: Tensor::f_zeros([len], (param.kind(), param.device()))?,
+                    step: Tensor::f_zeros([], (Kind::Float, param.device()))?,
+                };
+                if param.dim() >= 2 { decay.push(state) } else { no_decay.push(state) }
+            }
+        }
+        Ok(ShardedAdamW { config: config.clone(), group, layout, params, decay, no_decay })
+    }
+
+    /// The hyperparameters this optimizer was built with.
+    pub fn config(&self) -> &ResolvedOptimizer {
+        &self.config
+    }
+
+    /// Elements of optimizer state this rank holds per moment.
+    pub fn owned_elements(&self) -> i64 {
+        self.decay.iter().chain(&self.no_decay).map(|s| s.elements.end - s.elements.start).sum()
+    }
+
+    fn piece(t: &Tensor, elements: &Range<i64>) -> Result<Tensor, Error> {
+        Ok(t.f_view([-1])?.f_narrow(0, elements.start, elements.end - elements.start)?)
+    }
+
+    /// As [`super::AdamW::clip_and_step`]: clips by the global norm of the (already
+    /// all-reduced) gradients and, unless the loss or the norm is not finite, steps
+    /// this rank's pieces and all-gathers every parameter.
+    pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
+        let mut grads = Vec::with_capacity(self.params.len());
+        for (_, p) in &self.params {
+            let g = p.f_grad()?;
+            if g.defined() {
+                grads.push(g);
+            }
+        }
+        let norm = if grads.is_empty() {
+            let device = self.params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+            Tensor::f_zeros([], (Kind::Float, device))?
+        } else {
+            ffi::clip_grad_norm(&grads, max_norm)?
+        };
+        let skip = nonfinite(&[loss, &norm])?;
+        self.step_owned(lr, &skip)?;
+        self.gather_parameters()?;
+        Ok((norm, skip))
+    }
+
+    fn step_owned(&mut self, lr: Lr, skip: &Tensor) -> Result<(), Error> {
+        let c = &self.config;
+        for (segments, weight_decay) in [(&self.decay, c.weight_decay), (&self.no_decay, 0.0)] {
+            let (mut p, mut g, mut m, mut v, mut s) = (vec![], vec![], vec![], vec![], vec![]);
+            for seg in segments {
+                let param = &self.params[seg.param].1;
+                let grad = param.f_grad()?;
+                if !grad.defined() {
+                    continue;
+                }
+                p.push(Self::piece(param, &seg.elements)?);
+                g.push(Self::piece(&grad, &seg.elements)?);
+                m.push(seg.exp_avg.shallow_clone());
+                v.push(seg.exp_avg_sq.shallow_clone());
+                s.push(seg.step.shallow_clone());
+            }
+            let hp = AdamWParams { lr, beta1: c.beta1, beta2: c.beta2, weight_decay, eps: c.eps };
+            ffi::fused_adamw(&p, &g, &m, &v, &s, &hp, Some(skip))?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's pieces of `bucket`, taken by `value(segment)`, gathered into the
+    /// bucket's flat layout (padded).
+    fn gather_bucket(
+        &self,
+        bucket: &BucketShards,
+        like: &Tensor,
+        value: impl Fn(&OwnedSegment) -> Result<Tensor, Error>,
+    ) -> Result<Tensor, Error> {
+        let mine = Tensor::f_zeros([bucket.shard_len()], (like.kind(), like.device()))?;
+        for seg in self.owned_in(bucket) {
+            let offset = seg.elements.start + self.offset_in_bucket(bucket, seg.param) - bucket.own.start;
+            mine.f_narrow(0, offset, seg.elements.end - seg.elements.start)?.f_copy_(&value(seg)?)?;
+        }
+        let all = Tensor::f_empty([bucket.padded_len], (like.kind(), like.device()))?;
+        self.group.all_gather(&all, &mine)?.wait()?;
+        Ok(all)
+    }
+
+    fn owned_in<'a>(&'a self, bucket: &'a BucketShards) -> impl Iterator<Item = &'a OwnedSegment> + 'a {
+        self.decay.iter().chain(&self.no_decay).filter(|s| bucket.members.iter().any(|m| m.param == s.param))
+    }
+
+    fn offset_in_bucket(&self, bucket: &BucketShards, param: usize) -> i64 {
+        bucket.members.iter().find(|m| m.param == param).map_or(0, |m| m.offset)
+    }
+
+    /// All-gathers the updated pieces so every rank holds every parameter.
+    fn gather_parameters(&mut self) -> Result<(), Error> {
+        let _guard = tch::no_grad_guard();
+        for bucket in &self.layout.buckets {
+            let Some(first) = bucket.members.first() else { continue };
+            let like = self.params[first.param].1.shallow_clone();
+            let all = self.gather_bucket(bucket, &like, |seg| Self::piece(&self.params[seg.param].1, &seg.elements))?;
+            for m in &bucket.members {
+                let param = &self.params[m.param].1;
+                param.f_view([-1])?.f_copy_(&all.f_narrow(0, m.offset, m.numel)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every gradient, as [`super::AdamW::zero_grad`].
+    pub fn zero_grad(&mut self) -> Result<(), Error> {
+        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        ffi::clear_grads(&params)
+    }
+
+    /// The consolidated state, named and sorted as [`super::AdamW::state_tensors`]
+    /// names it: a collective, so every rank calls it; every rank gets the whole state.
+    pub fn gather_state(&self) -> Result<Vec<(String, Tensor)>, Error> {
+        let _guard = tch::no_grad_guard();
+        let mut out: Vec<(String, Tensor)> = Vec::with_capacity(3 * self.params.len());
+        for bucket in &self.layout.buckets {
+            let Some(first) = bucket.members.first() else { continue };
+            let like = self.params[first.param].1.shallow_clone();
+            let exp_avg = self.gather_bucket(bucket, &like, |s| Ok(s.exp_avg.shallow_clone()))?;
+            let exp_avg_sq = self.gather_bucket(bucket, &like, |s| Ok(s.exp_avg_sq.shallow_clone()))?;
+            for m in &bucket.members {
+                let (name, param) = &self.params[m.param];
+                let full = |t: &Tensor| -> Result<Tensor, Error> {
+                    Ok(t.f_narrow(0, m.offset, m.numel)?.f_view(param.size().as_slice())?.f_detach_copy()?)
+                };
+                out.push((format!("{name}.exp_avg"), full(&exp_avg)?));
+                out.push((format!("{name}.exp_avg_sq"), full(&exp_avg_sq)?));
+            }
+        }
+        // Each parameter's step count, from whichever rank owns a piece of it.
+        let device = self.params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
+        let steps = Tensor::f_zeros([self.params.len() as i64], (Kind::Float, device))?;
+        for seg in self.decay.iter().chain(&self.no_decay) {
+            steps.f_narrow(0, seg.param as i64, 1)?.f_copy_(&seg.step.f_view([1])?)?;
+        }
+        self.group.allreduce(&steps, ReduceOp::Max)?.wait()?;
+        for (i, (name, _)) in self.params.iter().enumerate() {
+            out.push((format!("{name}.step"), steps.f_select(0, i as i64)?.f_detach_copy()?));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Loads consolidated state (as from [`Self::gather_state`] or
+    /// [`super::AdamW::state_tensors`], of any world size): each rank keeps its pieces.
+    /// Every name must be present with the parameter's shape and dtype; otherwise
+    /// nothing is loaded and the error names the first mismatch.
+    pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
+        for (name, param) in &self.params {
+            for (suffix, shape) in [("exp_avg", param.size()), ("exp_avg_sq", param.size()), ("step", vec![])] {
+                let key = format!("{name}.{suffix}");
+                let saved = named.get(&key).ok_or_else(|| Error::OptimizerState(format!("{key} is missing")))?;
+                if saved.size() != shape {
+                    return Err(Error::OptimizerState(format!(
+                        "{key} has shape {:?}, the model needs {shape:?}",
+                        saved.size()
+                    )));
+                }
+                let kind = if suffix == "step" { Kind::Float } else { param.kind() };
+                if saved.kind() != kind {
+                    return Err(Error::OptimizerState(format!(
+                        "{key} has dtype {:?}, the model needs {kind:?}",
+                        saved.kind()
+                    )));
+                }
+            }
+        }
+        if named.len() != 3 * self.params.len() {
+            let known: std::collections::HashSet<String> = self
+                .params
+                .iter()
+                .flat_map(|(n, _)| ["exp_avg", "exp_avg_sq", "step"].map(|s| format!("{n}.{s}")))
+                .collect();
+            let mut extra: Vec<&String> = named.keys().filter(|n| !known.contains(*n)).collect();
+            extra.sort();
+            if let Some(name) = extra.first() {
+                return Err(Error::OptimizerState(format!("{name} is not a parameter of this model")));
+            }
+        }
+        let _guard = tch::no_grad_guard();
+        for seg in self.decay.iter_mut().chain(self.no_decay.iter_mut()) {
+            let name = &self.params[seg.param].0;
+            let piece = |suffix: &str| -> Result<Tensor, Error> {
+                let saved = &named[&format!("{name}.{suffix}")];
+                Self::piece(&saved.f_contiguous()?, &seg.elements)
+            };
+            seg.exp_avg.f_copy_(&piece("exp_avg")?)?;
+            seg.exp_avg_sq.f_copy_(&piece("exp_avg_sq")?)?;
+            seg.step.f_copy_(&named[&format!("{name}.step")])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
