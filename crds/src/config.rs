@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::presets::{ModelConfig, ParamCounts};
-use crate::types::{Attention, GrpoTask, LossType, OnStall, Phase, Precision, ScaleRewards, Schedule};
+use crate::types::{Attention, GrpoTask, LossType, OnStall, Parallelism, Phase, Precision, ScaleRewards, Schedule};
 
 /// Bumped when the RunConfig layout changes incompatibly.
 pub const RUN_CONFIG_VERSION: u32 = 1;
@@ -26,6 +26,9 @@ pub struct RunConfig {
     pub params: ParamCounts,
     pub tokenizer: Location,
     pub precision: Precision,
+    /// `spec.parallelism`; absent means ddp, so configs written before it read the same.
+    #[serde(default, skip_serializing_if = "Parallelism::is_ddp")]
+    pub parallelism: Parallelism,
     pub attention: Attention,
     pub gradient_checkpointing: bool,
     /// With gradient checkpointing, the leading blocks recomputed in backward
@@ -274,6 +277,8 @@ impl RunConfig {
         c.gradient_checkpointing = false;
         c.checkpointed_blocks = None;
         c.attention = Attention::Auto;
+        // Checkpoints hold the consolidated state, whatever the sharding.
+        c.parallelism = Parallelism::Ddp;
         c
     }
 

@@ -138,6 +138,7 @@ pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
         params,
         tokenizer: tokenizer.expect("no errors"),
         precision: spec.precision,
+        parallelism: spec.parallelism,
         attention: spec.attention,
         gradient_checkpointing: spec.gradient_checkpointing,
         checkpointed_blocks: spec.checkpointed_blocks,

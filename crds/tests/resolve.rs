@@ -147,6 +147,8 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     b.gradient_checkpointing = !a.gradient_checkpointing;
     b.checkpointed_blocks = Some(1);
     b.attention = Attention::Math;
+    // Checkpoints hold consolidated state, so the sharding strategy may change too.
+    b.parallelism = Parallelism::Zero1;
     assert_eq!(a.fingerprint(), b.fingerprint());
     let changed = |f: &dyn Fn(&mut RunConfig)| {
         let mut c = a.clone();
@@ -157,6 +159,24 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     assert_ne!(a.fingerprint(), changed(&|c| c.batch.seq_len /= 2));
     assert_ne!(a.fingerprint(), changed(&|c| c.optimizer.beta2 = 0.99));
     assert_ne!(a.fingerprint(), changed(&|c| c.seed += 1));
+}
+
+#[test]
+fn parallelism_defaults_to_ddp_and_a_ddp_config_reads_as_before_the_field() {
+    assert_eq!(ok(&run()).parallelism, Parallelism::Ddp);
+    let json = serde_json::to_value(ok(&run())).unwrap();
+    assert!(json.get("parallelism").is_none(), "ddp is not written: {json}");
+    let mut r = run();
+    r.spec.parallelism = Parallelism::Zero1;
+    let zero1 = ok(&r);
+    assert_eq!(zero1.parallelism, Parallelism::Zero1);
+    assert_eq!(serde_json::to_value(&zero1).unwrap()["parallelism"], "zero1");
+    let bad = crds::manifest::from_yaml(
+        "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {name: r}\nspec:\n  parallelism: zero9\n",
+        "bad.yaml",
+    )
+    .expect_err("an unknown strategy is refused");
+    assert!(bad.to_string().contains("parallelism") && bad.to_string().contains("zero1"), "{bad}");
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
-//! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW; token streams; checkpoints; sampling; HF export |
+//! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW, replicated or sharded; token streams; checkpoints; sampling; HF export |
 //! | 6 | [`grpo`] | GRPO's questions, rollouts, rewards, loss and accuracy |
 //! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above, and the events it reports ([`train::report`]) |
 //! | 8 | [`telemetry`] | the sinks of those events: `/status`, `metrics.jsonl`, progress; and the termination message |

@@ -78,6 +78,15 @@ pub struct TrainingRunSpec {
     #[serde(default)]
     pub precision: Precision,
 
+    /// How the data-parallel ranks hold the training state. `ddp`: every rank keeps
+    /// the whole model, its gradients and both AdamW moments. `zero1` (ZeRO stage 1):
+    /// the AdamW moments are sharded, each rank keeping 1/world of them and updating
+    /// only its shard, after which the updated parameters are all-gathered; gradients
+    /// are all-reduced as under ddp. The losses are ddp's (up to rounding), and
+    /// checkpoints do not depend on it, so it may change when a run resumes.
+    #[serde(default)]
+    pub parallelism: Parallelism,
+
     /// Scaled-dot-product attention backend. `auto`: on CUDA the trainer times flash and
     /// cuDNN on the run's attention shapes at start-up, checks each against f32 math
     /// attention, and keeps the fastest (on CPU, PyTorch chooses). `flash`, `cudnn` or
@@ -449,6 +458,23 @@ pub enum Precision {
     // Everything in f32.
     #[serde(rename = "f32")]
     F32,
+}
+
+/// How data-parallel ranks hold the training state; see `spec.parallelism`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Parallelism {
+    /// Replicated: every rank holds everything.
+    #[default]
+    Ddp,
+    /// ZeRO stage 1: the optimizer state is sharded over the ranks.
+    Zero1,
+}
+
+impl Parallelism {
+    pub fn is_ddp(&self) -> bool {
+        *self == Parallelism::Ddp
+    }
 }
 
 /// SDPA backend.

@@ -17,6 +17,20 @@ pub fn sorted_variables(vs: &VarStore) -> Vec<(String, Tensor)> {
     vars
 }
 
+/// Trainable variables by name in definition order (the order the gradient reducer
+/// buckets), so a sharded optimizer lines up with the reducer.
+pub fn named_in_definition_order(vs: &VarStore) -> Vec<(String, Tensor)> {
+    let name_of: HashMap<usize, String> =
+        vs.variables().into_iter().map(|(name, t)| (t.data_ptr() as usize, name)).collect();
+    vs.trainable_variables()
+        .into_iter()
+        .map(|t| {
+            let name = name_of.get(&(t.data_ptr() as usize)).cloned().expect("every trainable variable is named");
+            (name, t)
+        })
+        .collect()
+}
+
 /// Copies `weights` into the model's variables; every variable must be present with
 /// its shape. Errors name the checkpoint and the parameter.
 pub fn copy_weights(vs: &VarStore, weights: &HashMap<String, Tensor>, origin: &Path) -> Result<(), Error> {

@@ -7,15 +7,26 @@
 //!
 //! A shard cuts across parameters: its [`Segment`]s are the pieces of each parameter
 //! it holds, as element ranges of the flattened parameter.
+//!
+//! Members start, and shards are cut, at multiples of an alignment (in elements). With
+//! [`CACHE_LINE_BYTES`] worth of elements, every piece of a parameter starts on the
+//! boundary where ATen's fused CPU optimizers start a task, so each element takes the
+//! same vector or scalar path as when the whole parameter is stepped, and a sharded
+//! step rounds exactly as a replicated one.
 
 use std::ops::Range;
+
+/// The unit ATen's fused CPU optimizers cut a tensor into (`cache_line_size` in
+/// FusedAdamKernel.cpp); a multiple of every vector width.
+pub const CACHE_LINE_BYTES: i64 = 64;
 
 /// One parameter's place in its bucket's flat buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     /// Index of the parameter in the list the layout was built from.
     pub param: usize,
-    /// Element offset of the parameter in the bucket's flat buffer.
+    /// Element offset of the parameter in the bucket's flat buffer (a multiple of the
+    /// layout's alignment; the gaps are padding).
     pub offset: i64,
     pub numel: i64,
 }
@@ -24,10 +35,10 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketShards {
     pub members: Vec<Member>,
-    /// Elements of the members together.
+    /// Elements up to the end of the last member, alignment gaps included.
     pub len: i64,
-    /// `len` rounded up to a multiple of the world size: the length of the buffers that
-    /// are reduce-scattered and all-gathered.
+    /// `len` rounded up to a multiple of the world size times the alignment: the
+    /// length of the buffers that are reduce-scattered and all-gathered.
     pub padded_len: i64,
     /// This rank's elements of the flat buffer (may reach into the padding, or lie
     /// wholly in it).
@@ -87,24 +98,28 @@ pub struct ShardLayout {
 
 impl ShardLayout {
     /// The layout of parameters with `numels`, in the buckets `bucket_of` assigns
-    /// (as [`super::reducer::assign_buckets`] does; bucket indices dense from 0).
-    pub fn new(numels: &[i64], bucket_of: &[i64], world: u32, rank: u32) -> ShardLayout {
+    /// (as [`super::reducer::assign_buckets`] does; bucket indices dense from 0), with
+    /// members and shard boundaries at multiples of `align` elements.
+    pub fn new(numels: &[i64], bucket_of: &[i64], world: u32, rank: u32, align: i64) -> ShardLayout {
         assert_eq!(numels.len(), bucket_of.len(), "one bucket per parameter");
         assert!(world >= 1 && rank < world, "rank {rank} of world {world}");
+        assert!(align >= 1, "alignment {align}");
+        let up = |x: i64, m: i64| (x + m - 1) / m * m;
         let n_buckets = bucket_of.iter().map(|&b| b as usize + 1).max().unwrap_or(0);
         let mut members: Vec<Vec<Member>> = vec![Vec::new(); n_buckets];
         let mut filled = vec![0i64; n_buckets];
         for (param, (&numel, &b)) in numels.iter().zip(bucket_of).enumerate() {
             let b = b as usize;
-            members[b].push(Member { param, offset: filled[b], numel });
-            filled[b] += numel;
+            let offset = up(filled[b], align);
+            members[b].push(Member { param, offset, numel });
+            filled[b] = offset + numel;
         }
         let w = i64::from(world);
         let buckets = members
             .into_iter()
             .zip(filled)
             .map(|(members, len)| {
-                let padded_len = (len + w - 1) / w * w;
+                let padded_len = up(len, w * align);
                 let shard = padded_len / w;
                 let own = (i64::from(rank) * shard)..(i64::from(rank) * shard + shard);
                 BucketShards { members, len, padded_len, own }
@@ -152,7 +167,7 @@ mod tests {
             case(&[7], &[0], 1, 0, vec![vec![seg(0, 0..7, 0)]]),
         ];
         for Case { numels, buckets, world, rank, want } in cases {
-            let layout = ShardLayout::new(numels, buckets, world, rank);
+            let layout = ShardLayout::new(numels, buckets, world, rank, 1);
             let got: Vec<Vec<Segment>> = layout.buckets.iter().map(BucketShards::segments).collect();
             assert_eq!(got, want, "numels {numels:?} buckets {buckets:?} world {world} rank {rank}");
         }
@@ -165,7 +180,7 @@ mod tests {
         for world in 1..=5u32 {
             let mut seen: Vec<Vec<u32>> = numels.iter().map(|&n| vec![0; n as usize]).collect();
             for rank in 0..world {
-                let layout = ShardLayout::new(&numels, &buckets, world, rank);
+                let layout = ShardLayout::new(&numels, &buckets, world, rank, 1);
                 for b in &layout.buckets {
                     assert_eq!(b.padded_len % i64::from(world), 0);
                     assert!(b.padded_len - b.len < i64::from(world), "padding is under one element per rank");
@@ -187,9 +202,34 @@ mod tests {
         let buckets = [0i64, 0, 1];
         for world in 1..=8u32 {
             let sizes: Vec<i64> =
-                (0..world).map(|r| ShardLayout::new(&numels, &buckets, world, r).shard_elements()).collect();
+                (0..world).map(|r| ShardLayout::new(&numels, &buckets, world, r, 1).shard_elements()).collect();
             assert!(sizes.iter().all(|&s| s == sizes[0]), "{sizes:?}");
             assert!(sizes[0] * i64::from(world) - 1357 < 2 * i64::from(world), "{sizes:?}");
+        }
+    }
+
+    #[test]
+    fn aligned_pieces_start_on_the_alignment_relative_to_their_parameter() {
+        let numels = [37i64, 100, 5, 64, 250];
+        let buckets = [0i64, 0, 0, 1, 1];
+        for world in 1..=4u32 {
+            let mut seen: Vec<Vec<u32>> = numels.iter().map(|&n| vec![0; n as usize]).collect();
+            for rank in 0..world {
+                let layout = ShardLayout::new(&numels, &buckets, world, rank, 16);
+                for b in &layout.buckets {
+                    assert!(b.members.iter().all(|m| m.offset % 16 == 0), "{b:?}");
+                    assert_eq!(b.shard_len() % 16, 0);
+                    for s in b.segments() {
+                        let numel = numels[s.param];
+                        assert_eq!(s.elements.start % 16, 0, "world {world} rank {rank} {s:?}");
+                        assert!(s.elements.end == numel || s.elements.end % 16 == 0, "world {world} rank {rank} {s:?}");
+                        for e in s.elements.clone() {
+                            seen[s.param][e as usize] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().flatten().all(|&n| n == 1), "world {world}");
         }
     }
 }

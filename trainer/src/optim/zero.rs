@@ -15,11 +15,11 @@ use std::sync::Arc;
 use crds::config::ResolvedOptimizer;
 use tch::{Kind, Tensor};
 
-use super::{Lr, nonfinite};
+use super::adamw::nonfinite;
 use crate::Error;
-use crate::dist::shard::{BucketShards, ShardLayout};
+use crate::dist::shard::{BucketShards, CACHE_LINE_BYTES, ShardLayout};
 use crate::dist::{ProcessGroup, ReduceOp};
-use crate::ffi::{self, AdamWParams};
+use crate::ffi::{self, AdamWParams, Lr};
 
 /// A piece of a parameter this rank owns, and its AdamW state.
 struct OwnedSegment {
@@ -38,6 +38,9 @@ pub struct ShardedAdamW {
     layout: ShardLayout,
     /// (name, parameter) in the order the layout indexes them.
     params: Vec<(String, Tensor)>,
+    /// `params` indices in [`super::AdamW`]'s order (decayed then not, each by name):
+    /// the global norm sums in it, so clipping rounds as the replicated optimizer's.
+    norm_order: Vec<usize>,
     decay: Vec<OwnedSegment>,
     no_decay: Vec<OwnedSegment>,
 }
@@ -59,7 +62,11 @@ impl ShardedAdamW {
             )));
         }
         let numels: Vec<i64> = params.iter().map(|(_, p)| p.numel() as i64).collect();
-        let layout = ShardLayout::new(&numels, bucket_of, group.world_size(), group.rank());
+        // A cache line of the narrowest dtype is a whole number of cache lines' worth
+        // of elements of every wider one.
+        let narrowest = params.iter().map(|(_, p)| p.kind().elt_size_in_bytes() as i64).min().unwrap_or(4);
+        let align = CACHE_LINE_BYTES / narrowest;
+        let layout = ShardLayout::new(&numels, bucket_of, group.world_size(), group.rank(), align);
         let (mut decay, mut no_decay) = (Vec::new(), Vec::new());
         for bucket in &layout.buckets {
             for seg in bucket.segments() {
@@ -75,7 +82,9 @@ impl ShardedAdamW {
                 if param.dim() >= 2 { decay.push(state) } else { no_decay.push(state) }
             }
         }
-        Ok(ShardedAdamW { config: config.clone(), group, layout, params, decay, no_decay })
+        let mut norm_order: Vec<usize> = (0..params.len()).collect();
+        norm_order.sort_by_key(|&i| (params[i].1.dim() < 2, params[i].0.clone()));
+        Ok(ShardedAdamW { config: config.clone(), group, layout, params, norm_order, decay, no_decay })
     }
 
     /// The hyperparameters this optimizer was built with.
@@ -97,8 +106,8 @@ impl ShardedAdamW {
     /// this rank's pieces and all-gathers every parameter.
     pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
         let mut grads = Vec::with_capacity(self.params.len());
-        for (_, p) in &self.params {
-            let g = p.f_grad()?;
+        for &i in &self.norm_order {
+            let g = self.params[i].1.f_grad()?;
             if g.defined() {
                 grads.push(g);
             }

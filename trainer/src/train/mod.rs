@@ -17,14 +17,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crds::config::{Device as RunDevice, RunConfig};
 use crds::contract::TrainerPhase;
-use crds::types::{Attention, CheckpointRef};
+use crds::types::{Attention, CheckpointRef, Parallelism};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
 use crate::checkpoint::Checkpointer;
 use crate::checkpoint::mirror::Mirror;
-use crate::checkpoint::resume::sorted_variables;
+use crate::checkpoint::resume::{named_in_definition_order, sorted_variables};
 use crate::data::corpus::Split;
 use crate::data::loader::Loader;
 use crate::data::mix::Mix;
@@ -37,7 +37,8 @@ use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::tune::choose_kernels;
 use crate::model::Model;
-use crate::optim::AdamW;
+use crate::optim::zero::ShardedAdamW;
+use crate::optim::{AdamW, Optimizer};
 use crate::rng::GLOBAL_RNG;
 use faults::Faults;
 use pending::PendingStep;
@@ -98,7 +99,7 @@ pub struct Trainer {
     attention: Attention,
     vs: VarStore,
     model: Model,
-    opt: AdamW,
+    opt: Optimizer,
     /// The pretraining mix (`None` in phase grpo).
     train: Option<Arc<Mix>>,
     /// Phase grpo's questions, reference model and generated batch.
@@ -219,7 +220,20 @@ impl Trainer {
             vs.bfloat16();
         }
         vs.set_device(device);
-        let opt = AdamW::new(sorted_variables(&vs), &cfg.optimizer)?;
+        let opt = match &group {
+            Some(group) if cfg.parallelism == Parallelism::Zero1 => {
+                // The reducer's buckets, so shards line up with what it all-reduces.
+                let params = named_in_definition_order(&vs);
+                let sizes: Vec<_> = params
+                    .iter()
+                    .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device()))
+                    .collect();
+                let cap = cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
+                let bucket_of = dist::reducer::assign_buckets(&sizes, cap.max(1));
+                Optimizer::Sharded(ShardedAdamW::new(params, &bucket_of, group.clone(), &cfg.optimizer)?)
+            }
+            _ => Optimizer::Replicated(AdamW::new(sorted_variables(&vs), &cfg.optimizer)?),
+        };
 
         sdp::set_sdp_backend(attention)?;
         let mut trainer = Trainer {
@@ -416,22 +430,28 @@ impl Trainer {
             }
             let stopping = self.step == last_step || self.may_stop();
             if checkpoint_due && !stopping {
+                let optimizer = self.opt.checkpoint_state()?;
                 // Training goes on while the background thread writes.
-                if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss))? {
+                if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss, optimizer))? {
                     self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                     last_checkpoint = Some(done);
                 }
                 self.barrier()?;
             }
         }
+        // A sharded optimizer's state is gathered by every rank, whether rank 0 then
+        // writes it or already has.
+        let optimizer = if self.step > 0 { Some(self.opt.checkpoint_state()?) } else { None };
         if rank0 {
             if let Some(done) = checkpointer.wait()? {
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
-            if last_checkpoint.as_ref().map(|c| c.step) != Some(self.step) && self.step > 0 {
+            if let Some(optimizer) = optimizer
+                && last_checkpoint.as_ref().map(|c| c.step) != Some(self.step)
+            {
                 sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
-                let done = checkpointer.save(self.payload(last_loss))?;
+                let done = checkpointer.save(self.payload(last_loss, optimizer))?;
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crds::config::{Location, ResolvedInit};
 use tch::nn::VarStore;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
 use crate::Error;
@@ -112,10 +112,12 @@ impl Trainer {
         Ok((vs, model))
     }
 
-    pub(super) fn payload(&self, loss: Option<f64>) -> Payload {
+    /// What a checkpoint holds; `optimizer` is [`crate::optim::Optimizer::checkpoint_state`],
+    /// which every rank takes part in.
+    pub(super) fn payload(&self, loss: Option<f64>, optimizer: Vec<(String, Tensor)>) -> Payload {
         Payload {
             model: sorted_variables(&self.vs),
-            optimizer: self.opt.state_tensors(),
+            optimizer,
             state: TrainState {
                 format_version: checkpoint::FORMAT_VERSION,
                 step: self.step,

@@ -3,7 +3,7 @@ use serde_json::Value;
 use std::time::Instant;
 use tch::Device;
 
-const GOLDEN: &str = include_str!("../../tests/goldens/adamw.json");
+const GOLDEN: &str = include_str!("../../../tests/goldens/adamw.json");
 
 /// The param formulas of scripts/goldens/adamw.py, in its order.
 fn init_value(name: &str, i: usize) -> f64 {
