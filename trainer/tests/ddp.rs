@@ -590,3 +590,24 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     let diff = max_rel_loss_diff(&a, &b);
     assert!(diff < 1e-6, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
 }
+
+/// `trainer bench-ddp` measures zero1 against ddp: each of 2 ranks holds about half
+/// the optimizer state (its shard, plus alignment padding).
+#[test]
+fn bench_ddp_reports_zero1_holding_half_the_optimizer_state_per_rank() {
+    let report = trainer::bench::ddp::run(&trainer::bench::ddp::DdpBenchOptions {
+        ranks: 2,
+        preset: "nano".into(),
+        micro_batch: 2,
+        seq: 32,
+        steps: 1,
+        warmup: 0,
+        sizes_mib: vec![0.25],
+    })
+    .unwrap();
+    let ratio = report["zero1_over_ddp_optimizer_state"].as_f64().unwrap();
+    assert!((0.49..0.51).contains(&ratio), "{report}");
+    let bytes = &report["optimizer_state_bytes_per_rank"];
+    assert!(bytes["ddp"].as_u64().unwrap() > 7_000_000, "nano's two f32 moments: {report}");
+    assert!(report["zero1_over_ddp_step_time"].as_f64().unwrap() > 0.0);
+}

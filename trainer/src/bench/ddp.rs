@@ -6,6 +6,8 @@
 //!    as nccl-tests reports them).
 //! 2. The training step of N ranks over 1 rank at the same per-rank batch: the
 //!    ratio is DDP's overhead (1.0 is free).
+//! 3. `parallelism: zero1` against ddp on N ranks: the step time ratio, and the bytes
+//!    of optimizer state each rank holds.
 
 use std::time::Instant;
 
@@ -16,6 +18,7 @@ use crate::Error;
 use crate::dist::loopback::{gloo, on_ranks};
 use crate::dist::{Placement, ProcessGroup, ReduceOp};
 use crate::train::{RunOptions, Trainer};
+use crds::types::Parallelism;
 
 #[derive(Clone, Debug)]
 pub struct DdpBenchOptions {
@@ -44,7 +47,7 @@ fn time_allreduce(group: &ProcessGroup, numel: i64, reps: u32) -> Result<f64, Er
     Ok(times[times.len() / 2])
 }
 
-fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32) -> String {
+fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32, parallelism: Parallelism) -> String {
     let per_step = micro as u64 * seq as u64 * nodes as u64;
     format!(
         r#"
@@ -61,17 +64,32 @@ spec:
   topology: {{nodes: {nodes}, gpusPerNode: 0}}
   batch: {{globalTokens: {per_step}, microBatch: {micro}, seqLength: {seq}}}
   precision: f32
+  parallelism: {parallelism}
 "#,
         tokens = per_step * steps as u64,
+        parallelism =
+            serde_json::to_value(parallelism).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
     )
 }
 
-/// Mean seconds per optimizer step on rank 0 of an N-rank run, after warm-up, with
-/// `threads` trainers running at once (`threads` = N for DDP; `threads` > N = 1 runs
-/// independent single-rank trainers side by side, the same CPU contention without
-/// communication).
-fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Path) -> Result<f64, Error> {
-    let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup);
+/// What rank 0 of a timed run measured.
+struct Timed {
+    seconds_per_step: f64,
+    optimizer_state_bytes: usize,
+}
+
+/// Rank 0 of an N-rank run after warm-up: mean seconds per optimizer step and its
+/// optimizer state, with `threads` trainers running at once (`threads` = N for data
+/// parallelism; `threads` > N = 1 runs independent single-rank trainers side by side,
+/// the same CPU contention without communication).
+fn time_steps(
+    o: &DdpBenchOptions,
+    world: u32,
+    threads: u32,
+    parallelism: Parallelism,
+    dir: &std::path::Path,
+) -> Result<Timed, Error> {
+    let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup, parallelism);
     let cfg = crds::resolve(&crds::manifest::from_yaml(&yaml, "bench-ddp")?)
         .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
     on_ranks(threads, |thread, port| {
@@ -95,7 +113,8 @@ fn time_steps(o: &DdpBenchOptions, world: u32, threads: u32, dir: &std::path::Pa
         for _ in 0..o.steps {
             t.train_step()?;
         }
-        Ok(start.elapsed().as_secs_f64() / o.steps as f64)
+        let seconds_per_step = start.elapsed().as_secs_f64() / o.steps as f64;
+        Ok(Timed { seconds_per_step, optimizer_state_bytes: t.optimizer_state_bytes() })
     })
 }
 
@@ -121,10 +140,12 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         allreduce.push(json!({"mib": mib, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor}));
     }
     let dir = std::env::temp_dir().join(format!("trainer-bench-ddp-{}", std::process::id()));
-    let one = time_steps(o, 1, 1, &dir)?;
-    let side_by_side = time_steps(o, 1, world, &dir)?;
-    let many = time_steps(o, world, world, &dir)?;
+    let one = time_steps(o, 1, 1, Parallelism::Ddp, &dir)?.seconds_per_step;
+    let side_by_side = time_steps(o, 1, world, Parallelism::Ddp, &dir)?.seconds_per_step;
+    let ddp = time_steps(o, world, world, Parallelism::Ddp, &dir)?;
+    let zero1 = time_steps(o, world, world, Parallelism::Zero1, &dir)?;
     let _ = std::fs::remove_dir_all(&dir);
+    let many = ddp.seconds_per_step;
     let ratio = many / one;
     eprintln!(
         "step time at micro-batch {} × {} on {}: 1 rank alone {:.1} ms, {world} independent ranks side by side {:.1} ms, \
@@ -136,6 +157,19 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         side_by_side * 1e3,
         many * 1e3,
         many / side_by_side
+    );
+    let (zero1_time_ratio, zero1_state_ratio) = (
+        zero1.seconds_per_step / ddp.seconds_per_step,
+        zero1.optimizer_state_bytes as f64 / ddp.optimizer_state_bytes as f64,
+    );
+    eprintln!(
+        "{world}-rank zero1 against ddp: step {:.1} ms vs {:.1} ms (ratio {zero1_time_ratio:.3}); optimizer state per rank \
+         {} vs {} bytes (ratio {zero1_state_ratio:.3}, 1/{world} = {:.3})",
+        zero1.seconds_per_step * 1e3,
+        ddp.seconds_per_step * 1e3,
+        zero1.optimizer_state_bytes,
+        ddp.optimizer_state_bytes,
+        1.0 / world as f64
     );
     Ok(json!({
         "ranks": world,
@@ -149,5 +183,9 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         "step_ms_side_by_side": side_by_side * 1e3,
         "ddp_step_time_ratio": ratio,
         "ddp_over_side_by_side": many / side_by_side,
+        "zero1_step_ms": zero1.seconds_per_step * 1e3,
+        "zero1_over_ddp_step_time": zero1_time_ratio,
+        "optimizer_state_bytes_per_rank": {"ddp": ddp.optimizer_state_bytes, "zero1": zero1.optimizer_state_bytes},
+        "zero1_over_ddp_optimizer_state": zero1_state_ratio,
     }))
 }

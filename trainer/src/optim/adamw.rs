@@ -132,6 +132,11 @@ impl AdamW {
         ffi::clear_grads(&params)
     }
 
+    /// Bytes of state this optimizer holds (both moments and the step counts).
+    pub fn state_bytes(&self) -> usize {
+        self.slots().map(|s| [&s.exp_avg, &s.exp_avg_sq, &s.step].iter().map(|t| bytes(t)).sum::<usize>()).sum()
+    }
+
     /// Optimizer state for checkpoints, named `<param>.exp_avg`, `<param>.exp_avg_sq`
     /// and `<param>.step`, sorted by parameter name. The tensors share storage with
     /// the live state: copy them before the next step if they must not change.
@@ -186,6 +191,11 @@ impl AdamW {
         }
         Ok(())
     }
+}
+
+/// Bytes of a tensor's elements.
+pub(super) fn bytes(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
 }
 
 /// 1.0 (0-dim f32, on the first tensor's device) where any element of `ts` is NaN

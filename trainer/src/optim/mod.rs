@@ -46,6 +46,14 @@ impl Optimizer {
         }
     }
 
+    /// Bytes of optimizer state this rank holds.
+    pub fn state_bytes(&self) -> usize {
+        match self {
+            Optimizer::Replicated(o) => o.state_bytes(),
+            Optimizer::Sharded(o) => o.state_bytes(),
+        }
+    }
+
     /// Loads a checkpoint's state, written under any strategy and world size.
     pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
         match self {

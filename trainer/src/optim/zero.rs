@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crds::config::ResolvedOptimizer;
 use tch::{Kind, Tensor};
 
-use super::adamw::nonfinite;
+use super::adamw::{bytes, nonfinite};
 use crate::Error;
 use crate::dist::shard::{BucketShards, CACHE_LINE_BYTES, ShardLayout};
 use crate::dist::{ProcessGroup, ReduceOp};
@@ -95,6 +95,15 @@ impl ShardedAdamW {
     /// Elements of optimizer state this rank holds per moment.
     pub fn owned_elements(&self) -> i64 {
         self.decay.iter().chain(&self.no_decay).map(|s| s.elements.end - s.elements.start).sum()
+    }
+
+    /// Bytes of state this rank holds (its pieces' moments and step counts).
+    pub fn state_bytes(&self) -> usize {
+        self.decay
+            .iter()
+            .chain(&self.no_decay)
+            .map(|s| [&s.exp_avg, &s.exp_avg_sq, &s.step].iter().map(|t| bytes(t)).sum::<usize>())
+            .sum()
     }
 
     fn piece(t: &Tensor, elements: &Range<i64>) -> Result<Tensor, Error> {

@@ -173,6 +173,11 @@ impl Trainer {
         sorted_variables(&self.vs).into_iter().map(|(name, p)| Ok((name, p.f_grad()?.f_detach_copy()?))).collect()
     }
 
+    /// Bytes of optimizer state this rank holds (1/world of it under zero1).
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.opt.state_bytes()
+    }
+
     /// Every parameter by name, in checkpoint order.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         sorted_variables(&self.vs)
