@@ -145,6 +145,7 @@ impl ProcessGroup {
     /// Rendezvous at `master_addr:master_port` and create the backend. Blocks until
     /// every rank has joined or the timeout passes.
     pub fn new(o: &GroupOptions) -> Result<ProcessGroup, Error> {
+        flight_recorder_off_unless_asked();
         let (iface, host) = match &o.gloo_device {
             GlooDevice::Default => (String::new(), String::new()),
             GlooDevice::Interface(i) => (i.clone(), String::new()),
@@ -278,6 +279,25 @@ impl ProcessGroup {
         }
         Ok(Work { raw: NonNull::new(work).expect("the shim returns work on success"), group: self, op })
     }
+}
+
+/// c10d's flight recorder is a process-wide ring of collectives that the trainer never
+/// dumps, and its `record` inserts into an unsynchronized map: process groups of ranks
+/// that are threads of one process (tests, `bench-ddp`) crash there when their first
+/// collectives race (a segfault in `FlightRecorder::recordWithResetEnabled`, about one
+/// run in four of the collective tests). So it is off (`TORCH_FR_BUFFER_SIZE=0`) unless
+/// the environment sets a size, before the first group reads it.
+fn flight_recorder_off_unless_asked() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TORCH_FR_BUFFER_SIZE").is_none()
+            && std::env::var_os("TORCH_NCCL_TRACE_BUFFER_SIZE").is_none()
+        {
+            // SAFETY: runs once, before this process's first process group: c10d reads
+            // the variable when that group first records, after this write.
+            unsafe { std::env::set_var("TORCH_FR_BUFFER_SIZE", "0") };
+        }
+    });
 }
 
 impl Drop for ProcessGroup {
