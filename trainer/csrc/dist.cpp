@@ -88,14 +88,20 @@ Work start_allreduce(Group& g, at::Tensor t, int op) {
   return w;
 }
 
+// The tensors of a reduce-scatter or an all-gather: `all` holds world chunks of
+// `chunk`'s size end to end; one dtype and device, both contiguous.
+void check_chunks(const char* op, const Group& g, const at::Tensor& all, const at::Tensor& chunk) {
+  TORCH_CHECK(all.numel() == chunk.numel() * g.world, op, ": the world-sized tensor has ", all.numel(),
+              " elements, not ", chunk.numel(), " times the world size ", g.world);
+  TORCH_CHECK(all.scalar_type() == chunk.scalar_type() && all.device() == chunk.device(), op,
+              ": input and output differ in dtype or device");
+  TORCH_CHECK(all.is_contiguous() && chunk.is_contiguous(), op, ": tensors must be contiguous");
+}
+
 // Reduce-scatter: `in` is world equal chunks end to end; rank r's `out` (one chunk)
 // gets chunk r reduced over every rank.
 Work start_reduce_scatter(Group& g, at::Tensor out, at::Tensor in, int op) {
-  TORCH_CHECK(in.numel() == out.numel() * g.world, "reduce_scatter: the input has ", in.numel(),
-              " elements, not the output's ", out.numel(), " times the world size ", g.world);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type() && in.device() == out.device(),
-              "reduce_scatter: input and output differ in dtype or device");
-  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce_scatter: tensors must be contiguous");
+  check_chunks("reduce_scatter", g, in, out);
   c10d::ReduceScatterOptions o;
   o.timeout = g.timeout;
   Work w;
@@ -110,11 +116,7 @@ Work start_reduce_scatter(Group& g, at::Tensor out, at::Tensor in, int op) {
 // All-gather: rank r's `in` lands as chunk r of every rank's `out` (world chunks end
 // to end).
 Work start_all_gather(Group& g, at::Tensor out, at::Tensor in) {
-  TORCH_CHECK(out.numel() == in.numel() * g.world, "all_gather: the output has ", out.numel(),
-              " elements, not the input's ", in.numel(), " times the world size ", g.world);
-  TORCH_CHECK(in.scalar_type() == out.scalar_type() && in.device() == out.device(),
-              "all_gather: input and output differ in dtype or device");
-  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "all_gather: tensors must be contiguous");
+  check_chunks("all_gather", g, out, in);
   c10d::AllgatherOptions o;
   o.timeout = g.timeout;
   Work w;

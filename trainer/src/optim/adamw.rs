@@ -160,36 +160,44 @@ impl AdamW {
     /// and dtype; otherwise nothing is copied and the error names the first mismatch.
     pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
         let want = self.state_tensors();
-        for (name, live) in &want {
-            let saved = named.get(name).ok_or_else(|| Error::OptimizerState(format!("{name} is missing")))?;
-            if saved.size() != live.size() {
-                return Err(Error::OptimizerState(format!(
-                    "{name} has shape {:?}, the model needs {:?}",
-                    saved.size(),
-                    live.size()
-                )));
-            }
-            if saved.kind() != live.kind() {
-                return Err(Error::OptimizerState(format!(
-                    "{name} has dtype {:?}, the model needs {:?}",
-                    saved.kind(),
-                    live.kind()
-                )));
-            }
-        }
-        if named.len() != want.len() {
-            let known: std::collections::HashSet<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
-            let mut extra: Vec<&String> = named.keys().filter(|n| !known.contains(n.as_str())).collect();
-            extra.sort();
-            if let Some(name) = extra.first() {
-                return Err(Error::OptimizerState(format!("{name} is not a parameter of this model")));
-            }
-        }
+        check_state(want.iter().map(|(name, t)| (name.clone(), t.size(), t.kind())), named)?;
         let _guard = tch::no_grad_guard();
         for (name, mut live) in want {
             live.f_copy_(&named[&name])?;
         }
         Ok(())
+    }
+}
+
+/// Checks saved optimizer state against what an optimizer holds, `(name, shape,
+/// dtype)` per tensor: every name present with its shape and dtype, and no other. The
+/// error names the first mismatch.
+pub(super) fn check_state(
+    want: impl IntoIterator<Item = (String, Vec<i64>, Kind)>,
+    named: &HashMap<String, Tensor>,
+) -> Result<(), Error> {
+    let mut known = std::collections::HashSet::new();
+    for (name, shape, kind) in want {
+        let saved = named.get(&name).ok_or_else(|| Error::OptimizerState(format!("{name} is missing")))?;
+        if saved.size() != shape {
+            return Err(Error::OptimizerState(format!(
+                "{name} has shape {:?}, the model needs {shape:?}",
+                saved.size()
+            )));
+        }
+        if saved.kind() != kind {
+            return Err(Error::OptimizerState(format!(
+                "{name} has dtype {:?}, the model needs {kind:?}",
+                saved.kind()
+            )));
+        }
+        known.insert(name);
+    }
+    let mut extra: Vec<&String> = named.keys().filter(|n| !known.contains(*n)).collect();
+    extra.sort();
+    match extra.first() {
+        Some(name) => Err(Error::OptimizerState(format!("{name} is not a parameter of this model"))),
+        None => Ok(()),
     }
 }
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use crds::config::ResolvedOptimizer;
 use tch::{Kind, Tensor};
 
-use super::adamw::{bytes, nonfinite};
+use super::adamw::{bytes, check_state, nonfinite};
 use crate::Error;
-use crate::dist::shard::{BucketShards, CACHE_LINE_BYTES, ShardLayout};
+use crate::dist::shard::{CACHE_LINE_BYTES, ShardLayout};
 use crate::dist::{ProcessGroup, ReduceOp};
 use crate::ffi::{self, AdamWParams, Lr};
 
@@ -25,6 +25,9 @@ use crate::ffi::{self, AdamWParams, Lr};
 struct OwnedSegment {
     param: usize,
     elements: Range<i64>,
+    /// The bucket it lies in, and where it starts in this rank's shard of it.
+    bucket: usize,
+    shard_offset: i64,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     /// f32 0-dim, as the fused kernel keeps it.
@@ -68,13 +71,15 @@ impl ShardedAdamW {
         let align = CACHE_LINE_BYTES / narrowest;
         let layout = ShardLayout::new(&numels, bucket_of, group.world_size(), group.rank(), align);
         let (mut decay, mut no_decay) = (Vec::new(), Vec::new());
-        for bucket in &layout.buckets {
+        for (b, bucket) in layout.buckets.iter().enumerate() {
             for seg in bucket.segments() {
                 let param = &params[seg.param].1;
                 let len = seg.len();
                 let state = OwnedSegment {
                     param: seg.param,
                     elements: seg.elements,
+                    bucket: b,
+                    shard_offset: seg.shard_offset,
                     exp_avg: Tensor::f_zeros([len], (param.kind(), param.device()))?,
                     exp_avg_sq: Tensor::f_zeros([len], (param.kind(), param.device()))?,
                     step: Tensor::f_zeros([], (Kind::Float, param.device()))?,
@@ -85,16 +90,6 @@ impl ShardedAdamW {
         let mut norm_order: Vec<usize> = (0..params.len()).collect();
         norm_order.sort_by_key(|&i| (params[i].1.dim() < 2, params[i].0.clone()));
         Ok(ShardedAdamW { config: config.clone(), group, layout, params, norm_order, decay, no_decay })
-    }
-
-    /// The hyperparameters this optimizer was built with.
-    pub fn config(&self) -> &ResolvedOptimizer {
-        &self.config
-    }
-
-    /// Elements of optimizer state this rank holds per moment.
-    pub fn owned_elements(&self) -> i64 {
-        self.decay.iter().chain(&self.no_decay).map(|s| s.elements.end - s.elements.start).sum()
     }
 
     /// Bytes of state this rank holds (its pieces' moments and step counts).
@@ -155,39 +150,31 @@ impl ShardedAdamW {
         Ok(())
     }
 
-    /// Every rank's pieces of `bucket`, taken by `value(segment)`, gathered into the
+    /// Every rank's pieces of bucket `b`, taken by `value(segment)`, gathered into the
     /// bucket's flat layout (padded).
     fn gather_bucket(
         &self,
-        bucket: &BucketShards,
+        b: usize,
         like: &Tensor,
         value: impl Fn(&OwnedSegment) -> Result<Tensor, Error>,
     ) -> Result<Tensor, Error> {
+        let bucket = &self.layout.buckets[b];
         let mine = Tensor::f_zeros([bucket.shard_len()], (like.kind(), like.device()))?;
-        for seg in self.owned_in(bucket) {
-            let offset = seg.elements.start + self.offset_in_bucket(bucket, seg.param) - bucket.own.start;
-            mine.f_narrow(0, offset, seg.elements.end - seg.elements.start)?.f_copy_(&value(seg)?)?;
+        for seg in self.decay.iter().chain(&self.no_decay).filter(|s| s.bucket == b) {
+            mine.f_narrow(0, seg.shard_offset, seg.elements.end - seg.elements.start)?.f_copy_(&value(seg)?)?;
         }
         let all = Tensor::f_empty([bucket.padded_len], (like.kind(), like.device()))?;
         self.group.all_gather(&all, &mine)?.wait()?;
         Ok(all)
     }
 
-    fn owned_in<'a>(&'a self, bucket: &'a BucketShards) -> impl Iterator<Item = &'a OwnedSegment> + 'a {
-        self.decay.iter().chain(&self.no_decay).filter(|s| bucket.members.iter().any(|m| m.param == s.param))
-    }
-
-    fn offset_in_bucket(&self, bucket: &BucketShards, param: usize) -> i64 {
-        bucket.members.iter().find(|m| m.param == param).map_or(0, |m| m.offset)
-    }
-
     /// All-gathers the updated pieces so every rank holds every parameter.
     fn gather_parameters(&mut self) -> Result<(), Error> {
         let _guard = tch::no_grad_guard();
-        for bucket in &self.layout.buckets {
+        for (b, bucket) in self.layout.buckets.iter().enumerate() {
             let Some(first) = bucket.members.first() else { continue };
             let like = self.params[first.param].1.shallow_clone();
-            let all = self.gather_bucket(bucket, &like, |seg| Self::piece(&self.params[seg.param].1, &seg.elements))?;
+            let all = self.gather_bucket(b, &like, |seg| Self::piece(&self.params[seg.param].1, &seg.elements))?;
             for m in &bucket.members {
                 let param = &self.params[m.param].1;
                 param.f_view([-1])?.f_copy_(&all.f_narrow(0, m.offset, m.numel)?)?;
@@ -207,11 +194,11 @@ impl ShardedAdamW {
     pub fn gather_state(&self) -> Result<Vec<(String, Tensor)>, Error> {
         let _guard = tch::no_grad_guard();
         let mut out: Vec<(String, Tensor)> = Vec::with_capacity(3 * self.params.len());
-        for bucket in &self.layout.buckets {
+        for (b, bucket) in self.layout.buckets.iter().enumerate() {
             let Some(first) = bucket.members.first() else { continue };
             let like = self.params[first.param].1.shallow_clone();
-            let exp_avg = self.gather_bucket(bucket, &like, |s| Ok(s.exp_avg.shallow_clone()))?;
-            let exp_avg_sq = self.gather_bucket(bucket, &like, |s| Ok(s.exp_avg_sq.shallow_clone()))?;
+            let exp_avg = self.gather_bucket(b, &like, |s| Ok(s.exp_avg.shallow_clone()))?;
+            let exp_avg_sq = self.gather_bucket(b, &like, |s| Ok(s.exp_avg_sq.shallow_clone()))?;
             for m in &bucket.members {
                 let (name, param) = &self.params[m.param];
                 let full = |t: &Tensor| -> Result<Tensor, Error> {
@@ -240,37 +227,14 @@ impl ShardedAdamW {
     /// Every name must be present with the parameter's shape and dtype; otherwise
     /// nothing is loaded and the error names the first mismatch.
     pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
-        for (name, param) in &self.params {
-            for (suffix, shape) in [("exp_avg", param.size()), ("exp_avg_sq", param.size()), ("step", vec![])] {
-                let key = format!("{name}.{suffix}");
-                let saved = named.get(&key).ok_or_else(|| Error::OptimizerState(format!("{key} is missing")))?;
-                if saved.size() != shape {
-                    return Err(Error::OptimizerState(format!(
-                        "{key} has shape {:?}, the model needs {shape:?}",
-                        saved.size()
-                    )));
-                }
-                let kind = if suffix == "step" { Kind::Float } else { param.kind() };
-                if saved.kind() != kind {
-                    return Err(Error::OptimizerState(format!(
-                        "{key} has dtype {:?}, the model needs {kind:?}",
-                        saved.kind()
-                    )));
-                }
-            }
-        }
-        if named.len() != 3 * self.params.len() {
-            let known: std::collections::HashSet<String> = self
-                .params
-                .iter()
-                .flat_map(|(n, _)| ["exp_avg", "exp_avg_sq", "step"].map(|s| format!("{n}.{s}")))
-                .collect();
-            let mut extra: Vec<&String> = named.keys().filter(|n| !known.contains(*n)).collect();
-            extra.sort();
-            if let Some(name) = extra.first() {
-                return Err(Error::OptimizerState(format!("{name} is not a parameter of this model")));
-            }
-        }
+        let want = self.params.iter().flat_map(|(name, p)| {
+            [
+                (format!("{name}.exp_avg"), p.size(), p.kind()),
+                (format!("{name}.exp_avg_sq"), p.size(), p.kind()),
+                (format!("{name}.step"), vec![], Kind::Float),
+            ]
+        });
+        check_state(want, named)?;
         let _guard = tch::no_grad_guard();
         for seg in self.decay.iter_mut().chain(self.no_decay.iter_mut()) {
             let name = &self.params[seg.param].0;
