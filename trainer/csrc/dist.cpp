@@ -129,10 +129,22 @@ Work start_all_gather(Group& g, at::Tensor out, at::Tensor in) {
 
 // Gradient reducer state. Hooks hold it weakly, so a freed reducer turns them into
 // no-ops even if libtorch keeps the accumulator nodes alive.
+//
+// All-reduce mode keeps one flat buffer per bucket; an armed pass copies the gradients
+// in, all-reduces each bucket as it fills, and writes the averages back to `.grad`.
+// Scatter mode (ZeRO-2) is armed on every micro-step of an accumulation: each
+// gradient is added into its bucket's buffer (allocated at the step's first gradient)
+// and freed at once, so no parameter keeps a `.grad`. The accumulation sums in the
+// order autograd's accumulation does, so the buffers hold what DDP's would. On the
+// last micro-step (`sync`) each bucket is reduce-scattered as it fills, its buffer
+// freed once sent, and this rank's shard of the average lands in `shard_grad`.
 struct Bucket {
   std::vector<size_t> members;   // parameter indices, in launch order
   std::vector<int64_t> offsets;  // element offset of each member in flat
+  int64_t len = 0;               // elements of flat, padding included
+  at::TensorOptions options;
   at::Tensor flat;
+  at::Tensor shard_grad;  // scatter mode: this rank's len / world elements
   size_t pending = 0;
   bool launched = false;
   Work work;
@@ -141,6 +153,7 @@ struct Bucket {
 struct Reducer {
   std::mutex mu;
   Group* group = nullptr;
+  bool scatter = false;
   std::vector<at::Tensor> params;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hook_keys;
@@ -149,29 +162,48 @@ struct Reducer {
   std::vector<char> ready;
   size_t next_launch = 0;
   bool armed = false;
+  bool sync = false;  // this pass sends the buckets
 
   at::Tensor slot(size_t i) {
     auto& b = buckets[bucket_of[i]];
     return b.flat.narrow(0, b.offsets[slot_of[i]], params[i].numel()).view(params[i].sizes());
   }
 
-  // Called with mu held: the gradient of param i (or zeros when it got none) into its slot.
+  void ensure_flat(Bucket& b) {
+    if (!b.flat.defined()) b.flat = at::zeros({b.len}, b.options);
+  }
+
+  // Called with mu held: param i's gradient into its slot. All-reduce mode copies it
+  // (zeros when it got none); scatter mode adds it and frees it.
   void stage(size_t i) {
-    const at::Tensor& grad = params[i].grad();
-    if (grad.defined()) {
+    auto& b = buckets[bucket_of[i]];
+    at::Tensor& grad = params[i].mutable_grad();
+    if (scatter) {
+      if (grad.defined()) {
+        ensure_flat(b);
+        slot(i).add_(grad);
+        grad.reset();
+      }
+    } else if (grad.defined()) {
       slot(i).copy_(grad);
     } else {
       slot(i).zero_();
     }
     ready[i] = 1;
-    buckets[bucket_of[i]].pending -= 1;
+    b.pending -= 1;
   }
 
   // Buckets go out strictly in index order on every rank, so collectives match.
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       auto& b = buckets[next_launch++];
-      b.work = start_allreduce(*group, b.flat, kSum);
+      if (scatter) {
+        ensure_flat(b);
+        b.work = start_reduce_scatter(*group, at::empty({b.len / group->world}, b.options), b.flat, kSum);
+        b.flat = at::Tensor();  // the work keeps it until the collective is done
+      } else {
+        b.work = start_allreduce(*group, b.flat, kSum);
+      }
       b.launched = true;
     }
   }
@@ -183,7 +215,7 @@ struct Reducer {
                 " received a gradient twice in one synchronized backward pass; "
                 "backpropagate each parameter's whole gradient in one accumulation");
     stage(i);
-    launch_ready();
+    if (sync) launch_ready();
   }
 };
 
@@ -320,22 +352,26 @@ char* shim_work_wait(void* w) {
 
 void shim_work_free(void* w) { delete static_cast<Work*>(w); }
 
-// A gradient reducer over n leaf parameters. bucket_of[i] is param i's bucket;
-// buckets are launched in index order, so index 0 should hold the parameters whose
-// gradients backward produces first. Every bucket's params share dtype and device.
-// Buckets are all-reduced from AccumulateGrad hooks as they fill, so each param must
-// get its whole gradient in one accumulation per armed pass.
-char* shim_reducer_new(void* gp, at::Tensor* const* params, const int64_t* bucket_of, size_t n, size_t n_buckets,
+// A gradient reducer over n leaf parameters. bucket_of[i] is param i's bucket and
+// offset_of[i] its element offset in the bucket's flat buffer of bucket_len[b]
+// elements; buckets are launched in index order, so index 0 should hold the
+// parameters whose gradients backward produces first. Every bucket's params share
+// dtype and device. Buckets go out from AccumulateGrad hooks as they fill, so each
+// param must get its whole gradient in one accumulation per armed pass.
+// shard_grads NULL: all-reduce mode. Otherwise scatter mode: shard_grads[b] holds
+// bucket_len[b] / world elements, to which each pass adds this rank's shard.
+char* shim_reducer_new(void* gp, at::Tensor* const* params, const int64_t* bucket_of, const int64_t* offset_of,
+                       size_t n, const int64_t* bucket_len, at::Tensor* const* shard_grads, size_t n_buckets,
                        void** out) {
   return guarded([&] {
     *out = nullptr;
     auto r = std::make_shared<Reducer>();
     r->group = static_cast<Group*>(gp);
+    r->scatter = shard_grads != nullptr;
     r->buckets.resize(n_buckets);
     r->bucket_of.resize(n);
     r->slot_of.resize(n);
     r->ready.assign(n, 0);
-    std::vector<int64_t> sizes(n_buckets, 0);
     for (size_t i = 0; i < n; ++i) {
       TORCH_CHECK(params[i] != nullptr && params[i]->defined(), "reducer: params[", i, "] is undefined");
       const at::Tensor& p = *params[i];
@@ -349,17 +385,32 @@ char* shim_reducer_new(void* gp, at::Tensor* const* params, const int64_t* bucke
         TORCH_CHECK(first.scalar_type() == p.scalar_type() && first.device() == p.device(), "reducer: bucket ", b,
                     " mixes dtypes or devices");
       }
+      TORCH_CHECK(offset_of[i] >= 0 && offset_of[i] + p.numel() <= bucket_len[b], "reducer: param ", i,
+                  " does not fit its bucket");
       r->params.push_back(p);
       r->bucket_of[i] = b;
       r->slot_of[i] = bucket.members.size();
       bucket.members.push_back(i);
-      bucket.offsets.push_back(sizes[b]);
-      sizes[b] += p.numel();
+      bucket.offsets.push_back(offset_of[i]);
     }
     for (size_t b = 0; b < n_buckets; ++b) {
       auto& bucket = r->buckets[b];
       TORCH_CHECK(!bucket.members.empty(), "reducer: bucket ", b, " is empty");
-      bucket.flat = at::zeros({sizes[b]}, r->params[bucket.members[0]].options().requires_grad(false));
+      bucket.len = bucket_len[b];
+      bucket.options = r->params[bucket.members[0]].options().requires_grad(false);
+      if (r->scatter) {
+        TORCH_CHECK(bucket.len % r->group->world == 0, "reducer: bucket ", b, " of ", bucket.len,
+                    " elements does not split over ", r->group->world, " ranks");
+        TORCH_CHECK(shard_grads[b] != nullptr && shard_grads[b]->numel() == bucket.len / r->group->world &&
+                        shard_grads[b]->is_contiguous() &&
+                        shard_grads[b]->scalar_type() == bucket.options.dtype().toScalarType() &&
+                        shard_grads[b]->device() == bucket.options.device(),
+                    "reducer: the gradient shard of bucket ", b, " is not a contiguous ", bucket.len / r->group->world,
+                    "-element tensor of its parameters' dtype and device");
+        bucket.shard_grad = *shard_grads[b];
+      } else {
+        bucket.flat = at::zeros({bucket.len}, bucket.options);
+      }
     }
     std::weak_ptr<Reducer> weak = r;
     for (size_t i = 0; i < n; ++i) {
@@ -382,12 +433,14 @@ void shim_reducer_free(void* rp) {
   delete holder;
 }
 
-// Arms the reducer for the next backward pass: its gradients are the ones synchronized.
-char* shim_reducer_prepare(void* rp) {
+// Arms the reducer for the next backward pass. sync: the pass sends the buckets (an
+// all-reduce mode reducer is armed only for such passes).
+char* shim_reducer_prepare(void* rp, int sync) {
   return guarded([&] {
     auto& r = **static_cast<std::shared_ptr<Reducer>*>(rp);
     std::lock_guard<std::mutex> lock(r.mu);
     TORCH_CHECK(!r.armed, "reducer: prepare called twice without finish");
+    TORCH_CHECK(sync || r.scatter, "reducer: only a scattering reducer accumulates without sending");
     std::fill(r.ready.begin(), r.ready.end(), 0);
     for (auto& b : r.buckets) {
       b.pending = b.members.size();
@@ -395,12 +448,14 @@ char* shim_reducer_prepare(void* rp) {
       b.work = Work();
     }
     r.next_launch = 0;
+    r.sync = sync != 0;
     r.armed = true;
   });
 }
 
-// After backward: stages what the hooks did not (params without a gradient count as
-// zeros), waits for every bucket and writes the rank-averaged gradients back.
+// After the armed backward: stages what the hooks did not (params without a gradient
+// count as zeros). A sync pass then waits for every bucket: all-reduce mode writes the
+// rank-averaged gradients back, scatter mode this rank's averaged shards.
 char* shim_reducer_finish(void* rp) {
   return guarded([&] {
     auto& r = **static_cast<std::shared_ptr<Reducer>*>(rp);
@@ -411,21 +466,62 @@ char* shim_reducer_finish(void* rp) {
     for (size_t i = 0; i < r.params.size(); ++i) {
       if (!r.ready[i]) r.stage(i);
     }
+    if (!r.sync) return;
     r.launch_ready();
     const auto world = r.group->world;
     for (auto& b : r.buckets) {
       wait_work(b.work);
-      b.flat.div_(world);
-      for (size_t i : b.members) {
-        at::Tensor& grad = r.params[i].mutable_grad();
-        if (grad.defined()) {
-          grad.copy_(r.slot(i));
-        } else {
-          grad = r.slot(i).clone();
+      if (r.scatter) {
+        b.shard_grad.copy_(b.work.tensor.div_(world));
+      } else {
+        b.flat.div_(world);
+        for (size_t i : b.members) {
+          at::Tensor& grad = r.params[i].mutable_grad();
+          if (grad.defined()) {
+            grad.copy_(r.slot(i));
+          } else {
+            grad = r.slot(i).clone();
+          }
         }
       }
       b.work = Work();
     }
+  });
+}
+
+// The global gradient norm's parts after a sync pass: out is a float [buckets, world]
+// table of the norms of each rank's shard of each bucket's averaged gradients. All-reduce
+// mode holds every shard and fills the table; scatter mode fills its own column and
+// leaves zeros for the ranks to sum. Every strategy computes each entry with the same
+// kernel on the same values, so the norm of the table rounds the same under all.
+char* shim_reducer_shard_norms(void* rp, at::Tensor** out) {
+  return guarded([&] {
+    *out = nullptr;
+    auto& r = **static_cast<std::shared_ptr<Reducer>*>(rp);
+    std::lock_guard<std::mutex> lock(r.mu);
+    TORCH_CHECK(!r.armed, "reducer: shard norms asked for during a pass");
+    at::NoGradGuard no_grad;
+    const auto world = r.group->world;
+    const auto n_buckets = static_cast<int64_t>(r.buckets.size());
+    auto device = r.buckets.empty() ? at::Device(at::kCPU) : r.buckets[0].options.device();
+    auto table = at::zeros({n_buckets, world}, at::TensorOptions().dtype(at::kFloat).device(device));
+    std::vector<at::Tensor> shards;
+    for (auto& b : r.buckets) {
+      if (r.scatter) {
+        shards.push_back(b.shard_grad);
+      } else {
+        for (auto& chunk : b.flat.chunk(world)) shards.push_back(chunk);
+      }
+    }
+    if (!shards.empty()) {
+      auto norms = at::stack(at::_foreach_norm(shards, 2, at::kFloat)).to(device);
+      if (r.scatter) {
+        table.select(1, r.group->rank).copy_(norms);
+      } else {
+        table.copy_(norms.view({n_buckets, world}));
+      }
+    }
+    *out = new at::Tensor(std::move(table));
   });
 }
 

@@ -271,6 +271,17 @@ char* shim_fused_adamw(at::Tensor* const* params, at::Tensor* const* grads, at::
 // accumulated in f32. Writes the pre-clip total norm (0-dim f32 on the first grad's
 // device) to *out_norm; a non-finite norm is returned as is and scales the grads
 // to non-finite values, as torch does with error_if_nonfinite=False.
+namespace {
+// Scales every gradient by min(1, max_norm / (total + 1e-6)), as clip_grad_norm_ does.
+void scale_by_norm(const std::vector<at::Tensor>& g, const at::Tensor& total, double max_norm) {
+  at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  for (const auto& [key, idx] : group_by_device_dtype(g)) {
+    auto gs = pick(g, idx);
+    at::_foreach_mul_(gs, coef.to(gs[0].device()));
+  }
+}
+}  // namespace
+
 char* shim_clip_grad_norm(at::Tensor* const* grads, size_t n, double max_norm, at::Tensor** out_norm) {
   return guarded([&] {
     at::NoGradGuard no_grad;
@@ -278,18 +289,23 @@ char* shim_clip_grad_norm(at::Tensor* const* grads, size_t n, double max_norm, a
     auto g = to_list(grads, n, "grads");
     TORCH_CHECK(!g.empty(), "clip_grad_norm needs at least one gradient");
     auto first_device = g[0].device();
-    auto groups = group_by_device_dtype(g);
     std::vector<at::Tensor> norms;
-    for (const auto& [key, idx] : groups) {
+    for (const auto& [key, idx] : group_by_device_dtype(g)) {
       for (auto& t : at::_foreach_norm(pick(g, idx), 2, at::kFloat)) norms.push_back(t.to(first_device));
     }
     at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-    for (const auto& [key, idx] : groups) {
-      auto gs = pick(g, idx);
-      at::_foreach_mul_(gs, coef.to(gs[0].device()));
-    }
+    scale_by_norm(g, total, max_norm);
     *out_norm = new at::Tensor(std::move(total));
+  });
+}
+
+// clip_grad_norm_'s scaling by a norm computed elsewhere (over the ranks' shards).
+char* shim_clip_grads_by_norm(at::Tensor* const* grads, size_t n, const at::Tensor* norm, double max_norm) {
+  return guarded([&] {
+    at::NoGradGuard no_grad;
+    auto g = to_list(grads, n, "grads");
+    TORCH_CHECK(norm != nullptr && norm->defined() && norm->numel() == 1, "clip_grads_by_norm: the norm is not a scalar");
+    if (!g.empty()) scale_by_norm(g, *norm, max_norm);
   });
 }
 

@@ -32,6 +32,12 @@ mod raw {
             eps: f64,
             found_inf: *const C_tensor,
         ) -> *mut c_char;
+        pub fn shim_clip_grads_by_norm(
+            grads: *const *mut C_tensor,
+            n: usize,
+            norm: *const C_tensor,
+            max_norm: f64,
+        ) -> *mut c_char;
         pub fn shim_clip_grad_norm(
             grads: *const *mut C_tensor,
             n: usize,
@@ -216,6 +222,14 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Tensor, Error> 
     check("clip_grad_norm", err)?;
     // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of (freed by at_free).
     Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// [`clip_grad_norm`]'s scaling with a norm computed elsewhere: each gradient is
+/// multiplied by min(1, max_norm / (norm + 1e-6)).
+pub fn clip_grads_by_norm(grads: &[Tensor], norm: &Tensor, max_norm: f64) -> Result<(), Error> {
+    let g = ptrs(grads);
+    // SAFETY: live tensors.
+    check("clip_grads_by_norm", unsafe { raw::shim_clip_grads_by_norm(g.as_ptr(), g.len(), norm.as_ptr(), max_norm) })
 }
 
 /// Leaves every tensor in `params` without a `.grad` (torch's `zero_grad(set_to_none=True)`).

@@ -501,12 +501,12 @@ fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-30)).fold(0.0, f64::max)
 }
 
-/// `parallelism: zero1` trains the same model as ddp, on 2 and on 3 ranks, with
-/// gradient accumulation, the chunked loss and gradient checkpointing, untied (nano) on
-/// 2 ranks and with GPT-2's tied embeddings on 3: the same losses over 20 steps and the
-/// same final weights, within 1e-6.
+/// `parallelism: zero1` and `zero2` train the same model as ddp, on 2 and on 3 ranks,
+/// with gradient accumulation, the chunked loss and gradient checkpointing, untied
+/// (nano) on 2 ranks and with GPT-2's tied embeddings on 3: the same losses over 20
+/// steps and the same final weights, within 1e-6.
 #[test]
-fn zero1_trains_like_ddp_on_two_and_three_ranks() {
+fn sharded_strategies_train_like_ddp_on_two_and_three_ranks() {
     for (world, micro, global) in [(2u32, 4u32, 1024u32), (3, 2, 768)] {
         let yaml = |parallelism: &str| {
             manifest_yaml(world, micro, global, &(20 * global).to_string()).replace(
@@ -521,9 +521,7 @@ fn zero1_trains_like_ddp_on_two_and_three_ranks() {
             }
             cfg
         };
-        let (ddp, zero1) = (tie(config(&yaml("ddp"))), tie(config(&yaml("zero1"))));
-        assert_eq!((zero1.batch.grad_accum, zero1.schedule.total_steps), (2, 20));
-        let dir = scratch(&format!("zero1-{world}"));
+        let dir = scratch(&format!("sharded-{world}"));
         let train = |cfg: &RunConfig| {
             on_ranks(cfg, &dir, |mut t| {
                 let losses: Vec<f64> = (0..20).map(|_| t.train_step().unwrap().loss).collect();
@@ -534,24 +532,29 @@ fn zero1_trains_like_ddp_on_two_and_three_ranks() {
                 (losses, params.iter().map(|(n, _)| n.clone()).zip(sums).collect::<Vec<_>>(), params_checksum(&params))
             })
         };
-        let (a, b) = (train(&ddp), train(&zero1));
-        for rank in 0..world as usize {
-            let diff = max_rel_loss_diff(&a[rank].0, &b[rank].0);
-            assert!(
-                diff < 1e-6,
-                "world {world} rank {rank}: losses differ by {diff:e}\n{:?}\n{:?}",
-                a[rank].0,
-                b[rank].0
-            );
-            for ((name, x), (_, y)) in a[rank].1.iter().zip(&b[rank].1) {
+        let ddp = train(&tie(config(&yaml("ddp"))));
+        assert!(ddp[0].0[19] < ddp[0].0[0], "it learns: {:?}", ddp[0].0);
+        for strategy in ["zero1", "zero2"] {
+            let cfg = tie(config(&yaml(strategy)));
+            assert_eq!((cfg.batch.grad_accum, cfg.schedule.total_steps), (2, 20));
+            let got = train(&cfg);
+            for rank in 0..world as usize {
+                let diff = max_rel_loss_diff(&ddp[rank].0, &got[rank].0);
                 assert!(
-                    (x - y).abs() <= 1e-6 * x.abs().max(y.abs()),
-                    "world {world} rank {rank} {name}: Σ|w| {x} vs {y}"
+                    diff < 1e-6,
+                    "{strategy}, world {world} rank {rank}: losses differ by {diff:e}\n{:?}\n{:?}",
+                    ddp[rank].0,
+                    got[rank].0
                 );
+                for ((name, x), (_, y)) in ddp[rank].1.iter().zip(&got[rank].1) {
+                    assert!(
+                        (x - y).abs() <= 1e-6 * x.abs().max(y.abs()),
+                        "{strategy}, world {world} rank {rank} {name}: Σ|w| {x} vs {y}"
+                    );
+                }
             }
+            assert!(got.iter().all(|r| r.2 == got[0].2), "{strategy}'s ranks hold the same parameters (world {world})");
         }
-        assert!(b.iter().all(|r| r.2 == b[0].2), "zero1's ranks hold the same parameters (world {world})");
-        assert!(a[0].0[19] < a[0].0[0], "it learns: {:?}", a[0].0);
     }
 }
 
@@ -561,7 +564,7 @@ fn params_checksum(params: &[(String, Tensor)]) -> [f64; 3] {
 }
 
 /// A checkpoint does not depend on the strategy: a 2-rank run trained under ddp, then
-/// resumed under zero1, then under ddp again, follows the uninterrupted ddp curve.
+/// resumed under zero1, zero2 and ddp again, follows the uninterrupted ddp curve.
 #[test]
 fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     let dir = scratch("strategies");
@@ -578,7 +581,7 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     assert_eq!(full.len(), 8);
 
     let out = dir.join("moved");
-    for (parallelism, stop) in [("ddp", Some("3")), ("zero1", Some("6")), ("ddp", None)] {
+    for (parallelism, stop) in [("ddp", Some("2")), ("zero1", Some("4")), ("zero2", Some("6")), ("ddp", None)] {
         write(parallelism);
         let extra: Vec<&str> = stop.map(|s| vec!["--stop-after-steps", s]).unwrap_or_default();
         let o = run(&manifest, &out, &extra);

@@ -82,8 +82,10 @@ pub struct TrainingRunSpec {
     /// the whole model, its gradients and both AdamW moments. `zero1` (ZeRO stage 1):
     /// the AdamW moments are sharded, each rank keeping 1/world of them and updating
     /// only its shard, after which the updated parameters are all-gathered; gradients
-    /// are all-reduced as under ddp. The losses are ddp's (up to rounding), and
-    /// checkpoints do not depend on it, so it may change when a run resumes.
+    /// are all-reduced as under ddp. `zero2` (ZeRO stage 2): as zero1, and gradients
+    /// are reduce-scattered on every micro-step, so each rank keeps only its 1/world
+    /// of them too. The losses are ddp's (up to rounding), and checkpoints do not
+    /// depend on it, so it may change when a run resumes.
     #[serde(default)]
     pub parallelism: Parallelism,
 
@@ -469,6 +471,8 @@ pub enum Parallelism {
     Ddp,
     /// ZeRO stage 1: the optimizer state is sharded over the ranks.
     Zero1,
+    /// ZeRO stage 2: the optimizer state and the gradients are sharded over the ranks.
+    Zero2,
 }
 
 impl Parallelism {

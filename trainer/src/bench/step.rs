@@ -129,11 +129,15 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             }
             Ok(model.backward_checkpointed(&x, &y, 1.0, loss_chunk, recompute)?)
         })?;
-        if let Some((_, reducer)) = &ddp {
-            reducer.finish()?;
-        }
+        let norm = match &ddp {
+            Some((_, reducer)) => {
+                reducer.finish()?;
+                Some(reducer.grad_norm()?)
+            }
+            None => None,
+        };
         // As training does: the NaN check stays on the device.
-        let _ = opt.clip_and_step(&loss, 1.0, lr)?;
+        let _ = opt.clip_and_step(&loss, 1.0, lr, norm)?;
         opt.zero_grad()?;
         Ok(loss)
     };

@@ -377,6 +377,31 @@ mod tests {
         }
     }
 
+    /// ZeRO-2 reduce-scatters what DDP all-reduces; the two give the same training only
+    /// if each element's sum over the ranks rounds the same way in both.
+    #[test]
+    fn reduce_scatter_sums_each_element_as_the_all_reduce_does_bit_for_bit() {
+        for world in [2u32, 3, 4] {
+            on_ranks(world, |rank, port| {
+                let g = gloo(rank, world, port)?;
+                let chunk = 4099;
+                let data = |r: u32| {
+                    let i = Tensor::arange(chunk * i64::from(world), (Kind::Double, Device::Cpu));
+                    ((i * (0.731 + f64::from(r))).sin() * 10f64.powi(r as i32 - 1)).to_kind(Kind::Float)
+                };
+                let all = data(rank);
+                let out = Tensor::zeros([chunk], (Kind::Float, Device::Cpu));
+                g.reduce_scatter(&out, &all, ReduceOp::Sum)?.wait()?;
+                g.allreduce(&all, ReduceOp::Sum)?.wait()?;
+                let mine = all.narrow(0, i64::from(rank) * chunk, chunk);
+                let differ = mine.ne_tensor(&out).sum(Kind::Int64).int64_value(&[]);
+                assert_eq!(differ, 0, "world {world} rank {rank}: {differ} elements round differently");
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        }
+    }
+
     #[test]
     fn all_gather_lays_every_ranks_input_out_in_rank_order() {
         for world in [2u32, 3] {

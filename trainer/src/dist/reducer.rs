@@ -1,17 +1,30 @@
 //! Gradient synchronization for data parallelism: parameters are grouped into flat
 //! buckets of about `bucket_cap` bytes in reverse definition order (the order backward
-//! produces their gradients), and each bucket is all-reduced from an AccumulateGrad
-//! hook in the shim as soon as it is full, overlapping communication with the rest of
-//! backward. Only the last micro-step of an accumulation is synchronized.
+//! produces their gradients), and each bucket goes out from an AccumulateGrad hook in
+//! the shim as soon as it is full, overlapping communication with the rest of
+//! backward.
+//!
+//! Under DDP and ZeRO-1 each bucket is all-reduced and every rank gets every averaged
+//! gradient back in `.grad`; only the last micro-step of an accumulation is
+//! synchronized. Under ZeRO-2 ([`GradReducer::scattering`]) every gradient is added
+//! into its bucket and freed as soon as autograd produces it, on every micro-step, and
+//! on the last one each bucket is reduce-scattered as it fills: each rank keeps only
+//! its shard of the average. The buckets accumulate as autograd would, and Gloo's
+//! reduce-scatter sums as its all-reduce does, so the shards hold DDP's values bit for
+//! bit.
+//!
+//! Every strategy clips by [`GradReducer::grad_norm`], the norm of the per-shard norms
+//! of the buckets, which each can compute from the same values in the same order.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
-use super::group::ProcessGroup;
+use super::group::{ProcessGroup, ReduceOp};
+use super::shard::{ShardLayout, cache_line_alignment};
 use crate::Error;
 use crate::ffi::{ptrs, take_message};
 
@@ -23,12 +36,16 @@ mod raw {
             g: *mut c_void,
             params: *const *mut C_tensor,
             bucket_of: *const i64,
+            offset_of: *const i64,
             n: usize,
+            bucket_len: *const i64,
+            shard_grads: *const *mut C_tensor,
             n_buckets: usize,
             out: *mut *mut c_void,
         ) -> *mut c_char;
         pub fn shim_reducer_free(r: *mut c_void);
-        pub fn shim_reducer_prepare(r: *mut c_void) -> *mut c_char;
+        pub fn shim_reducer_prepare(r: *mut c_void, sync: c_int) -> *mut c_char;
+        pub fn shim_reducer_shard_norms(r: *mut c_void, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn shim_reducer_finish(r: *mut c_void) -> *mut c_char;
     }
 }
@@ -59,6 +76,7 @@ pub fn assign_buckets(params: &[(usize, Kind, Device)], cap_bytes: usize) -> Vec
 pub struct GradReducer {
     raw: NonNull<c_void>,
     n_buckets: usize,
+    scattering: bool,
     // The shim keeps a raw pointer to the group: it must outlive the reducer.
     _group: Arc<ProcessGroup>,
 }
@@ -67,25 +85,121 @@ pub struct GradReducer {
 unsafe impl Send for GradReducer {}
 
 impl GradReducer {
-    /// `params` in definition order (leaves that require grad). Buckets go out from
-    /// hooks during backward, so between `prepare` and `finish` each parameter must
-    /// get its whole gradient in one accumulation, as the model's backward passes do
-    /// (a second one is an error).
+    /// An all-reducing reducer. `params` in definition order (leaves that require
+    /// grad). Buckets go out from hooks during backward, so between `prepare` and
+    /// `finish` each parameter must get its whole gradient in one accumulation, as the
+    /// model's backward passes do (a second one is an error).
     pub fn new(group: Arc<ProcessGroup>, params: &[Tensor], bucket_cap_bytes: usize) -> Result<GradReducer, Error> {
         let sizes: Vec<_> =
             params.iter().map(|p| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device())).collect();
         let bucket_of = assign_buckets(&sizes, bucket_cap_bytes.max(1));
-        let n_buckets = bucket_of.iter().max().map_or(0, |&b| b as usize + 1);
+        let numels: Vec<i64> = params.iter().map(|p| p.numel() as i64).collect();
+        // ZeRO's layout, so every strategy sums each element over the ranks in the same
+        // order (a ring all-reduce's order depends on where an element lies).
+        let align = cache_line_alignment(params.iter().map(Tensor::kind));
+        let layout = ShardLayout::new(&numels, &bucket_of, group.world_size(), group.rank(), align);
+        Self::build(group, params, &layout, None)
+    }
+
+    /// A reduce-scattering reducer (ZeRO-2) over `layout`, built for `params` on this
+    /// rank of `group`: the last micro-step of each accumulation leaves this rank's
+    /// shard of bucket `b`'s averaged gradients in `shard_grads[b]`
+    /// (`layout.buckets[b].shard_len()` elements).
+    pub fn scattering(
+        group: Arc<ProcessGroup>,
+        params: &[Tensor],
+        layout: &ShardLayout,
+        shard_grads: &[Tensor],
+    ) -> Result<GradReducer, Error> {
+        if shard_grads.len() != layout.buckets.len() || layout.world != group.world_size() {
+            return Err(Error::Shim(format!(
+                "gradient reducer: {} gradient shards for {} buckets of a {}-rank layout, in a {}-rank group",
+                shard_grads.len(),
+                layout.buckets.len(),
+                layout.world,
+                group.world_size()
+            )));
+        }
+        Self::build(group, params, layout, Some(shard_grads))
+    }
+
+    fn build(
+        group: Arc<ProcessGroup>,
+        params: &[Tensor],
+        layout: &ShardLayout,
+        shard_grads: Option<&[Tensor]>,
+    ) -> Result<GradReducer, Error> {
+        let (mut bucket_of, mut offset_of) = (vec![-1i64; params.len()], vec![0i64; params.len()]);
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            for m in &bucket.members {
+                bucket_of[m.param] = b as i64;
+                offset_of[m.param] = m.offset;
+            }
+        }
+        if bucket_of.contains(&-1) {
+            return Err(Error::Shim("gradient reducer: the layout does not place every parameter".into()));
+        }
+        let bucket_len: Vec<i64> = layout.buckets.iter().map(|b| b.padded_len).collect();
         let p = ptrs(params);
+        let shards = shard_grads.map(ptrs);
         let mut out = std::ptr::null_mut();
-        // SAFETY: live tensors and a parallel bucket list; the shim keeps its own references.
+        // SAFETY: live tensors and parallel lists; the shim keeps its own references.
         let err = unsafe {
-            raw::shim_reducer_new(group.as_raw(), p.as_ptr(), bucket_of.as_ptr(), p.len(), n_buckets, &mut out)
+            raw::shim_reducer_new(
+                group.as_raw(),
+                p.as_ptr(),
+                bucket_of.as_ptr(),
+                offset_of.as_ptr(),
+                p.len(),
+                bucket_len.as_ptr(),
+                shards.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+                bucket_len.len(),
+                &mut out,
+            )
         };
         if let Some(m) = take_message(err) {
             return Err(Error::Shim(format!("gradient reducer: {m}")));
         }
-        Ok(GradReducer { raw: NonNull::new(out).expect("the shim returns a reducer"), n_buckets, _group: group })
+        Ok(GradReducer {
+            raw: NonNull::new(out).expect("the shim returns a reducer"),
+            n_buckets: bucket_len.len(),
+            scattering: shard_grads.is_some(),
+            _group: group,
+        })
+    }
+
+    /// Whether the reducer takes part in a micro-step: the last of an accumulation,
+    /// and every one when scattering (which keeps no `.grad` between them).
+    fn arms(&self, last: bool) -> bool {
+        last || self.scattering
+    }
+
+    /// Before one micro-step's backward passes; `last`: the accumulation's last.
+    pub fn begin_micro_step(&self, last: bool) -> Result<(), Error> {
+        if self.arms(last) { self.arm(last) } else { Ok(()) }
+    }
+
+    /// After one micro-step's backward passes; on the last, waits for every bucket.
+    pub fn end_micro_step(&self, last: bool) -> Result<(), Error> {
+        if self.arms(last) { self.finish() } else { Ok(()) }
+    }
+
+    /// The global norm of the averaged gradients after the last micro-step: the norm
+    /// of every rank's shard norm of every bucket, bucket-major. A collective when
+    /// scattering (each rank has its own shards' norms), so every rank calls it.
+    pub fn grad_norm(&self) -> Result<Tensor, Error> {
+        let mut out: *mut C_tensor = std::ptr::null_mut();
+        // SAFETY: a live reducer; on success the shim hands us a new at::Tensor*.
+        let err = unsafe { raw::shim_reducer_shard_norms(self.raw.as_ptr(), &mut out) };
+        if let Some(m) = take_message(err) {
+            return Err(self.error(m));
+        }
+        // SAFETY: out is a heap at::Tensor that tch's Tensor takes ownership of.
+        let table = unsafe { Tensor::from_ptr(out) };
+        if self.scattering {
+            self._group.allreduce(&table, ReduceOp::Sum)?.wait()?;
+        }
+        Ok(table.f_view([-1])?.f_norm_scalaropt_dtype(2, Kind::Float)?)
     }
 
     pub fn n_buckets(&self) -> usize {
@@ -94,13 +208,19 @@ impl GradReducer {
 
     /// Arms the reducer: the next backward pass's gradients are synchronized.
     pub fn prepare(&self) -> Result<(), Error> {
+        self.arm(true)
+    }
+
+    /// Arms the reducer for the next backward pass, which sends the buckets if `sync`
+    /// (otherwise, scattering, it only gathers the gradients into them).
+    fn arm(&self, sync: bool) -> Result<(), Error> {
         // SAFETY: a live reducer.
-        let err = unsafe { raw::shim_reducer_prepare(self.raw.as_ptr()) };
+        let err = unsafe { raw::shim_reducer_prepare(self.raw.as_ptr(), c_int::from(sync)) };
         take_message(err).map_or(Ok(()), |m| Err(self.error(m)))
     }
 
     /// After the armed backward: waits for every bucket and leaves each parameter's
-    /// gradient averaged over the ranks.
+    /// gradient averaged over the ranks (scattering: this rank's shards of the average).
     pub fn finish(&self) -> Result<(), Error> {
         // SAFETY: a live reducer.
         let err = unsafe { raw::shim_reducer_finish(self.raw.as_ptr()) };
@@ -109,7 +229,7 @@ impl GradReducer {
 
     fn error(&self, message: String) -> Error {
         Error::Collective {
-            op: "gradient all-reduce".into(),
+            op: if self.scattering { "gradient reduce-scatter" } else { "gradient all-reduce" }.into(),
             rank: self._group.rank(),
             timeout: self._group.timeout(),
             message,

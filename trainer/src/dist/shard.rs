@@ -20,6 +20,13 @@ use std::ops::Range;
 /// FusedAdamKernel.cpp); a multiple of every vector width.
 pub const CACHE_LINE_BYTES: i64 = 64;
 
+/// The alignment, in elements, for parameters of dtypes `kinds`: a cache line of the
+/// narrowest is a whole number of cache lines' worth of elements of every wider one.
+pub fn cache_line_alignment(kinds: impl IntoIterator<Item = tch::Kind>) -> i64 {
+    let narrowest = kinds.into_iter().map(|k| k.elt_size_in_bytes() as i64).min().unwrap_or(4);
+    CACHE_LINE_BYTES / narrowest
+}
+
 /// One parameter's place in its bucket's flat buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {

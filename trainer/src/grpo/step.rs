@@ -208,10 +208,9 @@ impl Grpo {
         let mut masked = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut trained = 0.0;
         for (i, m) in batch.micro.iter().enumerate() {
-            if i + 1 == batch.micro.len()
-                && let Some(r) = ctx.reducer
-            {
-                r.prepare()?;
+            let last = i + 1 == batch.micro.len();
+            if let Some(r) = ctx.reducer {
+                r.begin_micro_step(last)?;
             }
             let logp = packed_logps(ctx.model, &m.packed, self.g.temperature, ctx.autocast, m.support.as_ref())?;
             let parts = loss::policy_loss(
@@ -225,6 +224,9 @@ impl Grpo {
                 batch.norm,
             )?;
             parts.loss.f_mul_scalar(ctx.scale)?.f_backward()?;
+            if let Some(r) = ctx.reducer {
+                r.end_micro_step(last)?;
+            }
             total = total.f_add(&parts.loss.f_detach()?)?;
             kl = kl.f_add(&parts.kl_sum)?;
             clipped = clipped.f_add(&parts.clipped_low.f_add(&parts.clipped_high)?)?;

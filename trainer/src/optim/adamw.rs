@@ -82,10 +82,23 @@ impl AdamW {
     }
 
     /// The training step's update: clips the gradients to `max_norm` and steps unless
-    /// `loss` or the gradient norm is not finite, all on the device. Returns the
-    /// pre-clip norm and the skip flag (0-dim f32: 1 where the step was skipped).
-    pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
-        let norm = self.clip_grad_norm(max_norm)?;
+    /// `loss` or the gradient norm is not finite, all on the device. The norm is
+    /// `norm` where the gradient reducer computed it, otherwise the gradients'. Returns
+    /// the pre-clip norm and the skip flag (0-dim f32: 1 where the step was skipped).
+    pub fn clip_and_step(
+        &mut self,
+        loss: &Tensor,
+        max_norm: f64,
+        lr: Lr,
+        norm: Option<Tensor>,
+    ) -> Result<(Tensor, Tensor), Error> {
+        let norm = match norm {
+            None => self.clip_grad_norm(max_norm)?,
+            Some(norm) => {
+                ffi::clip_grads_by_norm(&self.grads()?, &norm, max_norm)?;
+                norm
+            }
+        };
         let skip = nonfinite(&[loss, &norm])?;
         self.step_unless(lr, &skip)?;
         Ok((norm, skip))

@@ -10,11 +10,12 @@ mod adamw;
 pub mod zero;
 
 use crate::Error;
+use crate::dist::GradReducer;
 pub use crate::ffi::Lr;
 pub use adamw::{AdamW, nonfinite};
 
 /// The run's optimizer: replicated on every rank (`parallelism: ddp`, and any run of
-/// one rank) or sharded over them (`zero1`).
+/// one rank) or sharded over them (`zero1`, `zero2`).
 pub enum Optimizer {
     Replicated(AdamW),
     Sharded(zero::ShardedAdamW),
@@ -22,11 +23,18 @@ pub enum Optimizer {
 
 impl Optimizer {
     /// Clips, then steps unless the loss or the norm is not finite; see
-    /// [`AdamW::clip_and_step`].
-    pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
+    /// [`AdamW::clip_and_step`]. `norm`: the gradient reducer's
+    /// [`GradReducer::grad_norm`] (needed when the gradients are sharded).
+    pub fn clip_and_step(
+        &mut self,
+        loss: &Tensor,
+        max_norm: f64,
+        lr: Lr,
+        norm: Option<Tensor>,
+    ) -> Result<(Tensor, Tensor), Error> {
         match self {
-            Optimizer::Replicated(o) => o.clip_and_step(loss, max_norm, lr),
-            Optimizer::Sharded(o) => o.clip_and_step(loss, max_norm, lr),
+            Optimizer::Replicated(o) => o.clip_and_step(loss, max_norm, lr, norm),
+            Optimizer::Sharded(o) => o.clip_and_step(loss, max_norm, lr, norm),
         }
     }
 
@@ -43,6 +51,14 @@ impl Optimizer {
         match self {
             Optimizer::Replicated(o) => Ok(o.state_tensors()),
             Optimizer::Sharded(o) => o.gather_state(),
+        }
+    }
+
+    /// The reducer the optimizer needs in place of the all-reducing one (ZeRO-2's).
+    pub fn gradient_reducer(&self) -> Result<Option<GradReducer>, Error> {
+        match self {
+            Optimizer::Replicated(_) => Ok(None),
+            Optimizer::Sharded(o) => o.gradient_reducer(),
         }
     }
 

@@ -1,9 +1,14 @@
-//! ZeRO-1: AdamW whose state is partitioned over the ranks. Gradients arrive
-//! all-reduced, as under plain data parallelism; each rank clips them by the same
-//! global norm, runs the fused AdamW on the pieces of the parameters it owns
-//! ([`crate::dist::shard`]), and the updated pieces are all-gathered bucket by bucket,
-//! so every rank ends the step with the same parameters as [`super::AdamW`] would give.
-//! Moments take 1/world of the memory per rank.
+//! ZeRO-1 and ZeRO-2: AdamW whose state is partitioned over the ranks. Each rank clips
+//! the gradients by the global norm, runs the fused AdamW on the pieces of the
+//! parameters it owns ([`crate::dist::shard`]), and the updated pieces are all-gathered
+//! bucket by bucket, so every rank ends the step with the same parameters as
+//! [`super::AdamW`] would give. Moments take 1/world of the memory per rank.
+//!
+//! Under ZeRO-1 the gradients arrive all-reduced in `.grad`, as under plain data
+//! parallelism. Under ZeRO-2 the reducer from [`ShardedAdamW::gradient_reducer`]
+//! reduce-scatters them into one shard per bucket, so no rank keeps whole gradients
+//! between steps. Either way the global norm comes from the reducer
+//! ([`GradReducer::grad_norm`]), which rounds the same under every strategy.
 //!
 //! The checkpointed state is the consolidated one, named as [`super::AdamW`] names it,
 //! so a checkpoint does not depend on the strategy or the world size.
@@ -17,8 +22,8 @@ use tch::{Kind, Tensor};
 
 use super::adamw::{bytes, check_state, nonfinite};
 use crate::Error;
-use crate::dist::shard::{CACHE_LINE_BYTES, ShardLayout};
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::shard::{ShardLayout, cache_line_alignment};
+use crate::dist::{GradReducer, ProcessGroup, ReduceOp};
 use crate::ffi::{self, AdamWParams, Lr};
 
 /// A piece of a parameter this rank owns, and its AdamW state.
@@ -34,7 +39,25 @@ struct OwnedSegment {
     step: Tensor,
 }
 
-/// AdamW with its state sharded over a process group (ZeRO stage 1).
+/// Which ZeRO stage: what is sharded besides the optimizer state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroStage {
+    /// Optimizer state only; gradients are all-reduced whole.
+    One,
+    /// Gradients too: each rank keeps its shard of them.
+    Two,
+}
+
+/// Where the optimizer finds the gradients of the pieces it owns.
+enum Gradients {
+    /// Whole and averaged, in each parameter's `.grad`.
+    Whole,
+    /// This rank's shard of each bucket's averaged gradients, one tensor per bucket,
+    /// written by the scattering reducer.
+    Sharded(Vec<Tensor>),
+}
+
+/// AdamW with its state sharded over a process group (ZeRO stages 1 and 2).
 pub struct ShardedAdamW {
     config: ResolvedOptimizer,
     group: Arc<ProcessGroup>,
@@ -46,6 +69,7 @@ pub struct ShardedAdamW {
     norm_order: Vec<usize>,
     decay: Vec<OwnedSegment>,
     no_decay: Vec<OwnedSegment>,
+    grads: Gradients,
 }
 
 impl ShardedAdamW {
@@ -56,6 +80,7 @@ impl ShardedAdamW {
         bucket_of: &[i64],
         group: Arc<ProcessGroup>,
         config: &ResolvedOptimizer,
+        stage: ZeroStage,
     ) -> Result<Self, Error> {
         if params.len() != bucket_of.len() {
             return Err(Error::Shim(format!(
@@ -65,10 +90,7 @@ impl ShardedAdamW {
             )));
         }
         let numels: Vec<i64> = params.iter().map(|(_, p)| p.numel() as i64).collect();
-        // A cache line of the narrowest dtype is a whole number of cache lines' worth
-        // of elements of every wider one.
-        let narrowest = params.iter().map(|(_, p)| p.kind().elt_size_in_bytes() as i64).min().unwrap_or(4);
-        let align = CACHE_LINE_BYTES / narrowest;
+        let align = cache_line_alignment(params.iter().map(|(_, p)| p.kind()));
         let layout = ShardLayout::new(&numels, bucket_of, group.world_size(), group.rank(), align);
         let (mut decay, mut no_decay) = (Vec::new(), Vec::new());
         for (b, bucket) in layout.buckets.iter().enumerate() {
@@ -89,7 +111,47 @@ impl ShardedAdamW {
         }
         let mut norm_order: Vec<usize> = (0..params.len()).collect();
         norm_order.sort_by_key(|&i| (params[i].1.dim() < 2, params[i].0.clone()));
-        Ok(ShardedAdamW { config: config.clone(), group, layout, params, norm_order, decay, no_decay })
+        let grads = match stage {
+            ZeroStage::One => Gradients::Whole,
+            ZeroStage::Two => Gradients::Sharded(
+                layout
+                    .buckets
+                    .iter()
+                    .map(|b| {
+                        let like = b.members.first().map(|m| &params[m.param].1);
+                        let (kind, device) = like.map_or((Kind::Float, tch::Device::Cpu), |p| (p.kind(), p.device()));
+                        Tensor::f_zeros([b.shard_len()], (kind, device))
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
+        Ok(ShardedAdamW { config: config.clone(), group, layout, params, norm_order, decay, no_decay, grads })
+    }
+
+    /// The reducer that fills this optimizer's gradient shards (ZeRO-2); `None` under
+    /// ZeRO-1, whose gradients the ordinary all-reducing reducer averages.
+    pub fn gradient_reducer(&self) -> Result<Option<GradReducer>, Error> {
+        let Gradients::Sharded(shards) = &self.grads else { return Ok(None) };
+        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        GradReducer::scattering(self.group.clone(), &params, &self.layout, shards).map(Some)
+    }
+
+    /// Bytes of gradient this rank keeps between steps: its shards under ZeRO-2,
+    /// every parameter's `.grad` under ZeRO-1.
+    pub fn gradient_bytes(&self) -> Result<usize, Error> {
+        match &self.grads {
+            Gradients::Sharded(shards) => Ok(shards.iter().map(bytes).sum()),
+            Gradients::Whole => {
+                let mut total = 0;
+                for (_, p) in &self.params {
+                    let g = p.f_grad()?;
+                    if g.defined() {
+                        total += bytes(&g);
+                    }
+                }
+                Ok(total)
+            }
+        }
     }
 
     /// Bytes of state this rank holds (its pieces' moments and step counts).
@@ -105,22 +167,30 @@ impl ShardedAdamW {
         Ok(t.f_view([-1])?.f_narrow(0, elements.start, elements.end - elements.start)?)
     }
 
-    /// As [`super::AdamW::clip_and_step`]: clips by the global norm of the (already
-    /// all-reduced) gradients and, unless the loss or the norm is not finite, steps
-    /// this rank's pieces and all-gathers every parameter.
-    pub fn clip_and_step(&mut self, loss: &Tensor, max_norm: f64, lr: Lr) -> Result<(Tensor, Tensor), Error> {
-        let mut grads = Vec::with_capacity(self.params.len());
-        for &i in &self.norm_order {
-            let g = self.params[i].1.f_grad()?;
-            if g.defined() {
-                grads.push(g);
+    /// As [`super::AdamW::clip_and_step`]: clips by the global norm of the averaged
+    /// gradients (`norm`, the reducer's; ZeRO-1 without it computes the replicated
+    /// optimizer's) and, unless the loss or the norm is not finite, steps this rank's
+    /// pieces and all-gathers every parameter.
+    pub fn clip_and_step(
+        &mut self,
+        loss: &Tensor,
+        max_norm: f64,
+        lr: Lr,
+        norm: Option<Tensor>,
+    ) -> Result<(Tensor, Tensor), Error> {
+        let norm = match (norm, &self.grads) {
+            (Some(norm), _) => {
+                let mut owned = Vec::new();
+                for seg in self.decay.iter().chain(&self.no_decay) {
+                    owned.extend(self.piece_grad(seg)?);
+                }
+                ffi::clip_grads_by_norm(&owned, &norm, max_norm)?;
+                norm
             }
-        }
-        let norm = if grads.is_empty() {
-            let device = self.params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
-            Tensor::f_zeros([], (Kind::Float, device))?
-        } else {
-            ffi::clip_grad_norm(&grads, max_norm)?
+            (None, Gradients::Whole) => self.clip_whole(max_norm)?,
+            (None, Gradients::Sharded(_)) => {
+                return Err(Error::Shim("ZeRO-2's step needs the gradient reducer's global norm".into()));
+            }
         };
         let skip = nonfinite(&[loss, &norm])?;
         self.step_owned(lr, &skip)?;
@@ -128,18 +198,50 @@ impl ShardedAdamW {
         Ok((norm, skip))
     }
 
+    fn device(&self) -> tch::Device {
+        self.params.first().map_or(tch::Device::Cpu, |(_, p)| p.device())
+    }
+
+    /// Every rank holds every averaged gradient: the norm and the clipping are the
+    /// replicated optimizer's.
+    fn clip_whole(&self, max_norm: f64) -> Result<Tensor, Error> {
+        let mut grads = Vec::with_capacity(self.params.len());
+        for &i in &self.norm_order {
+            let g = self.params[i].1.f_grad()?;
+            if g.defined() {
+                grads.push(g);
+            }
+        }
+        if grads.is_empty() {
+            return Ok(Tensor::f_zeros([], (Kind::Float, self.device()))?);
+        }
+        ffi::clip_grad_norm(&grads, max_norm)
+    }
+
+    /// The gradient of an owned piece.
+    fn piece_grad(&self, seg: &OwnedSegment) -> Result<Option<Tensor>, Error> {
+        match &self.grads {
+            Gradients::Whole => {
+                let grad = self.params[seg.param].1.f_grad()?;
+                if !grad.defined() {
+                    return Ok(None);
+                }
+                Self::piece(&grad, &seg.elements).map(Some)
+            }
+            Gradients::Sharded(shards) => {
+                Ok(Some(shards[seg.bucket].f_narrow(0, seg.shard_offset, seg.elements.end - seg.elements.start)?))
+            }
+        }
+    }
+
     fn step_owned(&mut self, lr: Lr, skip: &Tensor) -> Result<(), Error> {
         let c = &self.config;
         for (segments, weight_decay) in [(&self.decay, c.weight_decay), (&self.no_decay, 0.0)] {
             let (mut p, mut g, mut m, mut v, mut s) = (vec![], vec![], vec![], vec![], vec![]);
             for seg in segments {
-                let param = &self.params[seg.param].1;
-                let grad = param.f_grad()?;
-                if !grad.defined() {
-                    continue;
-                }
-                p.push(Self::piece(param, &seg.elements)?);
-                g.push(Self::piece(&grad, &seg.elements)?);
+                let Some(grad) = self.piece_grad(seg)? else { continue };
+                p.push(Self::piece(&self.params[seg.param].1, &seg.elements)?);
+                g.push(grad);
                 m.push(seg.exp_avg.shallow_clone());
                 v.push(seg.exp_avg_sq.shallow_clone());
                 s.push(seg.step.shallow_clone());
@@ -183,7 +285,8 @@ impl ShardedAdamW {
         Ok(())
     }
 
-    /// Drops every gradient, as [`super::AdamW::zero_grad`].
+    /// Drops every gradient, as [`super::AdamW::zero_grad`] (ZeRO-2's shards are
+    /// overwritten by the next step's last micro-step).
     pub fn zero_grad(&mut self) -> Result<(), Error> {
         let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.shallow_clone()).collect();
         ffi::clear_grads(&params)
@@ -209,8 +312,7 @@ impl ShardedAdamW {
             }
         }
         // Each parameter's step count, from whichever rank owns a piece of it.
-        let device = self.params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
-        let steps = Tensor::f_zeros([self.params.len() as i64], (Kind::Float, device))?;
+        let steps = Tensor::f_zeros([self.params.len() as i64], (Kind::Float, self.device()))?;
         for seg in self.decay.iter().chain(&self.no_decay) {
             steps.f_narrow(0, seg.param as i64, 1)?.f_copy_(&seg.step.f_view([1])?)?;
         }

@@ -37,7 +37,7 @@ use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::tune::choose_kernels;
 use crate::model::Model;
-use crate::optim::zero::ShardedAdamW;
+use crate::optim::zero::{ShardedAdamW, ZeroStage};
 use crate::optim::{AdamW, Optimizer};
 use crate::rng::GLOBAL_RNG;
 use faults::Faults;
@@ -221,7 +221,7 @@ impl Trainer {
         }
         vs.set_device(device);
         let opt = match &group {
-            Some(group) if cfg.parallelism == Parallelism::Zero1 => {
+            Some(group) if matches!(cfg.parallelism, Parallelism::Zero1 | Parallelism::Zero2) => {
                 // The reducer's buckets, so shards line up with what it all-reduces.
                 let params = named_in_definition_order(&vs);
                 let sizes: Vec<_> = params
@@ -230,7 +230,8 @@ impl Trainer {
                     .collect();
                 let cap = cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
                 let bucket_of = dist::reducer::assign_buckets(&sizes, cap.max(1));
-                Optimizer::Sharded(ShardedAdamW::new(params, &bucket_of, group.clone(), &cfg.optimizer)?)
+                let stage = if cfg.parallelism == Parallelism::Zero2 { ZeroStage::Two } else { ZeroStage::One };
+                Optimizer::Sharded(ShardedAdamW::new(params, &bucket_of, group.clone(), &cfg.optimizer, stage)?)
             }
             _ => Optimizer::Replicated(AdamW::new(sorted_variables(&vs), &cfg.optimizer)?),
         };
@@ -295,7 +296,10 @@ impl Trainer {
             }
             dist::broadcast_parameters(&group, &params)?;
             let cap = trainer.cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
-            let reducer = GradReducer::new(group.clone(), &params, cap)?;
+            let reducer = match trainer.opt.gradient_reducer()? {
+                Some(scattering) => scattering,
+                None => GradReducer::new(group.clone(), &params, cap)?,
+            };
             if trainer.opts.placement.rank == 0 {
                 tracing::info!(
                     "data parallel: {} ranks, {} gradient buckets of up to {} MiB",

@@ -99,11 +99,10 @@ impl Trainer {
         } else {
             (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
         };
-        let Some((group, reducer)) = &self.ddp else {
+        let Some((group, _)) = &self.ddp else {
             self.last_grpo = grpo.map(|(sums, s, t)| GrpoStats::from_sums(&sums, s, t));
             return Ok(loss);
         };
-        reducer.finish()?;
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
         // in the same all-reduce: one f32 tensor laid out as [`StepTotals`].
         let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
@@ -153,16 +152,18 @@ impl Trainer {
         let accum = self.cfg.batch.grad_accum;
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for m in 0..accum {
-            if m + 1 == accum
-                && let Some((_, reducer)) = &self.ddp
-            {
-                reducer.prepare()?;
+            let last = m + 1 == accum;
+            if let Some((_, reducer)) = &self.ddp {
+                reducer.begin_micro_step(last)?;
             }
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
                 self.model.backward_checkpointed(&x, &y, scale, self.model.loss_chunk(), recompute)
             })?;
+            if let Some((_, reducer)) = &self.ddp {
+                reducer.end_micro_step(last)?;
+            }
             loss_sum = loss_sum.f_add(&loss)?;
         }
         Ok(loss_sum.f_div_scalar(accum as f64)?)
@@ -197,8 +198,9 @@ impl Trainer {
         let step = self.step + 1;
         let lr = self.cfg.schedule.lr_at(self.tokens);
         let loss = self.compute_gradients()?;
+        let norm = self.ddp.as_ref().map(|(_, reducer)| reducer.grad_norm()).transpose()?;
         let (grad_norm, _skipped) =
-            self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr))?;
+            self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr), norm)?;
         self.opt.zero_grad()?;
         let stop = match self.stop_flags.take() {
             Some(flags) => flags,

@@ -356,7 +356,7 @@ fn clip_and_step_skips_a_non_finite_loss_or_gradient_on_the_device() {
     let norm_a = a.clip_grad_norm(1.0).unwrap();
     a.step(1e-2).unwrap();
     let loss = toy_loss_backward(&pb, &mut b, 1, 1.0);
-    let (norm_b, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2)).unwrap();
+    let (norm_b, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2), None).unwrap();
     assert_eq!(skip.double_value(&[]), 0.0);
     assert!(norm_a.equal(&norm_b));
     assert!(same(&snapshot(&pa, &a), &snapshot(&pb, &b)));
@@ -366,7 +366,7 @@ fn clip_and_step_skips_a_non_finite_loss_or_gradient_on_the_device() {
         let before = snapshot(&pb, &b);
         let loss = toy_loss_backward(&pb, &mut b, 2, poison);
         let loss = loss_override.map_or(loss, Tensor::from);
-        let (norm, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2)).unwrap();
+        let (norm, skip) = b.clip_and_step(&loss, 1.0, Lr::Value(1e-2), None).unwrap();
         assert_eq!(skip.double_value(&[]), 1.0, "poison {poison}, loss {loss_override:?}");
         assert_eq!(norm.double_value(&[]).is_finite(), poison.is_finite());
         assert!(same(&before, &snapshot(&pb, &b)), "poison {poison}, loss {loss_override:?}");

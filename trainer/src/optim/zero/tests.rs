@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crds::config::ResolvedOptimizer;
 use tch::{Device, Kind, Tensor};
 
-use super::ShardedAdamW;
+use super::{ShardedAdamW, ZeroStage};
 use crate::Error;
 use crate::dist::loopback::{gloo, on_ranks};
 use crate::dist::reducer::assign_buckets;
@@ -70,11 +70,16 @@ fn shallow(named: &[(String, Tensor)]) -> Named {
 /// The replicated optimizer's parameters after `steps` steps, and its state. Tensors
 /// are not `Sync`, so each rank's thread computes its own reference.
 fn replicated(steps: usize) -> (Named, Named) {
+    replicated_with(steps, set_grads)
+}
+
+/// As [`replicated`], with the gradients `set(params, step)` gives.
+fn replicated_with(steps: usize, set: fn(&[(String, Tensor)], usize)) -> (Named, Named) {
     let params = initial_params();
     let mut opt = AdamW::new(shallow(&params), &CONFIG).unwrap();
     for step in 0..steps {
-        set_grads(&params, step);
-        let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2)).unwrap();
+        set(&params, step);
+        let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2), None).unwrap();
         opt.zero_grad().unwrap();
     }
     let state = opt.state_tensors().into_iter().map(|(n, t)| (n, t.detach_copy())).collect();
@@ -107,7 +112,7 @@ fn sharded_steps_equal_the_replicated_ones_and_consolidate_to_the_same_state() {
             let params = initial_params();
             let buckets = bucket_of(&params);
             assert!(buckets.iter().max().unwrap() >= &2, "several buckets: {buckets:?}");
-            let mut opt = ShardedAdamW::new(shallow(&params), &buckets, group, &CONFIG)?;
+            let mut opt = ShardedAdamW::new(shallow(&params), &buckets, group, &CONFIG, ZeroStage::One)?;
             // Two f32 moments of this rank's shard, a step count per piece, the padding.
             let total: usize = params.iter().map(|(_, p)| p.numel()).sum();
             assert!(
@@ -116,7 +121,7 @@ fn sharded_steps_equal_the_replicated_ones_and_consolidate_to_the_same_state() {
             );
             for step in 0..steps {
                 set_grads(&params, step);
-                let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2))?;
+                let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2), None)?;
                 opt.zero_grad()?;
             }
             let got: Vec<(String, Tensor)> = params.iter().map(|(n, p)| (n.clone(), p.detach())).collect();
@@ -145,11 +150,11 @@ fn state_moves_between_replicated_and_sharded_and_across_world_sizes() {
                 p.detach().copy_(w);
             }
         });
-        let mut opt = ShardedAdamW::new(shallow(&params), &bucket_of(&params), group, &CONFIG)?;
+        let mut opt = ShardedAdamW::new(shallow(&params), &bucket_of(&params), group, &CONFIG, ZeroStage::One)?;
         opt.load_state(&saved)?;
         for step in 2..4 {
             set_grads(&params, step);
-            let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2))?;
+            let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2), None)?;
             opt.zero_grad()?;
         }
         let got: Vec<(String, Tensor)> = params.iter().map(|(n, p)| (n.clone(), p.detach())).collect();
@@ -170,7 +175,7 @@ fn state_that_does_not_fit_the_model_is_refused_naming_the_tensor() {
         let (_, state) = replicated(1);
         let group = Arc::new(gloo(rank, 2, port)?);
         let params = initial_params();
-        let mut opt = ShardedAdamW::new(shallow(&params), &bucket_of(&params), group, &CONFIG)?;
+        let mut opt = ShardedAdamW::new(shallow(&params), &bucket_of(&params), group, &CONFIG, ZeroStage::One)?;
         let mut missing: HashMap<String, Tensor> = state.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
         missing.remove("p2.exp_avg_sq");
         let err = opt.load_state(&missing).expect_err("refused").to_string();
@@ -182,4 +187,74 @@ fn state_that_does_not_fit_the_model_is_refused_naming_the_tensor() {
         Ok::<_, Error>(())
     })
     .unwrap();
+}
+
+/// The largest elementwise difference relative to the larger tensor's largest magnitude.
+fn max_scaled_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.iter().map(|x| &x.0).collect::<Vec<_>>(), b.iter().map(|x| &x.0).collect::<Vec<_>>());
+    a.iter()
+        .zip(b)
+        .map(|((_, x), (_, y))| {
+            let (x, y) = (x.to_kind(Kind::Double), y.to_kind(Kind::Double));
+            let scale = x.abs().max().maximum(&y.abs().max()).double_value(&[]).max(1e-30);
+            (&x - &y).abs().max().double_value(&[]) / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Every parameter gets [`grad`] at every step.
+fn set_every_grad(params: &[(String, Tensor)], step: usize) {
+    for (i, (_, p)) in params.iter().enumerate() {
+        (p * grad(i, step, &p.size())).sum(Kind::Float).backward();
+    }
+}
+
+/// ZeRO-2: ranks backpropagate different gradients over two micro-steps; the reducer
+/// reduce-scatters each from the backward hooks. The parameters step as the replicated
+/// optimizer steps on the average, and no rank keeps a whole gradient: only its shard.
+#[test]
+fn zero2_steps_on_the_average_of_the_ranks_gradients_keeping_a_shard_of_them() {
+    let steps = 4;
+    for world in [2u32, 3] {
+        on_ranks(world, |rank, port| {
+            let (want_params, want_state) = replicated_with(steps, set_every_grad);
+            let group = Arc::new(gloo(rank, world, port)?);
+            let params = initial_params();
+            let mut opt = ShardedAdamW::new(shallow(&params), &bucket_of(&params), group, &CONFIG, ZeroStage::Two)?;
+            let reducer = opt.gradient_reducer()?.expect("zero2 brings its reducer");
+            // Zero over the ranks: their average is grad(i, step).
+            let spread = f64::from(rank) - f64::from(world - 1) / 2.0;
+            for step in 0..steps {
+                for micro in 0..2 {
+                    let last = micro == 1;
+                    reducer.begin_micro_step(last)?;
+                    for (i, (_, p)) in params.iter().enumerate() {
+                        let g = grad(i, step, &p.size()) * 0.5 + grad(i + 7, step, &p.size()) * (0.25 * spread);
+                        (p * g).sum(Kind::Float).backward();
+                    }
+                    reducer.end_micro_step(last)?;
+                    for (name, p) in &params {
+                        assert!(!p.grad().defined(), "{name} keeps a whole gradient after micro-step {micro}");
+                    }
+                }
+                let norm = reducer.grad_norm()?;
+                let _ = opt.clip_and_step(&loss(), CONFIG.grad_clip, Lr::Value(1e-2), Some(norm))?;
+                opt.zero_grad()?;
+            }
+            let total: i64 = params.iter().map(|(_, p)| p.numel() as i64).sum();
+            let shard = opt.layout.shard_elements();
+            assert_eq!(opt.gradient_bytes()?, 4 * shard as usize);
+            assert!(shard <= total / i64::from(world) + 16 * opt.layout.buckets.len() as i64, "world {world}");
+            let got: Vec<(String, Tensor)> = params.iter().map(|(n, p)| (n.clone(), p.detach())).collect();
+            let diff = max_rel_diff(&got, &want_params);
+            assert!(diff < TOLERANCE, "parameters differ by {diff:e}, world {world} rank {rank}");
+            // The ranks' gradients cancel in part, so an element's average carries the
+            // rounding of its larger summands: compare each moment to its tensor's scale.
+            let state = opt.gather_state()?;
+            let diff = max_scaled_diff(&state, &want_state);
+            assert!(diff < TOLERANCE, "state differs by {diff:e} of its scale, world {world} rank {rank}");
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    }
 }
