@@ -84,6 +84,9 @@ pub struct ResolvedTopology {
     /// Rendezvous and collective timeout.
     #[serde(default = "default_collective_timeout_seconds")]
     pub collective_timeout_seconds: u64,
+    /// `spec.topology.gpuMemory` in bytes: the run was planned to fit it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_bytes: Option<u64>,
 }
 
 fn default_bucket_cap_mb() -> u32 {
@@ -268,6 +271,7 @@ impl RunConfig {
         // How ranks talk does not change what they train.
         c.topology.bucket_cap_mb = 0;
         c.topology.collective_timeout_seconds = 0;
+        c.topology.gpu_memory_bytes = None;
         // Nor does how the global batch is computed, so the remedies for running out of
         // memory (a smaller micro-batch, recomputation, another attention kernel) resume:
         // every micro-batch holds micro × seq counted tokens, so any split of the same

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod contract;
 pub mod manifest;
+pub mod plan;
 pub mod presets;
 pub mod quantity;
 pub mod resolve;

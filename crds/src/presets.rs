@@ -63,6 +63,18 @@ const fn p(
     }
 }
 
+/// f32 logits per chunk of the trainer's chunked lm_head and cross-entropy: 8,192
+/// tokens at a 50,304 vocabulary, 1.6 GB, against 3.3 GB for micro-batch 8 × 2048 at
+/// once.
+pub const LOSS_CHUNK_BYTES: i64 = 8192 * 50304 * 4;
+
+/// Tokens per loss chunk at vocabulary `vocab`: as many as keep a chunk's f32 logits
+/// within [`LOSS_CHUNK_BYTES`], in multiples of 256 (at least 256), so that LLaMA-3's
+/// and Qwen3's 128K–152K vocabularies hold no more than GPT-2's 50K.
+pub fn loss_chunk_tokens(vocab: i64) -> i64 {
+    (LOSS_CHUNK_BYTES / (4 * vocab.max(1)) / 256 * 256).max(256)
+}
+
 /// Vocabulary of the embedded byte-level BPE tokenizer; `nano` and `micro` match it.
 pub const EMBEDDED_VOCAB_SIZE: u32 = 2048;
 

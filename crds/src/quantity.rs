@@ -97,6 +97,36 @@ pub fn parse_tokens(text: &str) -> Result<u64, QuantityError> {
     Ok(value)
 }
 
+/// Parses an amount of memory as Kubernetes writes it: `"48Gi"`, `"80G"`, `"47.5Gi"`,
+/// `"1024Mi"` or a plain byte count; `"48GiB"` and `"80GB"` are read as the same units.
+/// Binary suffixes Ki Mi Gi Ti are powers of 1024, decimal k M G T powers of 1000.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let s = text.trim();
+    let s = s.strip_suffix('B').filter(|rest| rest.ends_with(|c: char| c.is_ascii_alphabetic())).unwrap_or(s);
+    let units: [(&str, f64); 8] = [
+        ("Ki", 1024.0),
+        ("Mi", 1024.0 * 1024.0),
+        ("Gi", 1024.0 * 1024.0 * 1024.0),
+        ("Ti", 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (number, scale) =
+        units.iter().find_map(|(suffix, scale)| s.strip_suffix(suffix).map(|n| (n, *scale))).unwrap_or((s, 1.0));
+    let malformed = || format!("{text:?} is not an amount of memory; write e.g. \"48Gi\", \"80G\" or \"47.5Gi\"");
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(malformed());
+    }
+    let value: f64 = number.parse().map_err(|_| malformed())?;
+    let bytes = (value * scale).round();
+    if bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is not a usable amount of memory"));
+    }
+    Ok(bytes as u64)
+}
+
 /// Formats a count the way people write it: 11B, 600M, 1.5B, 131072.
 pub fn format_tokens(n: u64) -> String {
     for (scale, suffix) in [(1_000_000_000_000, "T"), (1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")] {
@@ -135,6 +165,28 @@ impl JsonSchema for TokenQuantity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_reads_kubernetes_quantities_and_their_byte_spellings() {
+        const GI: u64 = 1 << 30;
+        for (text, bytes) in [
+            ("48Gi", 48 * GI),
+            ("48GiB", 48 * GI),
+            ("80G", 80_000_000_000),
+            ("80GB", 80_000_000_000),
+            ("47.5Gi", 47 * GI + GI / 2),
+            ("1024Mi", GI),
+            ("512Ki", 512 * 1024),
+            ("1Ti", 1024 * GI),
+            ("4096", 4096),
+        ] {
+            assert_eq!(parse_bytes(text), Ok(bytes), "{text}");
+        }
+        for bad in ["", "Gi", "48 apples", "-1Gi", "0", "1.2.3G", "48gb"] {
+            let err = parse_bytes(bad).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn parses_suffixes_exactly() {

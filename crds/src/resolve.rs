@@ -74,8 +74,24 @@ impl Errors {
     }
 }
 
-/// Resolves a TrainingRun into the exact configuration the trainer runs.
+/// Resolves a TrainingRun into the exact configuration the trainer runs; with
+/// `spec.topology.gpuMemory`, only if its plan ([`crate::plan`]) fits the GPUs.
 pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
+    let config = resolve_unplanned(run)?;
+    if let Some(gpu_memory) = config.topology.gpu_memory_bytes
+        && let Some(shortfall) = crate::plan::shortfall(&config, gpu_memory)
+    {
+        return Err(InvalidSpec(vec![FieldError {
+            field: "spec.topology.gpuMemory".into(),
+            message: format!("the run does not fit: {shortfall} (`trainer plan` prints the table)"),
+        }]));
+    }
+    Ok(config)
+}
+
+/// [`resolve`] without the memory check: what `trainer plan` shows a run that does not
+/// fit.
+pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
     let mut e = Errors::default();
     let name = run.metadata.name.clone().unwrap_or_default();
     check_name(&mut e, "metadata.name", &name);
@@ -295,6 +311,14 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
             0
         }
     };
+    let gpu_memory_bytes = match &t.gpu_memory {
+        None => None,
+        Some(_) if t.gpus_per_node == 0 => {
+            e.add("spec.topology.gpuMemory", "needs gpusPerNode of at least 1 (a CPU run has no GPU memory)");
+            None
+        }
+        Some(q) => crate::quantity::parse_bytes(q).map_err(|m| e.add("spec.topology.gpuMemory", m)).ok(),
+    };
     if e.0.len() != before {
         return None;
     }
@@ -308,6 +332,7 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
         display: format!("{}x{}", t.nodes, t.gpus_per_node),
         bucket_cap_mb: t.bucket_cap_mb,
         collective_timeout_seconds: timeout,
+        gpu_memory_bytes,
     })
 }
 

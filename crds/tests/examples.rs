@@ -128,3 +128,59 @@ fn local_examples_run_on_cpu_with_embedded_data() {
     let g = resolved("tiny-grpo-local.yaml");
     assert_eq!(g.init_from, Some(crds::config::ResolvedInit::TrainingRun { name: "tiny-local".into() }));
 }
+
+/// Each seed example is planned against its seed's GPU and fits it, under the sharding
+/// its seed used; without that sharding and recomputation it would not.
+#[test]
+fn every_seed_example_fits_its_seeds_gpu() {
+    use crds::types::Parallelism;
+    const GI: u64 = 1 << 30;
+    for (file, gpu, parallelism) in [
+        ("seed003-gpt2-1.36b.yaml", 48 * GI, Parallelism::Zero1),
+        ("seed003-llama2-1.36b.yaml", 48 * GI, Parallelism::Zero1),
+        ("seed003-llama3-1.5b.yaml", 48 * GI, Parallelism::Zero1),
+        ("seed003-llama3-2.2b.yaml", 48 * GI, Parallelism::Zero1),
+        ("seed003-qwen3-1.8b.yaml", 48 * GI, Parallelism::Zero1),
+        ("seed004-gpt2-1b-8xh100.yaml", 80 * GI, Parallelism::Zero2),
+    ] {
+        let c = resolved(file);
+        assert_eq!((c.topology.gpu_memory_bytes, c.parallelism), (Some(gpu), parallelism), "{file}");
+        let plan = crds::plan::plan(&c);
+        assert!(plan.fits(gpu), "{file}: {}", plan.table(Some(gpu)));
+        assert_eq!(crds::plan::shortfall(&c, gpu), None, "{file}");
+    }
+    // The 2.2B as seed 003's flags alone would run it here: plain DDP, no recomputation.
+    let mut ddp = resolved("seed003-llama3-2.2b.yaml");
+    (ddp.parallelism, ddp.gradient_checkpointing) = (Parallelism::Ddp, false);
+    let why = crds::plan::shortfall(&ddp, 48 * GI).expect("plain DDP does not fit 48 GiB");
+    assert!(
+        why.contains("spec.parallelism: zero1 saves") && why.contains("spec.gradientCheckpointing: true saves"),
+        "{why}"
+    );
+}
+
+/// A spec whose plan does not fit its `gpuMemory` is refused at validation, naming the
+/// field, what it needs and what would make it fit.
+#[test]
+fn a_run_that_cannot_fit_its_gpus_is_refused_naming_the_field_and_the_remedies() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/seed003-llama3-2.2b.yaml");
+    let mut run = crds::manifest::from_file(&path).unwrap();
+    run.spec.topology.gpu_memory = Some("24Gi".into());
+    let err = crds::resolve(&run).unwrap_err();
+    assert!(err.names("spec.topology.gpuMemory"), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("needs 47.6 GiB per GPU, has 24.0 GiB"), "{text}");
+    assert!(text.contains("spec.parallelism: zero2 saves"), "{text}");
+    // `trainer plan` still sees it.
+    assert!(crds::resolve::resolve_unplanned(&run).is_ok());
+
+    for (memory, gpus, message) in
+        [("48 apples", 2, "is not an amount of memory"), ("48Gi", 0, "needs gpusPerNode of at least 1")]
+    {
+        let mut bad = run.clone();
+        bad.spec.topology.gpu_memory = Some(memory.into());
+        bad.spec.topology.gpus_per_node = gpus;
+        let err = crds::resolve(&bad).unwrap_err();
+        assert!(err.names("spec.topology.gpuMemory") && err.to_string().contains(message), "{memory}: {err}");
+    }
+}

@@ -193,9 +193,23 @@ struct Reducer {
     b.pending -= 1;
   }
 
+  // Scatter mode: waits for bucket b's reduce-scatter and keeps this rank's average.
+  void land(Bucket& b) {
+    wait_work(b.work);
+    b.shard_grad.copy_(b.work.tensor.div_(group->world));
+    b.work = Work();
+  }
+
   // Buckets go out strictly in index order on every rank, so collectives match.
+  // Scatter mode keeps at most kInFlight buckets' buffers alive: before sending one it
+  // lands the one sent kInFlight before.
+  static constexpr size_t kInFlight = 2;
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      if (scatter && next_launch >= kInFlight) {
+        auto& old = buckets[next_launch - kInFlight];
+        if (old.work.work) land(old);
+      }
       auto& b = buckets[next_launch++];
       if (scatter) {
         ensure_flat(b);
@@ -470,10 +484,10 @@ char* shim_reducer_finish(void* rp) {
     r.launch_ready();
     const auto world = r.group->world;
     for (auto& b : r.buckets) {
-      wait_work(b.work);
       if (r.scatter) {
-        b.shard_grad.copy_(b.work.tensor.div_(world));
+        if (b.work.work) r.land(b);
       } else {
+        wait_work(b.work);
         b.flat.div_(world);
         for (size_t i : b.members) {
           at::Tensor& grad = r.params[i].mutable_grad();

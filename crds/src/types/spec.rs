@@ -319,6 +319,12 @@ pub struct Topology {
     #[serde(default = "default_bucket_cap_mb", rename = "bucketCapMB")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("bucketCapMB must be between 1 and 1024"))]
     pub bucket_cap_mb: u32,
+    /// Memory of each GPU, as a Kubernetes quantity (e.g. "48Gi" for an A6000, "80Gi"
+    /// for an A100 or H100). When set, the run is planned per rank before anything
+    /// starts (what `trainer plan` prints) and refused if it cannot fit, naming the
+    /// changes that would make it fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<String>,
     /// How long rendezvous and each collective may take before the ranks give up
     /// with reason CollectiveTimeout (a retriable failure), e.g. "10m". A rank that
     /// dies makes the others fail within this time.
@@ -353,6 +359,7 @@ impl Default for Topology {
             tolerations: Vec::new(),
             affinity: None,
             bucket_cap_mb: default_bucket_cap_mb(),
+            gpu_memory: None,
             collective_timeout: default_collective_timeout(),
         }
     }

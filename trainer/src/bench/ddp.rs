@@ -47,7 +47,7 @@ fn time_allreduce(group: &ProcessGroup, numel: i64, reps: u32) -> Result<f64, Er
     Ok(times[times.len() / 2])
 }
 
-fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32, parallelism: Parallelism) -> String {
+pub(crate) fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32, parallelism: Parallelism) -> String {
     let per_step = micro as u64 * seq as u64 * nodes as u64;
     format!(
         r#"

@@ -1,9 +1,10 @@
 //! Benchmarks: the training step against `torch_reference.py` ([`step`]), the fused
-//! kernels ([`kernels`]), data parallelism ([`ddp`]), the data loader ([`data`]) and
-//! GRPO's sampler ([`generate`]).
+//! kernels ([`kernels`]), data parallelism ([`ddp`]), the memory planner against the
+//! allocator ([`memory`]), the data loader ([`data`]) and GRPO's sampler ([`generate`]).
 
 pub mod data;
 pub mod ddp;
 pub mod generate;
 pub mod kernels;
+pub mod memory;
 pub mod step;

@@ -1,5 +1,5 @@
 //! The benchmark commands: `trainer bench`, `bench-kernels`, `bench-ddp`,
-//! `bench-data` and `bench-generate`.
+//! `bench-memory`, `bench-data` and `bench-generate`.
 
 use std::path::PathBuf;
 
@@ -56,6 +56,21 @@ pub struct BenchDdpArgs {
     /// All-reduce message sizes, MiB.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub sizes_mib: Vec<f64>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchMemoryArgs {
+    #[arg(long, value_delimiter = ',', default_value = "nano,micro,tiny")]
+    pub presets: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    pub micro_batches: Vec<u32>,
+    #[arg(long, default_value_t = 256)]
+    pub seq: u32,
+    #[arg(long, default_value_t = 2)]
+    pub ranks: u32,
+    /// Strategies to measure.
+    #[arg(long, value_delimiter = ',', default_value = "ddp,zero1")]
+    pub parallelism: Vec<String>,
 }
 
 /// The model, batch, precision and device a benchmark runs.
@@ -202,6 +217,20 @@ pub fn ddp(a: BenchDdpArgs) -> Result<(), Error> {
         sizes_mib: a.sizes_mib,
     };
     println!("{}", crate::bench::ddp::run(&opts)?);
+    Ok(())
+}
+
+/// `trainer bench-memory`.
+pub fn memory(a: BenchMemoryArgs) -> Result<(), Error> {
+    let strategies = a
+        .parallelism
+        .iter()
+        .map(|p| {
+            serde_json::from_value(serde_json::Value::String(p.clone()))
+                .map_err(|_| Error::InvalidSpec(format!("--parallelism {p}: one of ddp, zero1, zero2")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    println!("{}", crate::bench::memory::run(&a.presets, &a.micro_batches, a.seq, a.ranks, &strategies)?);
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod inspect;
+pub mod plan;
 pub mod prepare;
 pub mod train;
 
@@ -35,6 +36,20 @@ pub enum Command {
     Resolve {
         /// TrainingRun YAML file.
         manifest: PathBuf,
+    },
+    /// Plan a run's memory per rank before launching it: parameters, gradients,
+    /// optimizer state, autocast copies, activations, the loss chunk, buffers and the
+    /// CUDA allowance. With --gpu-memory (or the spec's topology.gpuMemory) it exits
+    /// non-zero when the run does not fit, naming the changes that would make it fit.
+    Plan {
+        /// TrainingRun YAML file.
+        manifest: PathBuf,
+        /// Memory of each GPU, e.g. 48GiB or 80Gi [default: the spec's topology.gpuMemory].
+        #[arg(long)]
+        gpu_memory: Option<String>,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// Report the libtorch build: CUDA, cuDNN, threads, and a bf16 matmul check per device.
     Info,
@@ -79,6 +94,9 @@ pub enum Command {
     /// What data parallelism costs here: Gloo all-reduce bandwidth between local
     /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
     BenchDdp(bench::BenchDdpArgs),
+    /// The memory planner against the allocator: each case's planned step peak per rank
+    /// and the peak libtorch's CPU allocator handed out, on local ranks.
+    BenchMemory(bench::BenchMemoryArgs),
     /// How fast one core serves training batches from mmap shards through the mix
     /// (synthetic 45/25/20/10 shards unless --data is given).
     BenchData(bench::BenchDataArgs),
@@ -108,6 +126,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
             println!("{}", serde_json::to_string_pretty(&config).expect("RunConfig serializes"));
             Ok(())
         }
+        Command::Plan { manifest, gpu_memory, json } => plan::plan(&manifest, gpu_memory.as_deref(), json),
         Command::Info => {
             println!("{}", serde_json::to_string_pretty(&crate::torch_info::describe()?).expect("JSON"));
             Ok(())
@@ -130,6 +149,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::BenchData(a) => bench::data(a),
         Command::BenchGenerate(a) => bench::generate(a),
         Command::BenchDdp(a) => bench::ddp(a),
+        Command::BenchMemory(a) => bench::memory(a),
         Command::Plot { log, output } => {
             let out = crate::plot::plot_file(&log, output.as_deref())?;
             println!("{}", out.display());

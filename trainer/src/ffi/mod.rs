@@ -87,6 +87,9 @@ mod raw {
         ) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
+        pub fn shim_host_memory_count(on: c_int) -> *mut c_char;
+        pub fn shim_host_memory(current: *mut i64, peak: *mut i64) -> *mut c_char;
+        pub fn shim_host_memory_reset_peak() -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_limit_memory(device: c_int, bytes: f64, total: *mut i64) -> *mut c_char;
         #[cfg(feature = "cuda")]
@@ -107,6 +110,9 @@ mod raw {
 }
 
 /// Turns the shim's return value (NULL or a malloc'd message) into a Result.
+mod memory;
+pub use memory::*;
+
 pub(crate) fn check(what: &str, err: *mut c_char) -> Result<(), Error> {
     match take_message(err) {
         None => Ok(()),
@@ -437,62 +443,6 @@ where
     let out = f();
     guard.exit()?;
     Ok(out?)
-}
-
-/// CUDA caching-allocator counters for one device, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CudaMemory {
-    /// Held by live tensors now.
-    pub allocated: i64,
-    /// Reserved from the driver by the caching allocator.
-    pub reserved: i64,
-    /// Peak of `allocated` since the last [`cuda_reset_peak_memory`].
-    pub peak_allocated: i64,
-    /// The device's memory.
-    pub total: i64,
-}
-
-/// Reads the caching allocator's counters for CUDA device `device`.
-#[cfg(feature = "cuda")]
-pub fn cuda_memory(device: usize) -> Result<CudaMemory, Error> {
-    let (mut a, mut r, mut p, mut t) = (0, 0, 0, 0);
-    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
-    // SAFETY: the shim writes four i64s; a bad index throws and comes back as Err.
-    let err = unsafe { raw::shim_cuda_memory_stats(dev, &mut a, &mut r, &mut p, &mut t) };
-    check("cuda_memory", err)?;
-    Ok(CudaMemory { allocated: a, reserved: r, peak_allocated: p, total: t })
-}
-
-/// [`cuda_memory`] of `device` where it is a CUDA device and the shim has CUDA;
-/// `None` elsewhere.
-pub fn device_memory(device: Device) -> Result<Option<CudaMemory>, Error> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(i) = device {
-        return cuda_memory(i).map(Some);
-    }
-    let _ = device;
-    Ok(None)
-}
-
-/// Restarts the peak counter of [`cuda_memory`] for CUDA device `device`.
-#[cfg(feature = "cuda")]
-pub fn cuda_reset_peak_memory(device: usize) -> Result<(), Error> {
-    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
-    // SAFETY: as above.
-    let err = unsafe { raw::shim_cuda_reset_peak_memory(dev) };
-    check("cuda_reset_peak_memory", err)
-}
-
-/// Caps the caching allocator on CUDA device `device` at `bytes` (beyond it
-/// allocations fail as out of memory, as on a smaller GPU); returns the device's
-/// total memory in bytes.
-#[cfg(feature = "cuda")]
-pub fn cuda_limit_memory(device: usize, bytes: f64) -> Result<i64, Error> {
-    let dev = c_int::try_from(device).map_err(|_| Error::Shim(format!("cuda device {device} out of range")))?;
-    let mut total = 0;
-    // SAFETY: the shim writes one i64; a bad device throws and comes back as Err.
-    check("cuda_limit_memory", unsafe { raw::shim_cuda_limit_memory(dev, bytes, &mut total) })?;
-    Ok(total)
 }
 
 /// A CUDA graph (`at::cuda::CUDAGraph`) with its own side stream, as
