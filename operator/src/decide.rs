@@ -708,4 +708,20 @@ mod tests {
         assert!(accepted.message.contains("spec.batch.globalTokens"), "{}", accepted.message);
         assert!(!status::is_terminal(&d.status), "a fixed spec is accepted again");
     }
+
+    /// A run planned not to fit `topology.gpuMemory` is refused before any pod starts.
+    #[test]
+    fn a_run_that_cannot_fit_its_gpus_is_not_accepted() {
+        let fits = run(&GPU_SPEC.replace("gpusPerNode: 4}", "gpusPerNode: 4, gpuMemory: 80Gi}"));
+        assert!(crate::validate::validate(&fits, 0).is_ok());
+        let r = run(&GPU_SPEC.replace("gpusPerNode: 4}", "gpusPerNode: 4, gpuMemory: 2Gi}"));
+        let err = crate::validate::validate(&r, 0).unwrap_err();
+        let d = invalid(&r, &err, t("00:00:00"));
+        assert!(!d.create_job);
+        let accepted = status::condition(&d.status, "Accepted").unwrap();
+        assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", "InvalidSpec"));
+        for part in ["spec.topology.gpuMemory", "per GPU, has 2.0 GiB", "spec.gradientCheckpointing: true saves"] {
+            assert!(accepted.message.contains(part), "{part}: {}", accepted.message);
+        }
+    }
 }
