@@ -61,7 +61,8 @@ impl MemoryPlan {
             ("CUDA allowance", self.allowance, "context, workspaces, NCCL, allocator slack".into()),
         ];
         for (name, bytes, note) in rows {
-            let _ = writeln!(out, "  {name:<20} {:>10}  {note}", gib(bytes));
+            let line = format!("  {name:<20} {:>10}  {note}", gib(bytes));
+            let _ = writeln!(out, "{}", line.trim_end());
         }
         let _ = write!(out, "  {:<20} {:>10}", "needed", gib(self.needed()));
         if let Some(have) = gpu_memory {
@@ -115,7 +116,7 @@ pub fn remedies(cfg: &RunConfig) -> Vec<Remedy> {
             (saves > 0).then_some(Remedy { change, saves })
         })
         .collect();
-    out.sort_by(|a, b| b.saves.cmp(&a.saves));
+    out.sort_by_key(|r| std::cmp::Reverse(r.saves));
     out
 }
 

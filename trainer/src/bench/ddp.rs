@@ -6,8 +6,9 @@
 //!    as nccl-tests reports them).
 //! 2. The training step of N ranks over 1 rank at the same per-rank batch: the
 //!    ratio is DDP's overhead (1.0 is free).
-//! 3. `parallelism: zero1` against ddp on N ranks: the step time ratio, and the bytes
-//!    of optimizer state each rank holds.
+//! 3. `parallelism: zero1` and `zero2` against ddp on N ranks: the step time ratio,
+//!    the bytes of optimizer state each rank holds, and each rank's tensor memory
+//!    between steps and at the step's peak (libtorch's CPU allocator, counted per rank).
 
 use std::time::Instant;
 
@@ -76,6 +77,9 @@ spec:
 struct Timed {
     seconds_per_step: f64,
     optimizer_state_bytes: usize,
+    /// Tensor bytes held between steps, and at most during the timed steps.
+    resident_bytes: i64,
+    peak_bytes: i64,
 }
 
 /// Rank 0 of an N-rank run after warm-up: mean seconds per optimizer step and its
@@ -105,16 +109,27 @@ fn time_steps(
             placement,
             sync_every: None,
         };
+        crate::ffi::host_memory_count(true)?;
         let mut t = Trainer::new(&cfg, opts)?;
-        for _ in 0..o.warmup {
+        for _ in 0..o.warmup.max(1) {
             t.train_step()?;
         }
+        crate::ffi::host_memory_reset_peak()?;
         let start = Instant::now();
         for _ in 0..o.steps {
             t.train_step()?;
         }
         let seconds_per_step = start.elapsed().as_secs_f64() / o.steps as f64;
-        Ok(Timed { seconds_per_step, optimizer_state_bytes: t.optimizer_state_bytes() })
+        let memory = crate::ffi::host_memory()?;
+        let timed = Timed {
+            seconds_per_step,
+            optimizer_state_bytes: t.optimizer_state_bytes(),
+            resident_bytes: memory.current,
+            peak_bytes: memory.peak,
+        };
+        drop(t);
+        crate::ffi::host_memory_count(false)?;
+        Ok(timed)
     })
 }
 
@@ -143,7 +158,10 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
     let one = time_steps(o, 1, 1, Parallelism::Ddp, &dir)?.seconds_per_step;
     let side_by_side = time_steps(o, 1, world, Parallelism::Ddp, &dir)?.seconds_per_step;
     let ddp = time_steps(o, world, world, Parallelism::Ddp, &dir)?;
-    let zero1 = time_steps(o, world, world, Parallelism::Zero1, &dir)?;
+    let sharded = [Parallelism::Zero1, Parallelism::Zero2]
+        .into_iter()
+        .map(|p| Ok((p, time_steps(o, world, world, p, &dir)?)))
+        .collect::<Result<Vec<_>, Error>>()?;
     let _ = std::fs::remove_dir_all(&dir);
     let many = ddp.seconds_per_step;
     let ratio = many / one;
@@ -158,19 +176,38 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         many * 1e3,
         many / side_by_side
     );
-    let (zero1_time_ratio, zero1_state_ratio) = (
-        zero1.seconds_per_step / ddp.seconds_per_step,
-        zero1.optimizer_state_bytes as f64 / ddp.optimizer_state_bytes as f64,
-    );
-    eprintln!(
-        "{world}-rank zero1 against ddp: step {:.1} ms vs {:.1} ms (ratio {zero1_time_ratio:.3}); optimizer state per rank \
-         {} vs {} bytes (ratio {zero1_state_ratio:.3}, 1/{world} = {:.3})",
-        zero1.seconds_per_step * 1e3,
-        ddp.seconds_per_step * 1e3,
-        zero1.optimizer_state_bytes,
-        ddp.optimizer_state_bytes,
-        1.0 / world as f64
-    );
+    let mib = |b: i64| b as f64 / (1 << 20) as f64;
+    let mut strategies = serde_json::Map::new();
+    for (p, t) in std::iter::once((Parallelism::Ddp, &ddp)).chain(sharded.iter().map(|(p, t)| (*p, t))) {
+        let name = serde_json::to_value(p).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        let (time_ratio, state_ratio) = (
+            t.seconds_per_step / ddp.seconds_per_step,
+            t.optimizer_state_bytes as f64 / ddp.optimizer_state_bytes as f64,
+        );
+        let (resident_ratio, peak_ratio) =
+            (t.resident_bytes as f64 / ddp.resident_bytes as f64, t.peak_bytes as f64 / ddp.peak_bytes as f64);
+        eprintln!(
+            "{world}-rank {name:<5} step {:>7.1} ms ({time_ratio:.3} of ddp); per rank: optimizer state {:>9} bytes \
+             ({state_ratio:.3}), between steps {:.1} MiB ({resident_ratio:.3}), step peak {:.1} MiB ({peak_ratio:.3})",
+            t.seconds_per_step * 1e3,
+            t.optimizer_state_bytes,
+            mib(t.resident_bytes),
+            mib(t.peak_bytes),
+        );
+        strategies.insert(
+            name,
+            json!({
+                "step_ms": t.seconds_per_step * 1e3,
+                "step_time_over_ddp": time_ratio,
+                "optimizer_state_bytes_per_rank": t.optimizer_state_bytes,
+                "optimizer_state_over_ddp": state_ratio,
+                "resident_bytes_per_rank": t.resident_bytes,
+                "resident_over_ddp": resident_ratio,
+                "peak_bytes_per_rank": t.peak_bytes,
+                "peak_over_ddp": peak_ratio,
+            }),
+        );
+    }
     Ok(json!({
         "ranks": world,
         "backend": "gloo",
@@ -183,9 +220,6 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
         "step_ms_side_by_side": side_by_side * 1e3,
         "ddp_step_time_ratio": ratio,
         "ddp_over_side_by_side": many / side_by_side,
-        "zero1_step_ms": zero1.seconds_per_step * 1e3,
-        "zero1_over_ddp_step_time": zero1_time_ratio,
-        "optimizer_state_bytes_per_rank": {"ddp": ddp.optimizer_state_bytes, "zero1": zero1.optimizer_state_bytes},
-        "zero1_over_ddp_optimizer_state": zero1_state_ratio,
+        "strategies": strategies,
     }))
 }
