@@ -134,6 +134,12 @@ pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
             e.add("spec.checkpointedBlocks", format!("{n} is more than the model's {} blocks", m.n_layer));
         }
     }
+    if spec.parallelism == crate::types::Parallelism::Fsdp && spec.phase == crate::types::Phase::Grpo {
+        e.add(
+            "spec.parallelism",
+            "fsdp is for pretraining: GRPO samples from the whole model every step; use ddp, zero1 or zero2",
+        );
+    }
     if spec.ttl_seconds_after_finished.is_some_and(|t| t < 0) {
         e.add("spec.ttlSecondsAfterFinished", "must not be negative");
     }

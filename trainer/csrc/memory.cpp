@@ -2,8 +2,9 @@
 // thread's allocations hold now and at most since the last reset, as
 // torch.cuda.max_memory_allocated counts device memory. Ranks that are threads of one
 // process each count their own. Once asked for, a wrapper around libtorch's CPU
-// allocator is installed for the whole process; it counts only for threads that turned
-// counting on, and a free is charged to the thread that allocated.
+// allocator is installed for the whole process (benchmarks and tests only; training
+// never installs it); it counts only for threads that turned counting on, and a free
+// is charged to the thread that allocated.
 
 #include "guarded.h"
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 using shim::guarded;
 
@@ -33,17 +35,35 @@ struct Counter {
 
 thread_local std::shared_ptr<Counter> tls_counter;
 
-// What a counted allocation carries to its deleter.
+// Every allocation of the wrapper is a plain pointer (data == context) freed by
+// free_any, so libtorch's raw_allocate/raw_deallocate keep working; the counted ones
+// are in a table with their size and the counter of the thread that allocated them.
 struct Counted {
-  c10::DataPtr inner;
   int64_t bytes;
   std::shared_ptr<Counter> counter;
 };
 
-void free_counted(void* ctx) {
-  auto* c = static_cast<Counted*>(ctx);
-  c->counter->current.fetch_sub(c->bytes);
-  delete c;
+std::mutex table_mu;
+std::unordered_map<void*, Counted>& table() {
+  static auto* t = new std::unordered_map<void*, Counted>();  // outlives every tensor
+  return *t;
+}
+c10::DeleterFnPtr base_free = nullptr;
+
+void free_any(void* ptr) {
+  std::shared_ptr<Counter> counter;
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(table_mu);
+    auto it = table().find(ptr);
+    if (it != table().end()) {
+      bytes = it->second.bytes;
+      counter = std::move(it->second.counter);
+      table().erase(it);
+    }
+  }
+  if (counter) counter->current.fetch_sub(bytes);
+  base_free(ptr);
 }
 
 struct CountingAllocator final : c10::Allocator {
@@ -51,28 +71,41 @@ struct CountingAllocator final : c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base->allocate(n);
-    const auto& counter = tls_counter;
-    if (!counter || n == 0) return inner;
-    counter->add(static_cast<int64_t>(n));
-    void* data = inner.get();
     auto device = inner.device();
-    auto* ctx = new Counted{std::move(inner), static_cast<int64_t>(n), counter};
-    return c10::DataPtr(data, ctx, &free_counted, device);
+    void* data = inner.get();
+    TORCH_CHECK(data == inner.get_context() && inner.get_deleter() == base_free,
+                "host memory counting: the CPU allocator returned a pointer it cannot count");
+    inner.release_context();
+    const auto& counter = tls_counter;
+    if (counter && n > 0) {
+      {
+        std::lock_guard<std::mutex> lock(table_mu);
+        table()[data] = Counted{static_cast<int64_t>(n), counter};
+      }
+      counter->add(static_cast<int64_t>(n));
+    }
+    return c10::DataPtr(data, data, &free_any, device);
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_any; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 };
 
-CountingAllocator* install() {
-  static CountingAllocator* allocator = [] {
+void install() {
+  static bool installed = [] {
+    c10::Allocator* base = c10::GetAllocator(c10::DeviceType::CPU);
+    TORCH_CHECK(base->raw_deleter() != nullptr,
+                "host memory counting needs libtorch's default CPU allocator (one with a raw deleter)");
+    base_free = base->raw_deleter();
     auto* a = new CountingAllocator();  // lives as long as the process
-    a->base = c10::GetAllocator(c10::DeviceType::CPU);
+    a->base = base;
     c10::SetAllocator(c10::DeviceType::CPU, a, /*priority=*/100);
-    return a;
+    return true;
   }();
-  return allocator;
+  (void)installed;
 }
 
 }  // namespace

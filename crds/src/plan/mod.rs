@@ -125,6 +125,30 @@ impl MemoryPlan {
     }
 }
 
+/// Parameter bytes of fsdp's units.
+struct Units {
+    /// The token (and position) embedding.
+    embedding: u64,
+    /// The embedding again where the head reads it (tied), else 0.
+    tied_embedding: u64,
+    /// The final norm and an untied lm_head.
+    head: u64,
+    block: u64,
+}
+
+impl Units {
+    fn of(m: &crate::presets::ModelConfig, bytes: u64) -> Units {
+        let (v, d) = (u64::from(m.vocab_size), u64::from(m.d_model));
+        let positions = if m.arch == crate::presets::Arch::Gpt2 { u64::from(m.max_seq_len) * d } else { 0 };
+        let embedding = (v * d + positions) * bytes;
+        let norm = if m.arch == crate::presets::Arch::Gpt2 { 2 * d } else { d };
+        let head = (norm + if m.tied_embeddings { 0 } else { v * d }) * bytes;
+        let total = m.param_counts().total * bytes;
+        let block = total.saturating_sub(embedding + head) / u64::from(m.n_layer.max(1));
+        Units { embedding, tied_embedding: if m.tied_embeddings { embedding } else { 0 }, head, block }
+    }
+}
+
 /// The shape of the computation the planner needs from a run.
 struct Shape {
     params: u64,
@@ -170,19 +194,25 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     let moments = 2 * weights;
     let optimizer_state = match parallelism {
         Parallelism::Ddp => moments,
-        Parallelism::Zero1 | Parallelism::Zero2 => sharded(moments),
+        _ => sharded(moments),
     };
     let reducer = match (s.world > 1, parallelism) {
         (false, _) => 0,
         (true, Parallelism::Ddp | Parallelism::Zero1) => weights,
-        (true, Parallelism::Zero2) => sharded(weights),
+        (true, Parallelism::Zero2 | Parallelism::Fsdp) => sharded(weights),
     };
+    // fsdp keeps a shard of every parameter and gathers a unit (the embedding, a block,
+    // the head) while it runs, with the next one prefetched.
+    let fsdp = parallelism == Parallelism::Fsdp;
+    let units = Units::of(m, s.param_bytes);
+    let resident_params = if fsdp { sharded(weights) } else { weights };
+    let gathered = |bytes: u64| if fsdp { bytes } else { 0 };
     // Gradients while a step runs: `.grad` (ddp, zero1), or zero2's buckets, which hold
     // the local sum through an accumulation and otherwise only while in flight (two at
     // most), each with its reduce-scattered shard and, on Gloo, the collective's copy.
     let step_grads = match parallelism {
         Parallelism::Ddp | Parallelism::Zero1 => weights,
-        Parallelism::Zero2 => {
+        Parallelism::Zero2 | Parallelism::Fsdp => {
             let in_flight = (IN_FLIGHT_BUCKETS * s.bucket_bytes).min(weights);
             let local = if s.accumulates { weights } else { in_flight };
             let gloo = if cuda { 0 } else { in_flight };
@@ -191,13 +221,13 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     };
     let carried = if s.accumulates { step_grads } else { 0 };
     let autocast_weights = if s.dtypes.autocast { s.params * 2 } else { 0 };
-    let base = Usage { parameters: weights, gradients: reducer, optimizer_state, ..Usage::default() };
+    let base = Usage { parameters: resident_params, gradients: reducer, optimizer_state, ..Usage::default() };
 
     let block = per_token(m, &s.dtypes) * s.tokens;
+    let kept = s.n_layer - s.recomputed;
     let embedding = s.tokens * s.d_model * s.dtypes.residual;
     let full = embedding + s.n_layer * block;
     let checkpointed = embedding + s.n_layer * s.tokens * s.d_model * s.dtypes.residual;
-    let kept = s.n_layer - s.recomputed;
     let saved = embedding + s.recomputed * s.tokens * s.d_model * s.dtypes.residual + kept * block;
 
     // The loss chunk: logits, log-softmax, and both their gradients at once (f32), the
@@ -210,6 +240,10 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
         (
             Phase::Loss,
             Usage {
+                // The head (and a tied embedding), the blocks that keep their
+                // activations, and the next block prefetched.
+                parameters: base.parameters
+                    + gathered(units.head + units.tied_embedding + (kept + 1).min(s.n_layer) * units.block),
                 gradients: base.gradients + carried + head_grad,
                 autocast_weights,
                 activations: saved,
@@ -220,6 +254,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
         (
             Phase::Recompute,
             Usage {
+                parameters: base.parameters + gathered(units.tied_embedding + 2 * units.block),
                 gradients: base.gradients + step_grads,
                 autocast_weights,
                 // Every recomputed block's input stays until backward ends; one block's
@@ -232,19 +267,28 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
                 ..base
             },
         ),
-        (Phase::Backward, Usage { gradients: base.gradients + step_grads, autocast_weights, ..base }),
+        (
+            Phase::Backward,
+            Usage {
+                parameters: base.parameters + gathered(units.embedding + units.block),
+                gradients: base.gradients + step_grads,
+                autocast_weights,
+                ..base
+            },
+        ),
         (
             Phase::Optimizer,
             Usage {
                 gradients: base.gradients
                     + match parallelism {
-                        Parallelism::Zero2 => 0,
+                        Parallelism::Zero2 | Parallelism::Fsdp => 0,
                         _ => weights,
                     },
                 // A bucket's gathered copy and this rank's shard of it; Gloo's
-                // all-gather gathers into a buffer of its own and copies out.
+                // all-gather gathers into a buffer of its own and copies out. fsdp
+                // steps its shards and gathers nothing until the next forward.
                 buffers: match parallelism {
-                    Parallelism::Ddp => 0,
+                    Parallelism::Ddp | Parallelism::Fsdp => 0,
                     _ => {
                         let bucket = s.bucket_bytes.min(weights);
                         let gloo = if cuda { 0 } else { bucket };

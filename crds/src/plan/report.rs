@@ -79,6 +79,7 @@ fn parallelism_name(p: Parallelism) -> &'static str {
         Parallelism::Ddp => "ddp",
         Parallelism::Zero1 => "zero1",
         Parallelism::Zero2 => "zero2",
+        Parallelism::Fsdp => "fsdp",
     }
 }
 
@@ -89,7 +90,10 @@ pub fn remedies(cfg: &RunConfig) -> Vec<Remedy> {
     let needed = plan(cfg).needed();
     let mut candidates: Vec<(String, RunConfig)> = Vec::new();
     if cfg.topology.world_size > 1 {
-        for p in [Parallelism::Zero1, Parallelism::Zero2] {
+        for p in [Parallelism::Zero1, Parallelism::Zero2, Parallelism::Fsdp] {
+            if p == Parallelism::Fsdp && cfg.grpo.is_some() {
+                continue;
+            }
             if p as u8 > cfg.parallelism as u8 {
                 let mut c = cfg.clone();
                 c.parallelism = p;

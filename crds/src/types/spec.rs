@@ -83,9 +83,12 @@ pub struct TrainingRunSpec {
     /// the AdamW moments are sharded, each rank keeping 1/world of them and updating
     /// only its shard, after which the updated parameters are all-gathered; gradients
     /// are all-reduced as under ddp. `zero2` (ZeRO stage 2): as zero1, and gradients
-    /// are reduce-scattered on every micro-step, so each rank keeps only its 1/world
-    /// of them too. The losses are ddp's (up to rounding), and checkpoints do not
-    /// depend on it, so it may change when a run resumes.
+    /// are reduce-scattered, so between steps each rank keeps only its 1/world of them
+    /// too. `fsdp` (ZeRO stage 3, pretraining only): as zero2, and the parameters are
+    /// sharded as well: a block's are all-gathered just before it runs, forward and
+    /// again in backward, and freed after, the next block's gathered while one
+    /// computes. The losses are ddp's, and checkpoints do not depend on it, so it may
+    /// change when a run resumes.
     #[serde(default)]
     pub parallelism: Parallelism,
 
@@ -480,6 +483,8 @@ pub enum Parallelism {
     Zero1,
     /// ZeRO stage 2: the optimizer state and the gradients are sharded over the ranks.
     Zero2,
+    /// Fully sharded (ZeRO stage 3): the parameters too, gathered a block at a time.
+    Fsdp,
 }
 
 impl Parallelism {

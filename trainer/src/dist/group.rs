@@ -4,6 +4,7 @@
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tch::{Device, Tensor};
@@ -320,6 +321,43 @@ impl Work<'_> {
         // SAFETY: a live work handle.
         let err = unsafe { raw::shim_work_wait(self.raw.as_ptr()) };
         take_message(err).map_or(Ok(()), |m| Err(self.group.collective_error(self.op, m)))
+    }
+}
+
+impl Work<'_> {
+    /// The same collective as a [`PendingWork`], which keeps `group` alive itself, to
+    /// be waited for after this borrow ends (a prefetch).
+    pub fn keep(self, group: &Arc<ProcessGroup>) -> PendingWork {
+        assert!(std::ptr::eq(self.group, group.as_ref()), "work kept with the group that started it");
+        let (raw, op) = (self.raw, self.op);
+        std::mem::forget(self);
+        PendingWork { raw, group: group.clone(), op }
+    }
+}
+
+/// A collective in flight that owns a handle on its group.
+pub struct PendingWork {
+    raw: NonNull<c_void>,
+    group: Arc<ProcessGroup>,
+    op: &'static str,
+}
+
+// SAFETY: c10d work handles may be waited on from any thread.
+unsafe impl Send for PendingWork {}
+
+impl PendingWork {
+    /// As [`Work::wait`].
+    pub fn wait(self) -> Result<(), Error> {
+        // SAFETY: a live work handle.
+        let err = unsafe { raw::shim_work_wait(self.raw.as_ptr()) };
+        take_message(err).map_or(Ok(()), |m| Err(self.group.collective_error(self.op, m)))
+    }
+}
+
+impl Drop for PendingWork {
+    fn drop(&mut self) {
+        // SAFETY: created by the shim, freed once.
+        unsafe { raw::shim_work_free(self.raw.as_ptr()) }
     }
 }
 

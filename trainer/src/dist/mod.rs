@@ -6,6 +6,7 @@
 pub mod group;
 pub mod launch;
 pub mod loopback;
+pub mod fsdp;
 pub mod reducer;
 pub mod shard;
 

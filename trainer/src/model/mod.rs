@@ -7,6 +7,7 @@ pub mod dims;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
+pub mod residency;
 
 use crds::presets::{Arch, ModelConfig};
 use tch::nn::Path;
@@ -19,6 +20,7 @@ pub use dims::{Dims, INIT_STD};
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm};
 use llama::LlamaBlock;
+pub use residency::{Resident, Residency, Sharded, Unit};
 
 pub use crds::presets::{LOSS_CHUNK_BYTES, loss_chunk_tokens};
 
@@ -298,40 +300,97 @@ impl Model {
         chunk: i64,
         recompute: usize,
     ) -> Result<Tensor, TchError> {
-        let r = recompute.min(self.blocks.len());
-        if r == 0 {
-            return self.backward_chunked(idx, targets, scale, chunk);
+        self.backward_with(idx, targets, scale, chunk, recompute, &Resident).map_err(|e| match e {
+            crate::Error::Torch(e) => e,
+            other => TchError::Torch(other.to_string()),
+        })
+    }
+
+    /// [`Self::backward_checkpointed`] with the parameters held by `units`: each unit is
+    /// gathered before it runs and released when its part of the pass is done, the
+    /// next one prefetched. A recomputed block is gathered twice (its forward, then its
+    /// recomputation and backward); a block that keeps its activations stays gathered
+    /// from its forward to its backward; the embedding is gathered again for its
+    /// gradient unless the head reads it (tied).
+    pub fn backward_with(
+        &self,
+        idx: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+        chunk: i64,
+        recompute: usize,
+        units: &dyn Residency,
+    ) -> Result<Tensor, crate::Error> {
+        let n = self.blocks.len();
+        let r = recompute.min(n);
+        if r == 0 && units.resident() {
+            return Ok(self.backward_chunked(idx, targets, scale, chunk)?);
         }
+        let tied = self.lm_head.is_none();
+        let after = |i: usize| if i + 1 < n { Unit::Block(i + 1) } else { Unit::Head };
+        units.gather(Unit::Embedding)?;
+        units.prefetch(if n > 0 { Unit::Block(0) } else { Unit::Head })?;
         let emb = self.embed(idx)?;
+        if !tied {
+            units.release(Unit::Embedding)?;
+        }
         let mut inputs = Vec::with_capacity(r);
         let mut x = emb.f_detach()?;
-        tch::no_grad(|| -> Result<(), TchError> {
+        {
+            let _no_grad = tch::no_grad_guard();
             for i in 0..r {
+                units.gather(Unit::Block(i))?;
+                units.prefetch(after(i))?;
                 let next = self.block(i, &x)?;
+                units.release(Unit::Block(i))?;
                 inputs.push(std::mem::replace(&mut x, next));
             }
-            Ok(())
-        })?;
+        }
         // Blocks r.. form one ordinary graph from a leaf at their input.
         let kept_in = x.f_detach()?.f_requires_grad_(true)?;
         let mut top = kept_in.shallow_clone();
-        for i in r..self.blocks.len() {
+        for i in r..n {
+            units.gather(Unit::Block(i))?;
+            units.prefetch(after(i))?;
             top = self.block(i, &top)?;
         }
+        units.gather(Unit::Head)?;
         let (loss, mut grad, head) = self.head_backward_chunked(&top.f_detach()?, targets, scale, chunk)?;
         // The head's own parameters go with the first backward pass, so data
         // parallelism can send them early; a tied embedding goes with the last.
-        let (tied, mut untied): (Vec<_>, Vec<_>) = head.into_iter().partition(|(_, _, tied)| *tied);
-        if r < self.blocks.len() {
+        let (tied_grads, mut untied): (Vec<_>, Vec<_>) = head.into_iter().partition(|(_, _, tied)| *tied);
+        let mut head_gathered = true;
+        if r < n {
+            if r > 0 {
+                units.prefetch(Unit::Block(r - 1))?;
+            }
             backward_from(top, grad, untied.drain(..))?;
             grad = kept_in.f_grad()?;
+            units.release(Unit::Head)?;
+            head_gathered = false;
+            for i in r..n {
+                units.release(Unit::Block(i))?;
+            }
         }
         for (i, input) in inputs.iter().enumerate().rev() {
+            units.gather(Unit::Block(i))?;
+            units.prefetch(if i > 0 { Unit::Block(i - 1) } else { Unit::Embedding })?;
             let xi = input.f_detach()?.f_requires_grad_(true)?;
             backward_from(self.block(i, &xi)?, grad, untied.drain(..))?;
+            if head_gathered {
+                units.release(Unit::Head)?;
+                head_gathered = false;
+            }
+            units.release(Unit::Block(i))?;
             grad = xi.f_grad()?;
         }
-        backward_from(emb, grad, untied.into_iter().chain(tied))?;
+        // Its gradient accumulates into the whole parameter.
+        units.gather(Unit::Embedding)?;
+        backward_from(emb, grad, untied.into_iter().chain(tied_grads))?;
+        if head_gathered {
+            units.release(Unit::Head)?;
+        }
+        units.release(Unit::Embedding)?;
         Ok(loss)
     }
 }

@@ -46,6 +46,9 @@ pub enum ZeroStage {
     One,
     /// Gradients too: each rank keeps its shard of them.
     Two,
+    /// Parameters too (fsdp): the optimizer's masters are this rank's shards, which
+    /// [`crate::dist::fsdp::ShardedParams`] gathers when the model needs them.
+    Three,
 }
 
 /// Where the optimizer finds the gradients of the pieces it owns.
@@ -70,6 +73,10 @@ pub struct ShardedAdamW {
     decay: Vec<OwnedSegment>,
     no_decay: Vec<OwnedSegment>,
     grads: Gradients,
+    /// Stage three: this rank's shard of each bucket's parameters, stepped in place.
+    masters: Option<Vec<Tensor>>,
+    /// Each parameter's shape (under stage three the tensors are empty between uses).
+    shapes: Vec<Vec<i64>>,
 }
 
 impl ShardedAdamW {
@@ -111,21 +118,46 @@ impl ShardedAdamW {
         }
         let mut norm_order: Vec<usize> = (0..params.len()).collect();
         norm_order.sort_by_key(|&i| (params[i].1.dim() < 2, params[i].0.clone()));
+        let per_bucket = || -> Result<Vec<Tensor>, Error> {
+            layout
+                .buckets
+                .iter()
+                .map(|b| {
+                    let like = b.members.first().map(|m| &params[m.param].1);
+                    let (kind, device) = like.map_or((Kind::Float, tch::Device::Cpu), |p| (p.kind(), p.device()));
+                    Ok(Tensor::f_zeros([b.shard_len()], (kind, device))?)
+                })
+                .collect()
+        };
         let grads = match stage {
             ZeroStage::One => Gradients::Whole,
-            ZeroStage::Two => Gradients::Sharded(
-                layout
-                    .buckets
-                    .iter()
-                    .map(|b| {
-                        let like = b.members.first().map(|m| &params[m.param].1);
-                        let (kind, device) = like.map_or((Kind::Float, tch::Device::Cpu), |p| (p.kind(), p.device()));
-                        Tensor::f_zeros([b.shard_len()], (kind, device))
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
+            ZeroStage::Two | ZeroStage::Three => Gradients::Sharded(per_bucket()?),
         };
-        Ok(ShardedAdamW { config: config.clone(), group, layout, params, norm_order, decay, no_decay, grads })
+        let masters = if stage == ZeroStage::Three { Some(per_bucket()?) } else { None };
+        let shapes = params.iter().map(|(_, p)| p.size()).collect();
+        Ok(ShardedAdamW {
+            config: config.clone(),
+            group,
+            layout,
+            params,
+            norm_order,
+            decay,
+            no_decay,
+            grads,
+            masters,
+            shapes,
+        })
+    }
+
+    /// The layout of the shards (the buckets given at construction, cut per rank).
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// Stage three: the master shards, one per bucket, for
+    /// [`crate::dist::fsdp::ShardedParams`] to fill and gather from.
+    pub fn master_shards(&self) -> Option<Vec<Tensor>> {
+        self.masters.as_ref().map(|m| m.iter().map(Tensor::shallow_clone).collect())
     }
 
     /// The reducer that fills this optimizer's gradient shards (ZeRO-2); `None` under
@@ -194,7 +226,9 @@ impl ShardedAdamW {
         };
         let skip = nonfinite(&[loss, &norm])?;
         self.step_owned(lr, &skip)?;
-        self.gather_parameters()?;
+        if self.masters.is_none() {
+            self.gather_parameters()?;
+        }
         Ok((norm, skip))
     }
 
@@ -216,6 +250,14 @@ impl ShardedAdamW {
             return Ok(Tensor::f_zeros([], (Kind::Float, self.device()))?);
         }
         ffi::clip_grad_norm(&grads, max_norm)
+    }
+
+    /// The values an owned piece steps: a piece of the parameter, or of the shard.
+    fn master(&self, seg: &OwnedSegment) -> Result<Tensor, Error> {
+        match &self.masters {
+            Some(shards) => Ok(shards[seg.bucket].f_narrow(0, seg.shard_offset, seg.elements.end - seg.elements.start)?),
+            None => Self::piece(&self.params[seg.param].1, &seg.elements),
+        }
     }
 
     /// The gradient of an owned piece.
@@ -240,7 +282,7 @@ impl ShardedAdamW {
             let (mut p, mut g, mut m, mut v, mut s) = (vec![], vec![], vec![], vec![], vec![]);
             for seg in segments {
                 let Some(grad) = self.piece_grad(seg)? else { continue };
-                p.push(Self::piece(&self.params[seg.param].1, &seg.elements)?);
+                p.push(self.master(seg)?);
                 g.push(grad);
                 m.push(seg.exp_avg.shallow_clone());
                 v.push(seg.exp_avg_sq.shallow_clone());
@@ -303,9 +345,10 @@ impl ShardedAdamW {
             let exp_avg = self.gather_bucket(b, &like, |s| Ok(s.exp_avg.shallow_clone()))?;
             let exp_avg_sq = self.gather_bucket(b, &like, |s| Ok(s.exp_avg_sq.shallow_clone()))?;
             for m in &bucket.members {
-                let (name, param) = &self.params[m.param];
+                let name = &self.params[m.param].0;
+                let shape = self.shapes[m.param].as_slice();
                 let full = |t: &Tensor| -> Result<Tensor, Error> {
-                    Ok(t.f_narrow(0, m.offset, m.numel)?.f_view(param.size().as_slice())?.f_detach_copy()?)
+                    Ok(t.f_narrow(0, m.offset, m.numel)?.f_view(shape)?.f_detach_copy()?)
                 };
                 out.push((format!("{name}.exp_avg"), full(&exp_avg)?));
                 out.push((format!("{name}.exp_avg_sq"), full(&exp_avg_sq)?));
@@ -329,10 +372,10 @@ impl ShardedAdamW {
     /// Every name must be present with the parameter's shape and dtype; otherwise
     /// nothing is loaded and the error names the first mismatch.
     pub fn load_state(&mut self, named: &HashMap<String, Tensor>) -> Result<(), Error> {
-        let want = self.params.iter().flat_map(|(name, p)| {
+        let want = self.params.iter().zip(&self.shapes).flat_map(|((name, p), shape)| {
             [
-                (format!("{name}.exp_avg"), p.size(), p.kind()),
-                (format!("{name}.exp_avg_sq"), p.size(), p.kind()),
+                (format!("{name}.exp_avg"), shape.clone(), p.kind()),
+                (format!("{name}.exp_avg_sq"), shape.clone(), p.kind()),
                 (format!("{name}.step"), vec![], Kind::Float),
             ]
         });
