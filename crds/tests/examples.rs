@@ -141,7 +141,7 @@ fn every_seed_example_fits_its_seeds_gpu() {
         ("seed003-llama3-1.5b.yaml", 48 * GI, Parallelism::Zero1),
         ("seed003-llama3-2.2b.yaml", 48 * GI, Parallelism::Zero1),
         ("seed003-qwen3-1.8b.yaml", 48 * GI, Parallelism::Zero1),
-        ("seed004-gpt2-1b-8xh100.yaml", 80 * GI, Parallelism::Zero2),
+        ("seed004-gpt2-1b-8xh100.yaml", 80 * GI, Parallelism::Fsdp),
     ] {
         let c = resolved(file);
         assert_eq!((c.topology.gpu_memory_bytes, c.parallelism), (Some(gpu), parallelism), "{file}");

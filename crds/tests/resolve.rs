@@ -147,8 +147,10 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     b.gradient_checkpointing = !a.gradient_checkpointing;
     b.checkpointed_blocks = Some(1);
     b.attention = Attention::Math;
-    // Checkpoints hold consolidated state, so the sharding strategy may change too.
-    b.parallelism = Parallelism::Zero1;
+    // Checkpoints hold consolidated state, so the sharding strategy may change too, and
+    // the GPU the run was planned for.
+    b.parallelism = Parallelism::Fsdp;
+    b.topology.gpu_memory_bytes = Some(48 << 30);
     assert_eq!(a.fingerprint(), b.fingerprint());
     let changed = |f: &dyn Fn(&mut RunConfig)| {
         let mut c = a.clone();
@@ -159,6 +161,18 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     assert_ne!(a.fingerprint(), changed(&|c| c.batch.seq_len /= 2));
     assert_ne!(a.fingerprint(), changed(&|c| c.optimizer.beta2 = 0.99));
     assert_ne!(a.fingerprint(), changed(&|c| c.seed += 1));
+}
+
+#[test]
+fn fsdp_is_for_pretraining() {
+    let mut g = grpo_run();
+    g.spec.parallelism = Parallelism::Fsdp;
+    fails(&g, "spec.parallelism", "fsdp is for pretraining");
+    g.spec.parallelism = Parallelism::Zero2;
+    ok(&g);
+    let mut p = run();
+    p.spec.parallelism = Parallelism::Fsdp;
+    assert_eq!(ok(&p).parallelism, Parallelism::Fsdp);
 }
 
 #[test]

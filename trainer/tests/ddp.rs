@@ -211,7 +211,8 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backwards_of_a_tied_mod
                             .unwrap(),
                         );
                         // A 1 KiB cap: many buckets, launched from the hooks as they fill.
-                        let reducer = GradReducer::new(group, &vs.trainable_variables(), 1024).unwrap();
+                        let params = vs.trainable_variables();
+                        let reducer = GradReducer::new(group, &params, &vec![0; params.len()], 1024).unwrap();
                         assert!(reducer.n_buckets() > 4);
                         reducer.prepare().unwrap();
                         let loss = backward(&model, &x, &y).unwrap().double_value(&[]);
@@ -243,7 +244,7 @@ fn three_ranks_train_like_one_rank_and_stay_identical() {
     };
     let ranks = on_ranks(&three, &dir, |mut t| {
         let losses: Vec<f64> = (0..4).map(|_| t.train_step().unwrap().loss).collect();
-        let params: Vec<Tensor> = t.parameters().into_iter().map(|(_, p)| p).collect();
+        let params: Vec<Tensor> = t.parameters().unwrap().into_iter().map(|(_, p)| p).collect();
         (losses, dist::parameter_checksum(&params).unwrap())
     });
     for (rank, (losses, _)) in ranks.iter().enumerate() {
@@ -501,7 +502,7 @@ fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-30)).fold(0.0, f64::max)
 }
 
-/// `parallelism: zero1` and `zero2` train the same model as ddp, on 2 and on 3 ranks,
+/// `parallelism: zero1`, `zero2` and `fsdp` train the same model as ddp, on 2 and on 3 ranks,
 /// with gradient accumulation, the chunked loss and gradient checkpointing, untied
 /// (nano) on 2 ranks and with GPT-2's tied embeddings on 3: the same losses over 20
 /// steps and the same final weights, within 1e-6.
@@ -526,7 +527,7 @@ fn sharded_strategies_train_like_ddp_on_two_and_three_ranks() {
             on_ranks(cfg, &dir, |mut t| {
                 let losses: Vec<f64> = (0..20).map(|_| t.train_step().unwrap().loss).collect();
                 let params: Vec<(String, Tensor)> =
-                    t.parameters().into_iter().map(|(n, p)| (n, p.detach_copy())).collect();
+                    t.parameters().unwrap().into_iter().map(|(n, p)| (n, p.detach_copy())).collect();
                 let sums: Vec<f64> =
                     params.iter().map(|(_, p)| p.abs().sum(tch::Kind::Double).double_value(&[])).collect();
                 (losses, params.iter().map(|(n, _)| n.clone()).zip(sums).collect::<Vec<_>>(), params_checksum(&params))
@@ -534,8 +535,18 @@ fn sharded_strategies_train_like_ddp_on_two_and_three_ranks() {
         };
         let ddp = train(&tie(config(&yaml("ddp"))));
         assert!(ddp[0].0[19] < ddp[0].0[0], "it learns: {:?}", ddp[0].0);
-        for strategy in ["zero1", "zero2"] {
-            let cfg = tie(config(&yaml(strategy)));
+        for strategy in ["zero1", "zero2", "fsdp", "fsdp without recomputation"] {
+            let (name, recompute) = match strategy.split_once(' ') {
+                Some((name, _)) => (name, false),
+                None => (strategy, true),
+            };
+            let text = yaml(name);
+            let text = if recompute {
+                text
+            } else {
+                text.replace("gradientCheckpointing: true", "gradientCheckpointing: false")
+            };
+            let cfg = tie(config(&text));
             assert_eq!((cfg.batch.grad_accum, cfg.schedule.total_steps), (2, 20));
             let got = train(&cfg);
             for rank in 0..world as usize {
@@ -564,14 +575,19 @@ fn params_checksum(params: &[(String, Tensor)]) -> [f64; 3] {
 }
 
 /// A checkpoint does not depend on the strategy: a 2-rank run trained under ddp, then
-/// resumed under zero1, zero2 and ddp again, follows the uninterrupted ddp curve.
+/// resumed under zero1, zero2, fsdp (with and without recomputation, evaluating) and ddp
+/// again, follows the uninterrupted ddp curve.
 #[test]
 fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     let dir = scratch("strategies");
     let manifest = dir.join("run.yaml");
     let write = |parallelism: &str| {
+        let (strategy, extra) = match parallelism.split_once('+') {
+            Some((s, "recompute")) => (s, "\n  gradientCheckpointing: true"),
+            _ => (parallelism, ""),
+        };
         let text = manifest_text_for_processes()
-            .replace("precision: f32", &format!("precision: f32\n  parallelism: {parallelism}"));
+            .replace("precision: f32", &format!("precision: f32\n  parallelism: {strategy}{extra}"));
         std::fs::write(&manifest, text).unwrap();
     };
     write("ddp");
@@ -581,7 +597,14 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     assert_eq!(full.len(), 8);
 
     let out = dir.join("moved");
-    for (parallelism, stop) in [("ddp", Some("2")), ("zero1", Some("4")), ("zero2", Some("6")), ("ddp", None)] {
+    for (parallelism, stop) in [
+        ("ddp", Some("1")),
+        ("zero1", Some("2")),
+        ("zero2", Some("3")),
+        ("fsdp", Some("5")),
+        ("fsdp+recompute", Some("7")),
+        ("ddp", None),
+    ] {
         write(parallelism);
         let extra: Vec<&str> = stop.map(|s| vec!["--stop-after-steps", s]).unwrap_or_default();
         let o = run(&manifest, &out, &extra);
@@ -594,9 +617,9 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     assert!(diff < 1e-6, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
 }
 
-/// `trainer bench-ddp` measures zero1 and zero2 against ddp: each of 2 ranks holds
-/// about half the optimizer state (its shard, plus alignment padding), and zero2 holds
-/// less between steps than zero1, which holds less than ddp.
+/// `trainer bench-ddp` measures zero1, zero2 and fsdp against ddp: each of 2 ranks holds
+/// about half the optimizer state (its shard, plus alignment padding), and between steps
+/// fsdp holds less than zero2, which holds less than zero1, which holds less than ddp.
 #[test]
 fn bench_ddp_reports_what_each_strategy_holds_per_rank() {
     let report = trainer::bench::ddp::run(&trainer::bench::ddp::DdpBenchOptions {
@@ -612,10 +635,11 @@ fn bench_ddp_reports_what_each_strategy_holds_per_rank() {
     let s = &report["strategies"];
     let f = |strategy: &str, field: &str| s[strategy][field].as_f64().unwrap_or_else(|| panic!("{field}: {report}"));
     assert!(f("ddp", "optimizer_state_bytes_per_rank") > 7_000_000.0, "nano's two f32 moments: {report}");
-    for strategy in ["zero1", "zero2"] {
+    for strategy in ["zero1", "zero2", "fsdp"] {
         assert!((0.49..0.51).contains(&f(strategy, "optimizer_state_over_ddp")), "{strategy}: {report}");
         assert!(f(strategy, "step_time_over_ddp") > 0.0);
     }
+    assert!(f("fsdp", "resident_bytes_per_rank") < f("zero2", "resident_bytes_per_rank"), "{report}");
     assert!(f("zero2", "resident_bytes_per_rank") < f("zero1", "resident_bytes_per_rank"), "{report}");
     assert!(f("zero1", "resident_bytes_per_rank") < f("ddp", "resident_bytes_per_rank"), "{report}");
 }

@@ -71,7 +71,7 @@ fn run_refuses_a_spec_that_cannot_fit_its_gpus() {
 
 /// The planner's step peak per rank against the peak the CPU allocator handed out on 2
 /// ranks, within 15%: nano and micro at two micro-batches, with and without
-/// checkpointing, under every strategy, and tiny at one (`trainer bench-memory` runs the
+/// checkpointing, under every strategy, and tiny at two (`trainer bench-memory` runs the
 /// full table recorded in docs/perf.md).
 #[test]
 fn the_planned_step_peak_matches_the_allocator_within_15_percent() {
@@ -80,7 +80,7 @@ fn the_planned_step_peak_matches_the_allocator_within_15_percent() {
     for preset in ["nano", "micro"] {
         for micro_batch in [2, 4] {
             for checkpointing in [false, true] {
-                for parallelism in [Parallelism::Ddp, Parallelism::Zero1, Parallelism::Zero2] {
+                for parallelism in [Parallelism::Ddp, Parallelism::Zero1, Parallelism::Zero2, Parallelism::Fsdp] {
                     cases.push((preset, micro_batch, checkpointing, parallelism));
                 }
             }

@@ -205,6 +205,13 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     // the head) while it runs, with the next one prefetched.
     let fsdp = parallelism == Parallelism::Fsdp;
     let units = Units::of(m, s.param_bytes);
+    // Buckets never span units and hold at least one parameter: the largest is capped
+    // by the unit, and at least the largest parameter.
+    let largest_bucket = s
+        .bucket_bytes
+        .min(units.block.max(units.embedding).max(units.head))
+        .max(s.largest_param * s.param_bytes)
+        .min(weights);
     let resident_params = if fsdp { sharded(weights) } else { weights };
     let gathered = |bytes: u64| if fsdp { bytes } else { 0 };
     // Gradients while a step runs: `.grad` (ddp, zero1), or zero2's buckets, which hold
@@ -213,7 +220,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     let step_grads = match parallelism {
         Parallelism::Ddp | Parallelism::Zero1 => weights,
         Parallelism::Zero2 | Parallelism::Fsdp => {
-            let in_flight = (IN_FLIGHT_BUCKETS * s.bucket_bytes).min(weights);
+            let in_flight = (IN_FLIGHT_BUCKETS * largest_bucket).min(weights);
             let local = if s.accumulates { weights } else { in_flight };
             let gloo = if cuda { 0 } else { in_flight };
             local + gloo + sharded(in_flight)
@@ -290,7 +297,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
                 buffers: match parallelism {
                     Parallelism::Ddp | Parallelism::Fsdp => 0,
                     _ => {
-                        let bucket = s.bucket_bytes.min(weights);
+                        let bucket = largest_bucket;
                         let gloo = if cuda { 0 } else { bucket };
                         bucket + sharded(bucket) + gloo
                     }

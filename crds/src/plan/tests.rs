@@ -33,7 +33,7 @@ fn a_block_saves_what_its_layers_keep_per_token() {
 
 #[test]
 fn each_stage_of_sharding_holds_less_per_rank() {
-    let table: [(&str, u64); 3] = [("ddp", 2), ("zero1", 1), ("zero2", 1)];
+    let table: [(&str, u64); 4] = [("ddp", 2), ("zero1", 1), ("zero2", 1), ("fsdp", 1)];
     let plans: Vec<MemoryPlan> = table
         .iter()
         .map(|(p, _)| plan(&llama3(&format!("  parallelism: {p}\n  gradientCheckpointing: true\n"))))
@@ -43,7 +43,9 @@ fn each_stage_of_sharding_holds_less_per_rank() {
     for ((name, moments_per_weight), p) in table.iter().zip(&plans) {
         assert_eq!(p.peak.optimizer_state, moments_per_weight * weights, "{name}");
     }
-    assert!(plans[0].needed() > plans[1].needed() && plans[1].needed() > plans[2].needed());
+    assert!(plans.windows(2).all(|w| w[0].needed() > w[1].needed()), "ddp > zero1 > zero2 > fsdp");
+    // fsdp keeps half the parameters, and gathers the units that run.
+    assert!(plans[3].peak.parameters < weights && plans[3].peak.parameters > weights / 2);
     // One rank shards nothing.
     let alone = run(
         "  model: {preset: nano, tokenizer: embedded}\n  tokens: 1M\n  data: {mix: [{name: a, weight: 1, uri: \"embedded:textbook\"}]}\n  topology: {nodes: 1, gpusPerNode: 1}\n  batch: {globalTokens: 2048, microBatch: 8, seqLength: 256}\n  parallelism: zero1\n",

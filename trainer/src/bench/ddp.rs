@@ -6,7 +6,7 @@
 //!    as nccl-tests reports them).
 //! 2. The training step of N ranks over 1 rank at the same per-rank batch: the
 //!    ratio is DDP's overhead (1.0 is free).
-//! 3. `parallelism: zero1` and `zero2` against ddp on N ranks: the step time ratio,
+//! 3. `parallelism: zero1`, `zero2` and `fsdp` against ddp on N ranks: the step time ratio,
 //!    the bytes of optimizer state each rank holds, and each rank's tensor memory
 //!    between steps and at the step's peak (libtorch's CPU allocator, counted per rank).
 
@@ -158,7 +158,7 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
     let one = time_steps(o, 1, 1, Parallelism::Ddp, &dir)?.seconds_per_step;
     let side_by_side = time_steps(o, 1, world, Parallelism::Ddp, &dir)?.seconds_per_step;
     let ddp = time_steps(o, world, world, Parallelism::Ddp, &dir)?;
-    let sharded = [Parallelism::Zero1, Parallelism::Zero2]
+    let sharded = [Parallelism::Zero1, Parallelism::Zero2, Parallelism::Fsdp]
         .into_iter()
         .map(|p| Ok((p, time_steps(o, world, world, p, &dir)?)))
         .collect::<Result<Vec<_>, Error>>()?;

@@ -301,7 +301,7 @@ fn data_parallel(device: Device, params: &[Tensor]) -> Result<(Arc<ProcessGroup>
     if t.f_eq(3.0)?.f_all()?.f_int64_value(&[])? == 0 {
         return Err(Error::Shim(format!("{:?} all-reduce of a bf16 tensor of 3s did not give 3s", group.backend())));
     }
-    let reducer = GradReducer::new(group.clone(), params, DEFAULT_BUCKET_CAP_BYTES)?;
+    let reducer = GradReducer::new(group.clone(), params, &vec![0; params.len()], DEFAULT_BUCKET_CAP_BYTES)?;
     Ok((group, reducer))
 }
 

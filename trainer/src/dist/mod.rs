@@ -3,10 +3,10 @@
 //! ZeRO's partition of the parameters over ranks ([`shard`]) and the in-pod launcher
 //! ([`launch`]), like torchrun.
 
+pub mod fsdp;
 pub mod group;
 pub mod launch;
 pub mod loopback;
-pub mod fsdp;
 pub mod reducer;
 pub mod shard;
 

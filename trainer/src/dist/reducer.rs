@@ -53,20 +53,39 @@ mod raw {
 /// torch DDP's default bucket size.
 pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
 
-/// Bucket of each parameter, given `(bytes, kind, device)` in definition order: walk
-/// them in reverse, start a new bucket when the next one would pass `cap_bytes` or
-/// changes dtype or device. Bucket 0 holds the last-defined parameters.
-pub fn assign_buckets(params: &[(usize, Kind, Device)], cap_bytes: usize) -> Vec<i64> {
+/// What bucketing needs to know of a parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketItem {
+    pub bytes: usize,
+    pub kind: Kind,
+    pub device: Device,
+    /// The group of parameters it belongs to (fsdp's units: the head, each block, the
+    /// embedding); a bucket never spans two, so every strategy can share one layout.
+    pub unit: usize,
+}
+
+impl BucketItem {
+    /// `p` in `unit`.
+    pub fn of(p: &Tensor, unit: usize) -> BucketItem {
+        BucketItem { bytes: p.numel() * p.kind().elt_size_in_bytes(), kind: p.kind(), device: p.device(), unit }
+    }
+}
+
+/// Bucket of each parameter, given in definition order: walk them in reverse, start a
+/// new bucket when the next one would pass `cap_bytes` or changes dtype, device or
+/// unit. Bucket 0 holds the last-defined parameters.
+pub fn assign_buckets(params: &[BucketItem], cap_bytes: usize) -> Vec<i64> {
     let mut bucket_of = vec![0; params.len()];
     let (mut bucket, mut filled, mut key) = (-1i64, 0usize, None);
     for i in (0..params.len()).rev() {
-        let (bytes, kind, device) = params[i];
-        if bucket < 0 || key != Some((kind, device)) || (filled > 0 && filled + bytes > cap_bytes) {
+        let p = params[i];
+        let k = (p.kind, p.device, p.unit);
+        if bucket < 0 || key != Some(k) || (filled > 0 && filled + p.bytes > cap_bytes) {
             bucket += 1;
             filled = 0;
-            key = Some((kind, device));
+            key = Some(k);
         }
-        filled += bytes;
+        filled += p.bytes;
         bucket_of[i] = bucket;
     }
     bucket_of
@@ -86,13 +105,18 @@ unsafe impl Send for GradReducer {}
 
 impl GradReducer {
     /// An all-reducing reducer. `params` in definition order (leaves that require
-    /// grad). Buckets go out from hooks during backward, so between `prepare` and
-    /// `finish` each parameter must get its whole gradient in one accumulation, as the
-    /// model's backward passes do (a second one is an error).
-    pub fn new(group: Arc<ProcessGroup>, params: &[Tensor], bucket_cap_bytes: usize) -> Result<GradReducer, Error> {
-        let sizes: Vec<_> =
-            params.iter().map(|p| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device())).collect();
-        let bucket_of = assign_buckets(&sizes, bucket_cap_bytes.max(1));
+    /// grad), each in `units[i]` ([`BucketItem::unit`]). Buckets go out from hooks
+    /// during backward, so between `prepare` and `finish` each parameter must get its
+    /// whole gradient in one accumulation, as the model's backward passes do (a second
+    /// one is an error).
+    pub fn new(
+        group: Arc<ProcessGroup>,
+        params: &[Tensor],
+        units: &[usize],
+        bucket_cap_bytes: usize,
+    ) -> Result<GradReducer, Error> {
+        let items: Vec<BucketItem> = params.iter().zip(units).map(|(p, &u)| BucketItem::of(p, u)).collect();
+        let bucket_of = assign_buckets(&items, bucket_cap_bytes.max(1));
         let numels: Vec<i64> = params.iter().map(|p| p.numel() as i64).collect();
         // ZeRO's layout, so every strategy sums each element over the ranks in the same
         // order (a ring all-reduce's order depends on where an element lies).
@@ -248,11 +272,12 @@ impl Drop for GradReducer {
 mod tests {
     use super::*;
 
-    const F: (Kind, Device) = (Kind::Float, Device::Cpu);
+    fn p(bytes: usize) -> BucketItem {
+        BucketItem { bytes, kind: Kind::Float, device: Device::Cpu, unit: 0 }
+    }
 
     #[test]
     fn buckets_fill_in_reverse_definition_order_up_to_the_cap() {
-        let p = |bytes| (bytes, F.0, F.1);
         // Reverse order: 40 (b0) 30 → 70 ≤ 100 (b0) 50 → 120 > 100 (b1) 60 → 110 > 100 (b2) 10 (b2)
         let b = assign_buckets(&[p(10), p(60), p(50), p(30), p(40)], 100);
         assert_eq!(b, vec![2, 2, 1, 0, 0]);
@@ -260,17 +285,15 @@ mod tests {
 
     #[test]
     fn a_parameter_larger_than_the_cap_gets_its_own_bucket() {
-        let p = |bytes| (bytes, F.0, F.1);
         assert_eq!(assign_buckets(&[p(1), p(500), p(1)], 100), vec![2, 1, 0]);
     }
 
     #[test]
-    fn dtypes_never_share_a_bucket() {
-        let b = assign_buckets(
-            &[(4, Kind::Float, Device::Cpu), (2, Kind::BFloat16, Device::Cpu), (4, Kind::Float, Device::Cpu)],
-            1 << 20,
-        );
-        assert_eq!(b, vec![2, 1, 0]);
+    fn dtypes_and_units_never_share_a_bucket() {
+        let bf16 = BucketItem { kind: Kind::BFloat16, ..p(2) };
+        assert_eq!(assign_buckets(&[p(4), bf16, p(4)], 1 << 20), vec![2, 1, 0]);
+        let unit = |unit| BucketItem { unit, ..p(4) };
+        assert_eq!(assign_buckets(&[unit(2), unit(1), unit(1), unit(0)], 1 << 20), vec![2, 1, 1, 0]);
     }
 
     #[test]

@@ -119,8 +119,10 @@ mod tests {
         ] {
             assert_eq!(Unit::of(name), unit, "{name}");
         }
-        let order: Vec<usize> =
-            [Unit::Head, Unit::Block(2), Unit::Block(1), Unit::Block(0), Unit::Embedding].iter().map(|u| u.backward_index(3)).collect();
+        let order: Vec<usize> = [Unit::Head, Unit::Block(2), Unit::Block(1), Unit::Block(0), Unit::Embedding]
+            .iter()
+            .map(|u| u.backward_index(3))
+            .collect();
         assert_eq!(order, [0, 1, 2, 3, 4]);
     }
 }

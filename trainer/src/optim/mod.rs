@@ -62,6 +62,14 @@ impl Optimizer {
         }
     }
 
+    /// Stage three (fsdp): the layout and this rank's master shards of the parameters.
+    pub fn fsdp_shards(&self) -> Option<(crate::dist::shard::ShardLayout, Vec<Tensor>)> {
+        match self {
+            Optimizer::Sharded(o) => o.master_shards().map(|s| (o.layout().clone(), s)),
+            Optimizer::Replicated(_) => None,
+        }
+    }
+
     /// Bytes of optimizer state this rank holds.
     pub fn state_bytes(&self) -> usize {
         match self {

@@ -255,7 +255,9 @@ impl ShardedAdamW {
     /// The values an owned piece steps: a piece of the parameter, or of the shard.
     fn master(&self, seg: &OwnedSegment) -> Result<Tensor, Error> {
         match &self.masters {
-            Some(shards) => Ok(shards[seg.bucket].f_narrow(0, seg.shard_offset, seg.elements.end - seg.elements.start)?),
+            Some(shards) => {
+                Ok(shards[seg.bucket].f_narrow(0, seg.shard_offset, seg.elements.end - seg.elements.start)?)
+            }
             None => Self::piece(&self.params[seg.param].1, &seg.elements),
         }
     }

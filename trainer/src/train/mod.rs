@@ -30,13 +30,15 @@ use crate::data::loader::Loader;
 use crate::data::mix::Mix;
 use crate::data::sources;
 use crate::data::tokenizer::Tokenizer;
+use crate::dist::fsdp::ShardedParams;
+use crate::dist::reducer::BucketItem;
 use crate::dist::{self, GradReducer, Placement, ProcessGroup};
 use crate::grpo::stats::{GrpoStats, McqScore};
 use crate::grpo::step::Grpo;
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::tune::choose_kernels;
-use crate::model::Model;
+use crate::model::{Model, Unit};
 use crate::optim::zero::{ShardedAdamW, ZeroStage};
 use crate::optim::{AdamW, Optimizer};
 use crate::rng::GLOBAL_RNG;
@@ -120,6 +122,8 @@ pub struct Trainer {
     faults: Faults,
     /// The c10d group and gradient reducer when there is more than one rank.
     ddp: Option<(Arc<ProcessGroup>, GradReducer)>,
+    /// `parallelism: fsdp`: the parameters, sharded and gathered a unit at a time.
+    fsdp: Option<ShardedParams>,
     /// Raised by SIGTERM in this process.
     stop: Arc<AtomicBool>,
     /// Whether any rank asked to stop, as of the last step read back (agreed with the loss).
@@ -220,18 +224,23 @@ impl Trainer {
             vs.bfloat16();
         }
         vs.set_device(device);
-        let opt = match &group {
-            Some(group) if matches!(cfg.parallelism, Parallelism::Zero1 | Parallelism::Zero2) => {
-                // The reducer's buckets, so shards line up with what it all-reduces.
-                let params = named_in_definition_order(&vs);
-                let sizes: Vec<_> = params
-                    .iter()
-                    .map(|(_, p)| (p.numel() * p.kind().elt_size_in_bytes(), p.kind(), p.device()))
-                    .collect();
-                let cap = cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
-                let bucket_of = dist::reducer::assign_buckets(&sizes, cap.max(1));
-                let stage = if cfg.parallelism == Parallelism::Zero2 { ZeroStage::Two } else { ZeroStage::One };
-                Optimizer::Sharded(ShardedAdamW::new(params, &bucket_of, group.clone(), &cfg.optimizer, stage)?)
+        // Every strategy buckets the same way, a bucket never spanning two of fsdp's
+        // units, so each sums every gradient over the ranks in the same order.
+        let named = named_in_definition_order(&vs);
+        let units: Vec<usize> =
+            named.iter().map(|(name, _)| Unit::of(name).backward_index(cfg.model.n_layer as usize)).collect();
+        let cap = (cfg.topology.bucket_cap_mb as usize * 1024 * 1024).max(1);
+        let opt = match (&group, cfg.parallelism) {
+            (Some(group), Parallelism::Zero1 | Parallelism::Zero2 | Parallelism::Fsdp) => {
+                let items: Vec<BucketItem> =
+                    named.iter().zip(&units).map(|((_, p), &u)| BucketItem::of(p, u)).collect();
+                let bucket_of = dist::reducer::assign_buckets(&items, cap);
+                let stage = match cfg.parallelism {
+                    Parallelism::Zero1 => ZeroStage::One,
+                    Parallelism::Zero2 => ZeroStage::Two,
+                    _ => ZeroStage::Three,
+                };
+                Optimizer::Sharded(ShardedAdamW::new(named, &bucket_of, group.clone(), &cfg.optimizer, stage)?)
             }
             _ => Optimizer::Replicated(AdamW::new(sorted_variables(&vs), &cfg.optimizer)?),
         };
@@ -259,6 +268,7 @@ impl Trainer {
             resumed_from: None,
             faults: Faults::from_env(p.rank),
             ddp: None,
+            fsdp: None,
             stop: Arc::new(AtomicBool::new(false)),
             stop_agreed: false,
             stop_flags: None,
@@ -295,10 +305,9 @@ impl Trainer {
                 dist::check_parameters_agree(&group, &params, &origin)?;
             }
             dist::broadcast_parameters(&group, &params)?;
-            let cap = trainer.cfg.topology.bucket_cap_mb as usize * 1024 * 1024;
             let reducer = match trainer.opt.gradient_reducer()? {
                 Some(scattering) => scattering,
-                None => GradReducer::new(group.clone(), &params, cap)?,
+                None => GradReducer::new(group.clone(), &params, &units, cap)?,
             };
             if trainer.opts.placement.rank == 0 {
                 tracing::info!(
@@ -307,6 +316,11 @@ impl Trainer {
                     reducer.n_buckets(),
                     trainer.cfg.topology.bucket_cap_mb
                 );
+            }
+            if let Some((layout, shards)) = trainer.opt.fsdp_shards() {
+                // After the reducer, whose hooks capture the parameters' whole shapes.
+                let params = named_in_definition_order(&trainer.vs);
+                trainer.fsdp = Some(ShardedParams::new(group.clone(), params, &units, layout, shards)?);
             }
             trainer.ddp = Some((group, reducer));
         }
@@ -425,7 +439,7 @@ impl Trainer {
             }
             if eval_due {
                 sinks.emit(Event::Phase(TrainerPhase::Evaluating))?;
-                if let Some((v, per_source)) = self.evaluate()? {
+                if let Some((v, per_source)) = self.whole_model(|t| t.evaluate())? {
                     val_loss = Some(v);
                     let (step, tokens) = (self.step, self.tokens);
                     sinks.emit(Event::Eval { step, tokens, val_loss: v, per_source: &per_source })?;
@@ -434,28 +448,28 @@ impl Trainer {
             }
             let stopping = self.step == last_step || self.may_stop();
             if checkpoint_due && !stopping {
-                let optimizer = self.opt.checkpoint_state()?;
+                let (model, optimizer) = (self.checkpoint_model()?, self.opt.checkpoint_state()?);
                 // Training goes on while the background thread writes.
-                if rank0 && let Some(done) = checkpointer.save_async(self.payload(last_loss, optimizer))? {
+                if rank0 && let Some(done) = checkpointer.save_async(self.payload(model, last_loss, optimizer))? {
                     self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                     last_checkpoint = Some(done);
                 }
                 self.barrier()?;
             }
         }
-        // A sharded optimizer's state is gathered by every rank, whether rank 0 then
-        // writes it or already has.
-        let optimizer = if self.step > 0 { Some(self.opt.checkpoint_state()?) } else { None };
+        // A sharded optimizer's state (and fsdp's parameters) are gathered by every
+        // rank, whether rank 0 then writes them or already has.
+        let last = if self.step > 0 { Some((self.checkpoint_model()?, self.opt.checkpoint_state()?)) } else { None };
         if rank0 {
             if let Some(done) = checkpointer.wait()? {
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
-            if let Some(optimizer) = optimizer
+            if let Some((model, optimizer)) = last
                 && last_checkpoint.as_ref().map(|c| c.step) != Some(self.step)
             {
                 sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
-                let done = checkpointer.save(self.payload(last_loss, optimizer))?;
+                let done = checkpointer.save(self.payload(model, last_loss, optimizer))?;
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
@@ -472,10 +486,12 @@ impl Trainer {
         } else {
             self.report_accuracy(sinks, false)?.map(|last| (initial, last))
         };
-        if rank0 && self.opts.sample && !interrupted {
-            let (prompt, text) = self.sample()?;
-            let (step, tokens) = (self.step, self.tokens);
-            sinks.emit(Event::Sample { step, tokens, prompt: &prompt, text: &text })?;
+        if self.opts.sample && !interrupted {
+            // Every rank gathers fsdp's parameters; rank 0 samples.
+            if let Some((prompt, text)) = self.whole_model(|t| if rank0 { t.sample().map(Some) } else { Ok(None) })? {
+                let (step, tokens) = (self.step, self.tokens);
+                sinks.emit(Event::Sample { step, tokens, prompt: &prompt, text: &text })?;
+            }
         }
         sinks.finish();
         if interrupted {
@@ -514,6 +530,28 @@ impl Trainer {
             let _ = sinks.emit(Event::Failure(reason));
         }
         e
+    }
+
+    /// Runs `f` with every parameter whole: fsdp gathers them all first (every rank
+    /// calls this) and frees them after.
+    fn whole_model<T>(&mut self, f: impl FnOnce(&Trainer) -> Result<T, Error>) -> Result<T, Error> {
+        if let Some(p) = &mut self.fsdp {
+            p.gather_all()?;
+        }
+        let out = f(self);
+        if let Some(p) = &mut self.fsdp {
+            p.release_all()?;
+        }
+        out
+    }
+
+    /// The parameters for a checkpoint, by name: copies gathered from every rank under
+    /// fsdp (every rank calls this), the variables themselves otherwise.
+    fn checkpoint_model(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
+        match &mut self.fsdp {
+            Some(p) => p.full_parameters(),
+            None => Ok(sorted_variables(&self.vs)),
+        }
     }
 
     fn barrier(&self) -> Result<(), Error> {

@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
 use crate::Error;
-use crate::checkpoint::resume::{copy_weights, resume_fingerprint, sorted_variables};
+use crate::checkpoint::resume::{copy_weights, resume_fingerprint};
 use crate::checkpoint::{self, Payload, TrainState, mirror};
 use crate::data::corpus;
 use crate::dist::ProcessGroup;
@@ -112,11 +112,16 @@ impl Trainer {
         Ok((vs, model))
     }
 
-    /// What a checkpoint holds; `optimizer` is [`crate::optim::Optimizer::checkpoint_state`],
-    /// which every rank takes part in.
-    pub(super) fn payload(&self, loss: Option<f64>, optimizer: Vec<(String, Tensor)>) -> Payload {
+    /// What a checkpoint holds; `model` is [`Trainer::checkpoint_model`] and `optimizer`
+    /// [`crate::optim::Optimizer::checkpoint_state`], which every rank takes part in.
+    pub(super) fn payload(
+        &self,
+        model: Vec<(String, Tensor)>,
+        loss: Option<f64>,
+        optimizer: Vec<(String, Tensor)>,
+    ) -> Payload {
         Payload {
-            model: sorted_variables(&self.vs),
+            model,
             optimizer,
             state: TrainState {
                 format_version: checkpoint::FORMAT_VERSION,

@@ -16,6 +16,7 @@ use crate::data::loader::{BatchPlan, Loader};
 use crate::dist::ReduceOp;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
+use crate::model::{Residency, Resident, Sharded};
 use crate::optim;
 use crate::train::report::{GpuMemory, StepReport};
 
@@ -158,8 +159,15 @@ impl Trainer {
             }
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
+            let n_layer = self.model.n_layer();
+            let sharded = self.fsdp.as_mut().map(|p| Sharded::new(p, n_layer));
+            let units: &dyn Residency = match &sharded {
+                Some(s) => s,
+                None => &Resident,
+            };
+            let model = &self.model;
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
-                self.model.backward_checkpointed(&x, &y, scale, self.model.loss_chunk(), recompute)
+                model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units)
             })?;
             if let Some((_, reducer)) = &self.ddp {
                 reducer.end_micro_step(last)?;
@@ -179,9 +187,10 @@ impl Trainer {
         self.opt.state_bytes()
     }
 
-    /// Every parameter by name, in checkpoint order.
-    pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        sorted_variables(&self.vs)
+    /// Every parameter by name, in checkpoint order (copies gathered from every rank
+    /// under fsdp, where every rank calls this).
+    pub fn parameters(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
+        self.checkpoint_model()
     }
 
     /// One optimizer step over `grad_accum` micro-batches, read back from the device.

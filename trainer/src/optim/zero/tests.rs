@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 use super::{ShardedAdamW, ZeroStage};
 use crate::Error;
 use crate::dist::loopback::{gloo, on_ranks};
-use crate::dist::reducer::assign_buckets;
+use crate::dist::reducer::{BucketItem, assign_buckets};
 use crate::optim::{AdamW, Lr};
 
 const CONFIG: ResolvedOptimizer =
@@ -52,8 +52,8 @@ fn set_grads(params: &[(String, Tensor)], step: usize) {
 }
 
 fn bucket_of(params: &[(String, Tensor)]) -> Vec<i64> {
-    let sizes: Vec<_> = params.iter().map(|(_, p)| (p.numel() * 4, p.kind(), p.device())).collect();
-    assign_buckets(&sizes, 64 * 4)
+    let items: Vec<BucketItem> = params.iter().map(|(_, p)| BucketItem::of(p, 0)).collect();
+    assign_buckets(&items, 64 * 4)
 }
 
 fn loss() -> Tensor {
