@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
+use crds::types::Parallelism;
 use tch::Tensor;
 use trainer::dist::{self, Placement};
 use trainer::telemetry;
@@ -630,6 +631,7 @@ fn bench_ddp_reports_what_each_strategy_holds_per_rank() {
         steps: 1,
         warmup: 0,
         sizes_mib: vec![0.25],
+        strategies: vec![Parallelism::Zero1, Parallelism::Zero2, Parallelism::Fsdp],
     })
     .unwrap();
     let s = &report["strategies"];

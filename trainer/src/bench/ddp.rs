@@ -31,6 +31,8 @@ pub struct DdpBenchOptions {
     pub warmup: u32,
     /// All-reduce message sizes, MiB.
     pub sizes_mib: Vec<f64>,
+    /// Sharded strategies to compare with ddp.
+    pub strategies: Vec<Parallelism>,
 }
 
 /// Median seconds of one all-reduce of `numel` f32 over the group.
@@ -158,8 +160,11 @@ pub fn run(o: &DdpBenchOptions) -> Result<Value, Error> {
     let one = time_steps(o, 1, 1, Parallelism::Ddp, &dir)?.seconds_per_step;
     let side_by_side = time_steps(o, 1, world, Parallelism::Ddp, &dir)?.seconds_per_step;
     let ddp = time_steps(o, world, world, Parallelism::Ddp, &dir)?;
-    let sharded = [Parallelism::Zero1, Parallelism::Zero2, Parallelism::Fsdp]
-        .into_iter()
+    let sharded = o
+        .strategies
+        .iter()
+        .copied()
+        .filter(|p| *p != Parallelism::Ddp)
         .map(|p| Ok((p, time_steps(o, world, world, p, &dir)?)))
         .collect::<Result<Vec<_>, Error>>()?;
     let _ = std::fs::remove_dir_all(&dir);

@@ -56,6 +56,9 @@ pub struct BenchDdpArgs {
     /// All-reduce message sizes, MiB.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub sizes_mib: Vec<f64>,
+    /// Sharded strategies to compare with ddp.
+    #[arg(long, value_delimiter = ',', default_value = "zero1,zero2,fsdp")]
+    pub parallelism: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -207,7 +210,9 @@ pub fn generate(a: BenchGenerateArgs) -> Result<(), Error> {
 
 /// `trainer bench-ddp`.
 pub fn ddp(a: BenchDdpArgs) -> Result<(), Error> {
+    let strategies = parallelism_args(&a.parallelism)?;
     let opts = crate::bench::ddp::DdpBenchOptions {
+        strategies,
         ranks: a.ranks,
         preset: a.preset,
         micro_batch: a.micro_batch,
@@ -220,16 +225,20 @@ pub fn ddp(a: BenchDdpArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// `trainer bench-memory`.
-pub fn memory(a: BenchMemoryArgs) -> Result<(), Error> {
-    let strategies = a
-        .parallelism
+/// `--parallelism` of the benchmarks: spec.parallelism values.
+fn parallelism_args(names: &[String]) -> Result<Vec<crds::types::Parallelism>, Error> {
+    names
         .iter()
         .map(|p| {
             serde_json::from_value(serde_json::Value::String(p.clone()))
-                .map_err(|_| Error::InvalidSpec(format!("--parallelism {p}: one of ddp, zero1, zero2")))
+                .map_err(|_| Error::InvalidSpec(format!("--parallelism {p}: one of ddp, zero1, zero2, fsdp")))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect()
+}
+
+/// `trainer bench-memory`.
+pub fn memory(a: BenchMemoryArgs) -> Result<(), Error> {
+    let strategies = parallelism_args(&a.parallelism)?;
     println!("{}", crate::bench::memory::run(&a.presets, &a.micro_batches, a.seq, a.ranks, &strategies)?);
     Ok(())
 }
