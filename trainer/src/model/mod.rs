@@ -20,7 +20,7 @@ pub use dims::{Dims, INIT_STD};
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm};
 use llama::LlamaBlock;
-pub use residency::{Residency, Resident, Sharded, Unit};
+pub use residency::{Residency, Resident, Unit};
 
 pub use crds::presets::{LOSS_CHUNK_BYTES, loss_chunk_tokens};
 

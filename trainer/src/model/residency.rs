@@ -3,10 +3,7 @@
 //! before it runs and frees them after, so the model's passes say when each unit
 //! starts and ends ([`Residency`]).
 
-use std::cell::RefCell;
-
 use crate::Error;
-use crate::dist::fsdp::ShardedParams;
 
 /// A group of parameters gathered and freed together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,31 +69,6 @@ impl Residency for Resident {
     }
     fn resident(&self) -> bool {
         true
-    }
-}
-
-/// Fully sharded parameters, gathered a unit at a time; units are the buckets of
-/// [`ShardedParams`] in [`Unit::backward_index`] order.
-pub struct Sharded<'a> {
-    params: RefCell<&'a mut ShardedParams>,
-    n_layer: usize,
-}
-
-impl<'a> Sharded<'a> {
-    pub fn new(params: &'a mut ShardedParams, n_layer: usize) -> Sharded<'a> {
-        Sharded { params: RefCell::new(params), n_layer }
-    }
-}
-
-impl Residency for Sharded<'_> {
-    fn gather(&self, unit: Unit) -> Result<(), Error> {
-        self.params.borrow_mut().gather(unit.backward_index(self.n_layer))
-    }
-    fn prefetch(&self, unit: Unit) -> Result<(), Error> {
-        self.params.borrow_mut().prefetch(unit.backward_index(self.n_layer))
-    }
-    fn release(&self, unit: Unit) -> Result<(), Error> {
-        self.params.borrow_mut().release(unit.backward_index(self.n_layer))
     }
 }
 

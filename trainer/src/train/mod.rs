@@ -10,6 +10,7 @@ pub mod precision;
 pub mod report;
 pub mod restore;
 pub mod step;
+pub mod units;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -10,13 +10,14 @@ use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
 use super::pending::{PendingStep, StepScalars};
+use super::units::Sharded;
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
 use crate::data::loader::{BatchPlan, Loader};
 use crate::dist::ReduceOp;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
-use crate::model::{Residency, Resident, Sharded};
+use crate::model::{Residency, Resident};
 use crate::optim;
 use crate::train::report::{GpuMemory, StepReport};
 
