@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{GIB, MemoryPlan, plan};
+use super::estimate::{GIB, MemoryPlan, plan};
 use crate::config::RunConfig;
 use crate::types::Parallelism;
 

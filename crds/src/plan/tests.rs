@@ -1,6 +1,8 @@
 use super::activations::{Dtypes, per_token};
 use super::*;
+use crate::config::RunConfig;
 use crate::presets::{ModelConfig, preset};
+use crate::types::{Parallelism, Precision};
 
 const GI: u64 = 1 << 30;
 

@@ -190,20 +190,6 @@ impl ShardedParams {
     pub fn release_all(&mut self) -> Result<(), Error> {
         (0..self.layout.buckets.len()).try_for_each(|b| self.release_bucket(b))
     }
-
-    /// Bytes of parameters this rank holds now: its shards and any gathered units.
-    pub fn resident_bytes(&self) -> usize {
-        let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
-        let gathered: usize = self
-            .gathered
-            .iter()
-            .flatten()
-            .map(|g| match g {
-                Gathered::Ready(flat) | Gathered::Coming(flat, _) => bytes(flat),
-            })
-            .sum();
-        self.shards.iter().map(bytes).sum::<usize>() + gathered
-    }
 }
 
 #[cfg(test)]

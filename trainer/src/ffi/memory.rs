@@ -1,13 +1,34 @@
 //! Memory counters: the CUDA caching allocator's, and an allocator-level count of host
 //! tensor memory per thread (what a CPU run's peak is measured with).
 
-#[cfg(feature = "cuda")]
 use std::ffi::c_int;
 
 use tch::Device;
 
-use super::{check, raw};
+use super::message::check;
 use crate::Error;
+
+mod raw {
+    use std::ffi::{c_char, c_int};
+
+    unsafe extern "C" {
+        pub fn shim_host_memory_count(on: c_int) -> *mut c_char;
+        pub fn shim_host_memory(current: *mut i64, peak: *mut i64) -> *mut c_char;
+        pub fn shim_host_memory_reset_peak() -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_memory_stats(
+            device: c_int,
+            allocated: *mut i64,
+            reserved: *mut i64,
+            peak_allocated: *mut i64,
+            total: *mut i64,
+        ) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
+        #[cfg(feature = "cuda")]
+        pub fn shim_cuda_limit_memory(device: c_int, bytes: f64, total: *mut i64) -> *mut c_char;
+    }
+}
 
 /// Host tensor memory counted for this thread, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,7 +43,7 @@ pub struct HostMemory {
 /// Tensors allocated before are not counted, nor are other threads'.
 pub fn host_memory_count(on: bool) -> Result<(), Error> {
     // SAFETY: no pointers.
-    check("host_memory_count", unsafe { raw::shim_host_memory_count(std::ffi::c_int::from(on)) })
+    check("host_memory_count", unsafe { raw::shim_host_memory_count(c_int::from(on)) })
 }
 
 /// This thread's counters (zeros when it is not counting).

@@ -3,7 +3,7 @@
 //! The raw declarations stay private; every wrapper turns the shim's error string
 //! into [`Error::Shim`]. Tensors cross as tch's `C_tensor`, which is an `at::Tensor*`.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 
 use tch::{Device, Kind, TchError, Tensor};
 use torch_sys::C_tensor;
@@ -14,7 +14,6 @@ mod raw {
     use super::*;
 
     unsafe extern "C" {
-        pub fn shim_free_string(s: *mut c_char);
         pub fn shim_backward(roots: *const *mut C_tensor, grads: *const *mut C_tensor, n: usize) -> *mut c_char;
         #[allow(clippy::too_many_arguments)]
         pub fn shim_fused_adamw(
@@ -78,21 +77,6 @@ mod raw {
         pub fn shim_autocast_exit(cuda: c_int, prev_enabled: c_int, prev_dtype: c_int) -> *mut c_char;
         pub fn shim_autocast_state(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
         #[cfg(feature = "cuda")]
-        pub fn shim_cuda_memory_stats(
-            device: c_int,
-            allocated: *mut i64,
-            reserved: *mut i64,
-            peak_allocated: *mut i64,
-            total: *mut i64,
-        ) -> *mut c_char;
-        #[cfg(feature = "cuda")]
-        pub fn shim_cuda_reset_peak_memory(device: c_int) -> *mut c_char;
-        pub fn shim_host_memory_count(on: c_int) -> *mut c_char;
-        pub fn shim_host_memory(current: *mut i64, peak: *mut i64) -> *mut c_char;
-        pub fn shim_host_memory_reset_peak() -> *mut c_char;
-        #[cfg(feature = "cuda")]
-        pub fn shim_cuda_limit_memory(device: c_int, bytes: f64, total: *mut i64) -> *mut c_char;
-        #[cfg(feature = "cuda")]
         pub fn shim_cuda_graph_new(device: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_graph_free(g: *mut std::ffi::c_void);
@@ -109,32 +93,11 @@ mod raw {
     }
 }
 
-/// Turns the shim's return value (NULL or a malloc'd message) into a Result.
 mod memory;
+mod message;
+
 pub use memory::*;
-
-pub(crate) fn check(what: &str, err: *mut c_char) -> Result<(), Error> {
-    match take_message(err) {
-        None => Ok(()),
-        Some(msg) => Err(Error::Shim(format!("{what}: {msg}"))),
-    }
-}
-
-/// The shim's error message, if it returned one (freeing it).
-pub(crate) fn take_message(err: *mut c_char) -> Option<String> {
-    if err.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null return is a NUL-terminated string from strdup-like code in
-    // the shim, owned by us until shim_free_string.
-    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-    unsafe { raw::shim_free_string(err) };
-    Some(msg)
-}
-
-pub(crate) fn ptrs(ts: &[Tensor]) -> Vec<*mut C_tensor> {
-    ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect()
-}
+pub(crate) use message::{check, ptrs, take_message};
 
 /// `torch.autograd.backward(roots, grads)`: backpropagates `grads[i]` from `roots[i]`
 /// (a leaf too) in one engine pass, so a parameter reached from several roots gets a
