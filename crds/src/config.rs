@@ -268,10 +268,14 @@ impl RunConfig {
         let mut c = self.clone();
         c.attempt = 0;
         c.failure = ResolvedFailure { max_restarts: 0, stall_timeout_seconds: 0, on_stall: OnStall::Report };
-        // How ranks talk does not change what they train.
+        // How ranks talk does not change what they train, nor how many there are: every
+        // step trains the same global samples, split over the ranks there are
+        // (pretraining; GRPO's check refuses a change, see the trainer's resume).
         c.topology.bucket_cap_mb = 0;
         c.topology.collective_timeout_seconds = 0;
         c.topology.gpu_memory_bytes = None;
+        (c.topology.nodes, c.topology.gpus_per_node, c.topology.procs_per_node, c.topology.world_size) = (0, 0, 0, 0);
+        c.topology.display = String::new();
         // Nor does how the global batch is computed, so the remedies for running out of
         // memory (a smaller micro-batch, recomputation, another attention kernel) resume:
         // every micro-batch holds micro × seq counted tokens, so any split of the same
@@ -283,6 +287,12 @@ impl RunConfig {
         c.attention = Attention::Auto;
         // Checkpoints hold the consolidated state, whatever the sharding.
         c.parallelism = Parallelism::Ddp;
+        // When to checkpoint and evaluate, and how many checkpoints to keep, change
+        // nothing that is trained.
+        (c.checkpoint.every_steps, c.checkpoint.keep_last) = (0, 0);
+        if let Some(d) = &mut c.data {
+            (d.eval_every_steps, d.eval_tokens) = (0, 0);
+        }
         c
     }
 

@@ -151,6 +151,13 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     // the GPU the run was planned for.
     b.parallelism = Parallelism::Fsdp;
     b.topology.gpu_memory_bytes = Some(48 << 30);
+    // And the number of ranks that split each step's global batch.
+    (b.topology.nodes, b.topology.world_size, b.topology.display) = (3, 3, "3x0".into());
+    // And the cadences of checkpoints and evaluation.
+    (b.checkpoint.every_steps, b.checkpoint.keep_last) = (a.checkpoint.every_steps + 7, 9);
+    if let Some(d) = &mut b.data {
+        (d.eval_every_steps, d.eval_tokens) = (d.eval_every_steps + 3, d.eval_tokens * 2);
+    }
     assert_eq!(a.fingerprint(), b.fingerprint());
     let changed = |f: &dyn Fn(&mut RunConfig)| {
         let mut c = a.clone();

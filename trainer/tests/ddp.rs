@@ -618,6 +618,70 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     assert!(diff < 1e-6, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
 }
 
+/// A pretraining run resumes on another world size with the same global batch: 2
+/// ranks, then 1 (accumulating 12 micro-batches where 2 ranks took 6 each), then 3 with
+/// new checkpoint and validation cadences, and the losses follow the uninterrupted
+/// 2-rank run within 1e-5. A resume that changes the global batch is refused, naming
+/// the field.
+#[test]
+fn a_run_resumes_on_another_world_size_on_the_uninterrupted_curve() {
+    let dir = scratch("resize");
+    let manifest = dir.join("run.yaml");
+    // 48 sequences of 64 tokens a step: accumulation 6 on 2 ranks, 12 on 1, 4 on 3.
+    let write = |nodes: u32, global: u32| {
+        let text = manifest_yaml(nodes, 4, global, &(8 * 3072).to_string());
+        // The last part also checkpoints and evaluates on another cadence.
+        let text = if nodes == 3 {
+            text.replace("everySteps: 4, keepLast: 3", "everySteps: 2, keepLast: 5")
+                .replace("validation: {everySteps: 4, tokens: \"1K\"}", "validation: {everySteps: 3, tokens: \"2K\"}")
+        } else {
+            text
+        };
+        std::fs::write(&manifest, text).unwrap();
+    };
+    write(2, 3072);
+    let full = run(&manifest, &dir.join("full"), &[]);
+    assert!(full.status.success(), "{}", String::from_utf8_lossy(&full.stderr));
+    let full = step_losses(&dir.join("full/metrics.jsonl"));
+    assert_eq!(full.len(), 8);
+
+    let out = dir.join("resized");
+    for (nodes, stop) in [(2, Some("3")), (1, Some("5")), (3, None)] {
+        write(nodes, 3072);
+        let extra: Vec<&str> = stop.map(|s| vec!["--stop-after-steps", s]).unwrap_or_default();
+        let o = trainer_bin()
+            .env("RUST_LOG", "info")
+            .args(["run", "--no-sample", "-o"])
+            .arg(&out)
+            .arg(&manifest)
+            .args(&extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{nodes} nodes: {}", String::from_utf8_lossy(&o.stderr));
+        if nodes != 2 {
+            let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            assert!(
+                log.contains("world size 2 → 1") || log.contains("world size 1 → 3"),
+                "the resize is logged:\n{log}"
+            );
+        }
+    }
+    let moved = step_losses(&out.join("metrics.jsonl"));
+    assert_eq!(moved.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>());
+    let (a, b): (Vec<f64>, Vec<f64>) = (full.iter().map(|s| s.1).collect(), moved.iter().map(|s| s.1).collect());
+    let diff = max_rel_loss_diff(&a, &b);
+    assert!(diff < 1e-5, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
+    // The new cadence: checkpoints at steps 6 and 8 (2 apart) after the resume at 5.
+    assert!(out.join("step-00000006").exists() && out.join("step-00000008").exists());
+
+    // Another global batch is another run.
+    write(1, 6144);
+    let refused = run(&manifest, &out, &[]);
+    assert_eq!(refused.status.code(), Some(FailureReason::InvalidConfig.exit_code()));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("batch.globalSequences") || stderr.contains("batch.tokensPerStep"), "{stderr}");
+}
+
 /// `trainer bench-ddp` measures zero1, zero2 and fsdp against ddp: each of 2 ranks holds
 /// about half the optimizer state (its shard, plus alignment padding), and between steps
 /// fsdp holds less than zero2, which holds less than zero1, which holds less than ddp.

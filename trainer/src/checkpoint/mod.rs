@@ -230,8 +230,9 @@ pub fn step_dir_name(step: u64) -> String {
 }
 
 /// Fails, naming every mismatch, unless run `cfg`, whose resume fingerprint is
-/// `config_hash`, can resume from a checkpoint with `state`. A different world size is
-/// refused: the data position and RNG streams are per-rank.
+/// `config_hash`, can resume from a checkpoint with `state`. A pretraining run may
+/// resume on another world size (every step's global samples are the same set, split
+/// differently); GRPO's rollouts are drawn per rank, so it may not.
 pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -> Result<()> {
     let world_size = cfg.topology.world_size;
     let mut problems = Vec::new();
@@ -248,14 +249,19 @@ pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -
                 .push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
         } else {
             problems.push(format!(
-                "the run changed since it was written ({}); only the micro-batch, gradient checkpointing and the \
-                 attention backend may change on resume",
+                "the run changed since it was written ({}); only the topology (with the same global batch), the \
+                 sharding, the micro-batch, gradient checkpointing, the attention backend and the checkpoint and \
+                 validation cadences may change on resume",
                 changed.join(", ")
             ));
         }
     }
-    if state.world_size != world_size {
-        problems.push(format!("it was written with world size {} but this run has {world_size}", state.world_size));
+    if state.world_size != world_size && cfg.grpo.is_some() {
+        problems.push(format!(
+            "it was written with world size {} but this run has {world_size}; GRPO resumes on the world size it \
+             was written with (its rollouts are drawn per rank)",
+            state.world_size
+        ));
     }
     if problems.is_empty() {
         Ok(())
@@ -989,9 +995,18 @@ mod tests {
             "{text}"
         );
         assert_eq!(err.reason(), Some(FailureReason::InvalidConfig));
-        let text = check_resumable(&s, &run_config(4, "3e-4"), "0123456789abcdef").unwrap_err().to_string();
-        assert!(text.contains("world size 2") && text.contains("has 4") && !text.contains("config"), "{text}");
-        let both = check_resumable(&s, &run_config(1, "3e-4"), "x").unwrap_err().to_string();
+        // Pretraining resumes on any world size with the same global batch.
+        check_resumable(&s, &run_config(4, "3e-4"), "0123456789abcdef").unwrap();
+        check_resumable(&s, &run_config(1, "3e-4"), "0123456789abcdef").unwrap();
+        // GRPO draws its rollouts per rank.
+        let grpo_yaml = include_str!("../../../examples/tiny-grpo-local.yaml");
+        let mut grpo = crds::resolve(&crds::manifest::from_yaml(grpo_yaml, "tiny-grpo-local").unwrap()).unwrap();
+        grpo.topology.world_size = 2;
+        check_resumable(&s, &grpo, "0123456789abcdef").unwrap();
+        grpo.topology.world_size = 1;
+        let text = check_resumable(&s, &grpo, "0123456789abcdef").unwrap_err().to_string();
+        assert!(text.contains("world size 2") && text.contains("has 1") && text.contains("GRPO"), "{text}");
+        let both = check_resumable(&s, &grpo, "x").unwrap_err().to_string();
         assert!(both.contains("config") && both.contains("world size"), "{both}");
     }
 

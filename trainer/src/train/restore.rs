@@ -61,6 +61,18 @@ impl Trainer {
             self.resumed_from = Some(self.step);
             if self.rank0() {
                 tracing::info!("resuming from {} at step {} ({} tokens)", loaded.dir.display(), self.step, self.tokens);
+                if loaded.state.world_size != self.cfg.topology.world_size {
+                    tracing::info!(
+                        "world size {} → {}: each step's {} global sequences are split over {} rank{} with \
+                         accumulation {}",
+                        loaded.state.world_size,
+                        self.cfg.topology.world_size,
+                        self.cfg.batch.global_sequences,
+                        self.cfg.topology.world_size,
+                        if self.cfg.topology.world_size == 1 { "" } else { "s" },
+                        self.cfg.batch.grad_accum
+                    );
+                }
             }
             return Ok(Some(loaded.dir.display().to_string()));
         }
