@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::presets::{ModelConfig, ParamCounts};
-use crate::types::{Attention, GrpoTask, LossType, OnStall, Parallelism, Phase, Precision, ScaleRewards, Schedule};
+use crate::types::{
+    Attention, DecayShape, GrpoTask, LossType, OnStall, Parallelism, Phase, Precision, ScaleRewards, Schedule,
+};
 
 /// Bumped when the RunConfig layout changes incompatibly.
 pub const RUN_CONFIG_VERSION: u32 = 1;
@@ -123,11 +125,23 @@ pub struct ResolvedSchedule {
     pub lr: f64,
     pub min_lr: f64,
     pub kind: Schedule,
+    /// `schedule: wsd`'s decay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay: Option<WsdDecay>,
+}
+
+/// The decay of `schedule: wsd`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WsdDecay {
+    /// Fraction of the tokens after warmup spent decaying.
+    pub fraction: f64,
+    pub shape: DecayShape,
 }
 
 impl ResolvedSchedule {
     /// Learning rate after `tokens` tokens: linear warmup to `lr`, then cosine to
-    /// `min_lr` at `total_tokens` (or constant).
+    /// `min_lr` at `total_tokens`, constant, or wsd's stable `lr` and decay.
     pub fn lr_at(&self, tokens: u64) -> f64 {
         if tokens < self.warmup_tokens {
             return self.lr * (tokens + 1) as f64 / self.warmup_tokens as f64;
@@ -140,9 +154,28 @@ impl ResolvedSchedule {
                 let cosine = 0.5 * (1.0 + (std::f64::consts::PI * done).cos());
                 self.min_lr + (self.lr - self.min_lr) * cosine
             }
+            Schedule::Wsd => {
+                let decay =
+                    self.decay.unwrap_or(WsdDecay { fraction: DEFAULT_DECAY_FRACTION, shape: DecayShape::Linear });
+                let after_warmup = self.total_tokens.saturating_sub(self.warmup_tokens);
+                let span = ((after_warmup as f64 * decay.fraction).round() as u64).max(1);
+                let start = self.total_tokens.saturating_sub(span);
+                if tokens < start {
+                    return self.lr;
+                }
+                let p = ((tokens - start) as f64 / span as f64).min(1.0);
+                let fall = match decay.shape {
+                    DecayShape::Linear => p,
+                    DecayShape::OneMinusSqrt => p.sqrt(),
+                };
+                self.lr - (self.lr - self.min_lr) * fall
+            }
         }
     }
 }
+
+/// `optimizer.decayFraction`'s default.
+pub const DEFAULT_DECAY_FRACTION: f64 = 0.2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

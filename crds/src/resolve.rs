@@ -454,6 +454,23 @@ fn resolve_schedule(
         Some(q) => e.tokens("spec.optimizer.warmupTokens", q),
         None => budget.map(|b| (b / 20).min(100_000_000)),
     };
+    let decay = match (o.schedule, o.decay_fraction, o.decay_shape) {
+        (Schedule::Wsd, fraction, shape) => {
+            let fraction = fraction.unwrap_or(DEFAULT_DECAY_FRACTION);
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                e.add("spec.optimizer.decayFraction", format!("{fraction} must be in (0, 1]"));
+                ok = false;
+            }
+            Some(WsdDecay { fraction, shape: shape.unwrap_or_default() })
+        }
+        (_, Some(_), _) | (_, _, Some(_)) => {
+            let field = if o.decay_fraction.is_some() { "decayFraction" } else { "decayShape" };
+            e.add(format!("spec.optimizer.{field}"), "applies to schedule: wsd only");
+            ok = false;
+            None
+        }
+        _ => None,
+    };
     let (budget, per_step, warmup) = (budget?, tokens_per_step?, warmup?);
     let steps = budget / per_step;
     if steps == 0 {
@@ -476,6 +493,7 @@ fn resolve_schedule(
         lr,
         min_lr,
         kind: o.schedule,
+        decay,
     })
 }
 

@@ -529,3 +529,61 @@ fn env_cannot_override_the_contract() {
     r.spec.env.truncate(1);
     ok(&r);
 }
+
+/// `schedule: wsd` warms up, holds lr, then decays to minLr over the last
+/// `decayFraction` of the tokens after warmup; grown before the decay begins, the
+/// budget changes nothing already trained.
+#[test]
+fn wsd_holds_lr_then_decays_and_a_grown_budget_changes_nothing_before_its_decay() {
+    let wsd = |tokens: &str, shape: Option<DecayShape>| {
+        let mut r = run();
+        r.spec.tokens = tokens.into();
+        r.spec.optimizer.schedule = Schedule::Wsd;
+        r.spec.optimizer.warmup_tokens = Some("64K".into());
+        r.spec.optimizer.decay_shape = shape;
+        ok(&r).schedule
+    };
+    let s = wsd("1M", None);
+    let (lr, min) = (s.lr, s.min_lr);
+    // 999,424 tokens trained (122 steps of 8,192); warmup 65,536; decay over 0.2 of the rest.
+    let span = ((s.total_tokens - s.warmup_tokens) as f64 * 0.2).round() as u64;
+    let start = s.total_tokens - span;
+    for (tokens, want) in [
+        (s.warmup_tokens, lr),
+        (start - 1, lr),
+        (start, lr),
+        (start + span / 2, lr - (lr - min) * ((span / 2) as f64 / span as f64)),
+        (s.total_tokens, min),
+        (s.total_tokens + 10_000, min),
+    ] {
+        assert!((s.lr_at(tokens) - want).abs() < 1e-12 * lr, "at {tokens}: {} vs {want}", s.lr_at(tokens));
+    }
+    let sqrt = wsd("1M", Some(DecayShape::OneMinusSqrt));
+    let quarter = sqrt.lr_at(start + span / 4);
+    let want = lr - (lr - min) * ((span / 4) as f64 / span as f64).sqrt();
+    assert!((quarter - want).abs() < 1e-12 * lr, "1-sqrt at a quarter: {quarter} vs {want}");
+    // A budget 20% larger: the same lr at every token before the first run's decay.
+    let grown = wsd("1.2M", None);
+    assert!(grown.total_tokens > s.total_tokens);
+    for tokens in (0..start).step_by(8192) {
+        assert_eq!(grown.lr_at(tokens), s.lr_at(tokens), "at {tokens}");
+    }
+    // Cosine, by contrast, already differs after warmup.
+    let cosine = |tokens: &str| {
+        let mut r = run();
+        r.spec.tokens = tokens.into();
+        r.spec.optimizer.warmup_tokens = Some("64K".into());
+        ok(&r).schedule
+    };
+    assert_ne!(cosine("1M").lr_at(start / 2), cosine("1.2M").lr_at(start / 2));
+
+    let mut r = run();
+    r.spec.optimizer.schedule = Schedule::Wsd;
+    for bad in [0.0, 1.5, f64::NAN] {
+        r.spec.optimizer.decay_fraction = Some(bad);
+        fails(&r, "spec.optimizer.decayFraction", "must be in (0, 1]");
+    }
+    let mut r = run();
+    r.spec.optimizer.decay_fraction = Some(0.1);
+    fails(&r, "spec.optimizer.decayFraction", "schedule: wsd only");
+}

@@ -415,9 +415,18 @@ pub struct OptimizerSpec {
     #[serde(default = "default_grad_clip")]
     pub grad_clip: f64,
     /// Learning-rate schedule after warmup: `cosine` decays to minLr at the token
-    /// budget; `constant` stays at lr.
+    /// budget; `constant` stays at lr; `wsd` (warmup–stable–decay) stays at lr and then
+    /// decays to minLr over the last `decayFraction` of the tokens after warmup, so a
+    /// budget grown before the decay begins changes nothing already trained.
     #[serde(default)]
     pub schedule: Schedule,
+    /// With `schedule: wsd`: the fraction of the tokens after warmup spent decaying
+    /// (default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_fraction: Option<f64>,
+    /// With `schedule: wsd`: `linear` (default) or `1-sqrt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_shape: Option<DecayShape>,
 }
 
 fn default_weight_decay() -> f64 {
@@ -444,6 +453,8 @@ impl Default for OptimizerSpec {
             eps: default_eps(),
             grad_clip: default_grad_clip(),
             schedule: Schedule::default(),
+            decay_fraction: None,
+            decay_shape: None,
         }
     }
 }
@@ -455,6 +466,21 @@ pub enum Schedule {
     #[default]
     Cosine,
     Constant,
+    /// Warmup, stable at lr, then a decay to minLr over the last `decayFraction` of the
+    /// tokens after warmup.
+    Wsd,
+}
+
+/// How `schedule: wsd` decays from lr to minLr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DecayShape {
+    /// Linearly in the tokens of the decay.
+    #[default]
+    #[serde(rename = "linear")]
+    Linear,
+    /// lr − (lr − minLr)·√p after a fraction p of the decay (the "1-sqrt" cooldown).
+    #[serde(rename = "1-sqrt")]
+    OneMinusSqrt,
 }
 
 /// Numeric precision.
