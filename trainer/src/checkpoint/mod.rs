@@ -243,11 +243,17 @@ pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -
         ));
     }
     if state.config_hash != config_hash {
+        // The stored config is compared under this trainer's rules (an older trainer
+        // held more of it fixed, and hashed what it held); a changed embedded corpus
+        // shows only in the hashes' suffix.
+        let corpus = |hash: &str| hash.split_once("-corpus").map(|(_, version)| version.to_string());
         let changed = state.config.as_ref().map(|old| cfg.resume_differences(old)).unwrap_or_default();
-        if changed.is_empty() {
+        let same_run =
+            state.config.is_some() && changed.is_empty() && corpus(&state.config_hash) == corpus(config_hash);
+        if !same_run && changed.is_empty() {
             problems
                 .push(format!("it was written by config {} but this run's config is {config_hash}", state.config_hash));
-        } else {
+        } else if !same_run {
             problems.push(format!(
                 "the run changed since it was written ({}); only the topology (with the same global batch), the \
                  sharding, the micro-batch, gradient checkpointing, the attention backend and the checkpoint and \
@@ -1016,6 +1022,14 @@ mod tests {
         let old = run_config(2, "3e-4");
         let s = TrainState { config_hash: old.fingerprint(), config: Some(old.resume_view()), ..state(10) };
         check_resumable(&s, &old, &old.fingerprint()).unwrap();
+        // Written by a trainer whose hash covered more (say, the world size): the stored
+        // config, compared under today's rules, is the same run.
+        let stricter = TrainState { config_hash: "0000000000000000".into(), ..s.clone() };
+        check_resumable(&stricter, &run_config(4, "3e-4"), &old.fingerprint()).unwrap();
+        // A changed embedded corpus still refuses.
+        let corpus = TrainState { config_hash: format!("{}-corpus1", old.fingerprint()), ..s.clone() };
+        let text = check_resumable(&corpus, &old, &format!("{}-corpus2", old.fingerprint())).unwrap_err().to_string();
+        assert!(text.contains("-corpus1") && text.contains("-corpus2"), "{text}");
         let new = run_config(2, "1e-3");
         let text = check_resumable(&s, &new, &new.fingerprint()).unwrap_err().to_string();
         assert!(text.contains("schedule.lr: 0.0003 → 0.001"), "{text}");
