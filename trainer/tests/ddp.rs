@@ -167,14 +167,23 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backwards_of_a_tied_mod
 
     let mut cfg = ModelConfig::from(preset("nano").unwrap());
     (cfg.arch, cfg.tied_embeddings, cfg.n_kv_head) = (Arch::Gpt2, true, cfg.n_head);
+    // torch's RNG is global, and the other tests' trainers seed and draw from it in
+    // their threads: every seeded draw here holds the trainer's lock on it.
+    let seeded = |seed: i64| {
+        let guard = trainer::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(seed);
+        guard
+    };
     let build = || {
-        tch::manual_seed(11);
+        let _rng = seeded(11);
         let vs = VarStore::new(Device::Cpu);
         let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();
         (vs, model)
     };
-    tch::manual_seed(5);
-    let idx = Tensor::randint(cfg.vocab_size as i64, [4, 17], (Kind::Int64, Device::Cpu));
+    let idx = {
+        let _rng = seeded(5);
+        Tensor::randint(cfg.vocab_size as i64, [4, 17], (Kind::Int64, Device::Cpu))
+    };
     let (x, y) = (idx.narrow(1, 0, 16), idx.narrow(1, 1, 16));
     let grads = |vs: &VarStore| {
         let mut g: Vec<_> = vs.variables().into_iter().map(|(n, v)| (n, v.grad().copy())).collect();
