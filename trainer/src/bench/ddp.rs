@@ -75,6 +75,22 @@ spec:
     )
 }
 
+/// Rank `rank` of `world` local ranks (threads) rendezvousing at 127.0.0.1:`port`,
+/// writing to `dir`/`name`, quietly and without sampling.
+pub(crate) fn local_rank_options(dir: &std::path::Path, name: &str, rank: u32, world: u32, port: u16) -> RunOptions {
+    let placement =
+        Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
+    RunOptions {
+        output_dir: dir.join(name),
+        stop_after_steps: None,
+        tty: Some(false),
+        sample: false,
+        init_dir: dir.to_path_buf(),
+        placement,
+        sync_every: None,
+    }
+}
+
 /// What rank 0 of a timed run measured.
 struct Timed {
     seconds_per_step: f64,
@@ -100,17 +116,7 @@ fn time_steps(
         .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
     on_ranks(threads, |thread, port| {
         let rank = if world == 1 { 0 } else { thread };
-        let placement =
-            Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
-        let opts = RunOptions {
-            output_dir: dir.join(format!("w{world}-t{thread}")),
-            stop_after_steps: None,
-            tty: Some(false),
-            sample: false,
-            init_dir: dir.to_path_buf(),
-            placement,
-            sync_every: None,
-        };
+        let opts = local_rank_options(dir, &format!("w{world}-t{thread}"), rank, world, port);
         crate::ffi::host_memory_count(true)?;
         let mut t = Trainer::new(&cfg, opts)?;
         for _ in 0..o.warmup.max(1) {

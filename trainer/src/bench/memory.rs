@@ -8,10 +8,9 @@
 use serde_json::{Value, json};
 
 use crate::Error;
-use crate::dist::Placement;
 use crate::dist::loopback::on_ranks;
 use crate::ffi;
-use crate::train::{RunOptions, Trainer};
+use crate::train::Trainer;
 use crds::types::Parallelism;
 
 /// One configuration to plan and measure.
@@ -58,17 +57,7 @@ pub fn measure(c: &MemoryCase) -> Result<MemoryResult, Error> {
     let dir = std::env::temp_dir().join(format!("trainer-bench-memory-{}", std::process::id()));
     let world = c.ranks;
     let (measured, resident) = on_ranks(world, |rank, port| {
-        let placement =
-            Placement { rank, local_rank: rank, world_size: world, master_addr: "127.0.0.1".into(), master_port: port };
-        let opts = RunOptions {
-            output_dir: dir.join(format!("r{rank}")),
-            stop_after_steps: None,
-            tty: Some(false),
-            sample: false,
-            init_dir: dir.clone(),
-            placement,
-            sync_every: None,
-        };
+        let opts = super::ddp::local_rank_options(&dir, &format!("r{rank}"), rank, world, port);
         ffi::host_memory_count(true)?;
         let mut t = Trainer::new(&cfg, opts)?;
         t.train_step()?;

@@ -178,9 +178,22 @@ impl Trainer {
         Ok(loss_sum.f_div_scalar(accum as f64)?)
     }
 
-    /// Every parameter's gradient by name (copies), as [`Self::compute_gradients`] left them.
+    /// Every parameter's gradient by name (copies), as [`Self::compute_gradients`] left them
+    /// (whole gradients only: zero2 and fsdp keep each rank's shard).
     pub fn gradients(&self) -> Result<Vec<(String, Tensor)>, Error> {
-        sorted_variables(&self.vs).into_iter().map(|(name, p)| Ok((name, p.f_grad()?.f_detach_copy()?))).collect()
+        sorted_variables(&self.vs)
+            .into_iter()
+            .map(|(name, p)| {
+                let g = p.f_grad()?;
+                if !g.defined() {
+                    return Err(Error::InvalidSpec(format!(
+                        "{name} has no whole gradient (spec.parallelism {:?} shards gradients over the ranks)",
+                        self.cfg.parallelism
+                    )));
+                }
+                Ok((name, g.f_detach_copy()?))
+            })
+            .collect()
     }
 
     /// Bytes of optimizer state this rank holds (1/world of it under zero1).
