@@ -49,6 +49,19 @@ pub struct RunConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpo: Option<ResolvedGrpo>,
     pub failure: ResolvedFailure,
+    /// The budget the run's generated data (embedded sources and question sets) is
+    /// sized for; absent: this schedule's. A run whose budget changed on resume keeps
+    /// the size it started with, so it goes on training on the same data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_sized_for: Option<DataSize>,
+}
+
+/// A budget, in tokens and in steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSize {
+    pub tokens: u64,
+    pub steps: u64,
 }
 
 /// Where bytes live. Parsed from `s3://bucket/prefix`, `pvc://claim/path`,
@@ -128,6 +141,19 @@ pub struct ResolvedSchedule {
     /// `schedule: wsd`'s decay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay: Option<WsdDecay>,
+    /// Set when the budget changed on resume and the schedule would otherwise have
+    /// jumped: from `tokens` on it continues from the rate the run had reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<LrAnchor>,
+}
+
+/// Where a budget change re-anchored the schedule: from `tokens` on, cosine (or wsd's
+/// decay) runs from `lr` to `min_lr` at the new end instead of from the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LrAnchor {
+    pub tokens: u64,
+    pub lr: f64,
 }
 
 /// The decay of `schedule: wsd`.
@@ -137,41 +163,6 @@ pub struct WsdDecay {
     /// Fraction of the tokens after warmup spent decaying.
     pub fraction: f64,
     pub shape: DecayShape,
-}
-
-impl ResolvedSchedule {
-    /// Learning rate after `tokens` tokens: linear warmup to `lr`, then cosine to
-    /// `min_lr` at `total_tokens`, constant, or wsd's stable `lr` and decay.
-    pub fn lr_at(&self, tokens: u64) -> f64 {
-        if tokens < self.warmup_tokens {
-            return self.lr * (tokens + 1) as f64 / self.warmup_tokens as f64;
-        }
-        match self.kind {
-            Schedule::Constant => self.lr,
-            Schedule::Cosine => {
-                let span = self.total_tokens.saturating_sub(self.warmup_tokens).max(1);
-                let done = (tokens - self.warmup_tokens).min(span) as f64 / span as f64;
-                let cosine = 0.5 * (1.0 + (std::f64::consts::PI * done).cos());
-                self.min_lr + (self.lr - self.min_lr) * cosine
-            }
-            Schedule::Wsd => {
-                let decay =
-                    self.decay.unwrap_or(WsdDecay { fraction: DEFAULT_DECAY_FRACTION, shape: DecayShape::Linear });
-                let after_warmup = self.total_tokens.saturating_sub(self.warmup_tokens);
-                let span = ((after_warmup as f64 * decay.fraction).round() as u64).max(1);
-                let start = self.total_tokens.saturating_sub(span);
-                if tokens < start {
-                    return self.lr;
-                }
-                let p = ((tokens - start) as f64 / span as f64).min(1.0);
-                let fall = match decay.shape {
-                    DecayShape::Linear => p,
-                    DecayShape::OneMinusSqrt => p.sqrt(),
-                };
-                self.lr - (self.lr - self.min_lr) * fall
-            }
-        }
-    }
 }
 
 /// `optimizer.decayFraction`'s default.
@@ -326,7 +317,46 @@ impl RunConfig {
         if let Some(d) = &mut c.data {
             (d.eval_every_steps, d.eval_tokens) = (0, 0);
         }
+        // The budget may grow, or shrink to what was trained: see `continue_from`.
+        let s = &mut c.schedule;
+        (s.budget_tokens, s.total_tokens, s.total_steps, s.warmup_tokens, s.anchor) = (0, 0, 0, 0, None);
+        c.data_sized_for = None;
         c
+    }
+
+    /// What a checkpoint records of the run that wrote it: all of it but the attempt.
+    pub fn record_view(&self) -> RunConfig {
+        RunConfig { attempt: 0, ..self.clone() }
+    }
+
+    /// Every `path: was → now` between `was`'s [`Self::record_view`] and this run's.
+    /// `was` may be an older trainer's record, which held only its resume view (no
+    /// topology): then only what that view held is compared.
+    pub fn record_differences(&self, was: &RunConfig) -> Vec<String> {
+        if was.topology.world_size == 0 {
+            return self.resume_differences(was);
+        }
+        let json = |c: &RunConfig| serde_json::to_value(c.record_view()).expect("RunConfig serializes");
+        let mut out = Vec::new();
+        json_differences("", &json(was), &json(self), &mut out);
+        out
+    }
+
+    /// This run (a resolved spec) continuing one that trained `tokens` tokens under
+    /// `was`: the schedule continues without a jump ([`ResolvedSchedule::continued`]),
+    /// and the generated data keeps the size the run started with. Fails, naming
+    /// `spec.tokens`, when the budget is below what was trained.
+    pub fn continue_from(&mut self, was: &RunConfig, tokens: u64) -> Result<(), String> {
+        self.schedule = self.schedule.continued(&was.schedule, tokens)?;
+        let was_size = was.data_size();
+        self.data_sized_for = (was_size != self.data_size()).then_some(was_size);
+        Ok(())
+    }
+
+    /// The budget the generated data is sized for: [`Self::data_sized_for`], else the
+    /// schedule's.
+    pub fn data_size(&self) -> DataSize {
+        self.data_sized_for.unwrap_or(DataSize { tokens: self.schedule.total_tokens, steps: self.schedule.total_steps })
     }
 
     /// How many leading blocks backward recomputes: 0 without gradient checkpointing.

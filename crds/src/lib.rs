@@ -9,6 +9,7 @@ pub mod plan;
 pub mod presets;
 pub mod quantity;
 pub mod resolve;
+pub mod schedule;
 pub mod types;
 
 pub use config::RunConfig;

@@ -173,6 +173,7 @@ pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
         init_from,
         grpo,
         failure: failure.expect("no errors"),
+        data_sized_for: None,
     })
 }
 
@@ -494,6 +495,7 @@ fn resolve_schedule(
         min_lr,
         kind: o.schedule,
         decay,
+        anchor: None,
     })
 }
 

@@ -16,36 +16,7 @@ use trainer::telemetry::server::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{run_until_step, scratch, sigterm, trainer_bin};
-
-/// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
-const MANIFEST: &str = r#"
-apiVersion: training.puretransformer.dev/v1alpha1
-kind: TrainingRun
-metadata: {name: ddp-test}
-spec:
-  model: {preset: nano, tokenizer: embedded}
-  tokens: "{tokens}"
-  data:
-    mix:
-      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
-      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
-      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
-    validation: {everySteps: 4, tokens: "1K"}
-  topology: {nodes: {nodes}, gpusPerNode: 0, collectiveTimeout: 20s}
-  batch: {globalTokens: {global}, microBatch: {micro}, seqLength: 64}
-  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
-  precision: f32
-  checkpoint: {everySteps: 4, keepLast: 3}
-"#;
-
-fn manifest_yaml(nodes: u32, micro: u32, global: u32, tokens: &str) -> String {
-    MANIFEST
-        .replace("{nodes}", &nodes.to_string())
-        .replace("{micro}", &micro.to_string())
-        .replace("{global}", &global.to_string())
-        .replace("{tokens}", tokens)
-}
+use common::{manifest_yaml, max_rel_loss_diff, run, run_until_step, scratch, sigterm, step_losses, trainer_bin};
 
 fn config(yaml: &str) -> RunConfig {
     crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
@@ -286,21 +257,6 @@ fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
 }
 
-fn step_losses(log: &Path) -> Vec<(u64, f64)> {
-    trainer::telemetry::metrics_log::read(log)
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn run(manifest: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    trainer_bin().args(["run", "--no-sample", "-o"]).arg(out).arg(manifest).args(extra).output().unwrap()
-}
-
 #[test]
 fn two_processes_resume_after_a_stop_with_the_same_loss_sequence() {
     let dir = scratch("resume");
@@ -506,12 +462,6 @@ fn the_bench_runs_its_steps_through_a_world_size_one_group_and_the_reducer() {
     assert!(json["final_loss"].as_f64().unwrap().is_finite(), "{json}");
 }
 
-/// Largest |a − b| / max(|a|, |b|) over two loss sequences of the same steps.
-fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-30)).fold(0.0, f64::max)
-}
-
 /// `parallelism: zero1`, `zero2` and `fsdp` train the same model as ddp, on 2 and on 3 ranks,
 /// with gradient accumulation, the chunked loss and gradient checkpointing, untied
 /// (nano) on 2 ranks and with GPT-2's tied embeddings on 3: the same losses over 20
@@ -625,70 +575,6 @@ fn a_run_resumes_across_strategies_on_the_uninterrupted_curve() {
     let (a, b): (Vec<f64>, Vec<f64>) = (full.iter().map(|s| s.1).collect(), moved.iter().map(|s| s.1).collect());
     let diff = max_rel_loss_diff(&a, &b);
     assert!(diff < 1e-6, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
-}
-
-/// A pretraining run resumes on another world size with the same global batch: 2
-/// ranks, then 1 (accumulating 12 micro-batches where 2 ranks took 6 each), then 3 with
-/// new checkpoint and validation cadences, and the losses follow the uninterrupted
-/// 2-rank run within 1e-5. A resume that changes the global batch is refused, naming
-/// the field.
-#[test]
-fn a_run_resumes_on_another_world_size_on_the_uninterrupted_curve() {
-    let dir = scratch("resize");
-    let manifest = dir.join("run.yaml");
-    // 48 sequences of 64 tokens a step: accumulation 6 on 2 ranks, 12 on 1, 4 on 3.
-    let write = |nodes: u32, global: u32| {
-        let text = manifest_yaml(nodes, 4, global, &(8 * 3072).to_string());
-        // The last part also checkpoints and evaluates on another cadence.
-        let text = if nodes == 3 {
-            text.replace("everySteps: 4, keepLast: 3", "everySteps: 2, keepLast: 5")
-                .replace("validation: {everySteps: 4, tokens: \"1K\"}", "validation: {everySteps: 3, tokens: \"2K\"}")
-        } else {
-            text
-        };
-        std::fs::write(&manifest, text).unwrap();
-    };
-    write(2, 3072);
-    let full = run(&manifest, &dir.join("full"), &[]);
-    assert!(full.status.success(), "{}", String::from_utf8_lossy(&full.stderr));
-    let full = step_losses(&dir.join("full/metrics.jsonl"));
-    assert_eq!(full.len(), 8);
-
-    let out = dir.join("resized");
-    for (nodes, stop) in [(2, Some("3")), (1, Some("5")), (3, None)] {
-        write(nodes, 3072);
-        let extra: Vec<&str> = stop.map(|s| vec!["--stop-after-steps", s]).unwrap_or_default();
-        let o = trainer_bin()
-            .env("RUST_LOG", "info")
-            .args(["run", "--no-sample", "-o"])
-            .arg(&out)
-            .arg(&manifest)
-            .args(&extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{nodes} nodes: {}", String::from_utf8_lossy(&o.stderr));
-        if nodes != 2 {
-            let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-            assert!(
-                log.contains("world size 2 → 1") || log.contains("world size 1 → 3"),
-                "the resize is logged:\n{log}"
-            );
-        }
-    }
-    let moved = step_losses(&out.join("metrics.jsonl"));
-    assert_eq!(moved.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>());
-    let (a, b): (Vec<f64>, Vec<f64>) = (full.iter().map(|s| s.1).collect(), moved.iter().map(|s| s.1).collect());
-    let diff = max_rel_loss_diff(&a, &b);
-    assert!(diff < 1e-5, "losses differ by {diff:e}:\n{a:?}\n{b:?}");
-    // The new cadence: checkpoints at steps 6 and 8 (2 apart) after the resume at 5.
-    assert!(out.join("step-00000006").exists() && out.join("step-00000008").exists());
-
-    // Another global batch is another run.
-    write(1, 6144);
-    let refused = run(&manifest, &out, &[]);
-    assert_eq!(refused.status.code(), Some(FailureReason::InvalidConfig.exit_code()));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("batch.globalSequences") || stderr.contains("batch.tokensPerStep"), "{stderr}");
 }
 
 /// `trainer bench-ddp` measures zero1, zero2 and fsdp against ddp: each of 2 ranks holds

@@ -74,10 +74,14 @@ pub struct TrainState {
     pub rng: serde_json::Value,
     /// [`crds::config::RunConfig::fingerprint`] of the run that wrote it.
     pub config_hash: String,
-    /// [`RunConfig::resume_view`] of the run that wrote it, so that a refused resume
-    /// can name what changed (absent in checkpoints of older trainers).
+    /// [`RunConfig::record_view`] of the run that wrote it: what it trained under, so
+    /// that a resume can name what changed (older trainers wrote only its
+    /// [`RunConfig::resume_view`], or nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<RunConfig>,
+    /// Every change accepted on resume, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<ConfigChange>,
     /// Trainer processes of the run that wrote it.
     pub world_size: u32,
     /// Gang attempt that wrote it.
@@ -93,6 +97,22 @@ pub struct TrainState {
     /// Size and sha256 of every file of the checkpoint; set by the writer.
     #[serde(default)]
     pub files: BTreeMap<String, FileDigest>,
+}
+
+/// The changes a run accepted when it resumed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigChange {
+    /// The step it resumed at.
+    pub step: u64,
+    /// Tokens trained by then.
+    pub tokens: u64,
+    /// The gang attempt that resumed.
+    pub attempt: u32,
+    /// When (RFC 3339).
+    pub time: String,
+    /// `path: was → now`, JSON paths of the RunConfig.
+    pub changes: Vec<String>,
 }
 
 /// Size and content hash of one checkpoint file.
@@ -256,8 +276,8 @@ pub fn check_resumable(state: &TrainState, cfg: &RunConfig, config_hash: &str) -
         } else if !same_run {
             problems.push(format!(
                 "the run changed since it was written ({}); only the topology (with the same global batch), the \
-                 sharding, the micro-batch, gradient checkpointing, the attention backend and the checkpoint and \
-                 validation cadences may change on resume",
+                 token budget, the sharding, the micro-batch, gradient checkpointing, the attention backend and \
+                 the checkpoint and validation cadences may change on resume",
                 changed.join(", ")
             ));
         }
@@ -689,6 +709,7 @@ mod tests {
             rng: serde_json::json!({"seed": 7, "words": [1, 2, 3]}),
             config_hash: "0123456789abcdef".into(),
             config: None,
+            history: Vec::new(),
             world_size: 2,
             attempt: 1,
             preset: "tiny".into(),
@@ -1020,7 +1041,7 @@ mod tests {
     #[test]
     fn a_refused_resume_names_the_fields_that_changed() {
         let old = run_config(2, "3e-4");
-        let s = TrainState { config_hash: old.fingerprint(), config: Some(old.resume_view()), ..state(10) };
+        let s = TrainState { config_hash: old.fingerprint(), config: Some(old.record_view()), ..state(10) };
         check_resumable(&s, &old, &old.fingerprint()).unwrap();
         // Written by a trainer whose hash covered more (say, the world size): the stored
         // config, compared under today's rules, is the same run.
@@ -1034,7 +1055,24 @@ mod tests {
         let text = check_resumable(&s, &new, &new.fingerprint()).unwrap_err().to_string();
         assert!(text.contains("schedule.lr: 0.0003 → 0.001"), "{text}");
         assert!(text.contains("step 10") && !text.contains(&old.fingerprint()), "{text}");
-        // state.json round-trips the config.
+        // The budget may change (the trainer continues the schedule, see
+        // `RunConfig::continue_from`).
+        let mut bigger = old.clone();
+        bigger.schedule.total_steps += 100;
+        bigger.schedule.total_tokens += 100 * bigger.batch.tokens_per_step;
+        bigger.schedule.budget_tokens = bigger.schedule.total_tokens;
+        check_resumable(&s, &bigger, &bigger.fingerprint()).unwrap();
+        // state.json round-trips the config and its history.
+        let s = TrainState {
+            history: vec![ConfigChange {
+                step: 10,
+                tokens: 40960,
+                attempt: 2,
+                time: "2026-11-24T06:00:00Z".into(),
+                changes: vec!["topology.worldSize: 2 → 1".into()],
+            }],
+            ..s
+        };
         let back: TrainState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
     }

@@ -81,7 +81,7 @@ pub fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<V
             let need = match split {
                 Split::Train => {
                     let share = src.weight / total_weight;
-                    ((cfg.schedule.total_tokens as f64 * share * 1.02) as usize + 16 * sample).min(MAX_EMBEDDED_TOKENS)
+                    ((cfg.data_size().tokens as f64 * share * 1.02) as usize + 16 * sample).min(MAX_EMBEDDED_TOKENS)
                 }
                 Split::Validation => (data.eval_tokens as usize / data.mix.len()).max(2 * sample) + sample,
             };

@@ -32,7 +32,7 @@ impl Questions {
 
 /// The run's questions (`spec.grpo.dataset`, `spec.grpo.evalDataset`).
 pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
-    let needed = (cfg.schedule.total_steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
+    let needed = (cfg.data_size().steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
     let (train, held_out) = match &g.dataset {
         Location::Embedded { name } if crds::contract::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
             let records = embedded(name);

@@ -119,6 +119,8 @@ pub struct Trainer {
     tokens: u64,
     data_position: u64,
     resumed_from: Option<u64>,
+    /// Changes accepted on resume, carried into every checkpoint.
+    history: Vec<crate::checkpoint::ConfigChange>,
     /// Test-only fault injection.
     faults: Faults,
     /// The c10d group and gradient reducer when there is more than one rank.
@@ -140,6 +142,7 @@ impl Trainer {
     /// Builds everything and resumes from the newest valid checkpoint in the output
     /// directory, or loads `initFrom` weights.
     pub fn new(cfg: &RunConfig, opts: RunOptions) -> Result<Trainer, Error> {
+        let mut cfg = cfg.clone();
         let p = opts.placement.clone();
         let opts_sync_every = opts.sync_every;
         if p.world_size != cfg.topology.world_size {
@@ -187,6 +190,8 @@ impl Trainer {
         } else {
             None
         };
+        let resume = restore::find_resume(&mut cfg, &opts, group.as_deref())?;
+        let cfg = &cfg;
 
         let b = &cfg.batch;
         let kernels = choose_kernels(
@@ -267,6 +272,7 @@ impl Trainer {
             tokens: 0,
             data_position: 0,
             resumed_from: None,
+            history: Vec::new(),
             faults: Faults::from_env(p.rank),
             ddp: None,
             fsdp: None,
@@ -283,7 +289,7 @@ impl Trainer {
             },
         };
         trainer.check_attention(matmuls)?;
-        let loaded = trainer.restore(group.as_deref())?;
+        let loaded = trainer.restore(resume)?;
         if let Some(t) = &trainer.train {
             trainer.source_epochs = trainer.epochs(&t.counts_at(trainer.data_position));
         }

@@ -4,75 +4,107 @@
 
 use std::path::PathBuf;
 
-use crds::config::{Location, ResolvedInit};
+use crds::config::{Location, ResolvedInit, RunConfig};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::Trainer;
+use super::{RunOptions, Trainer};
 use crate::Error;
 use crate::checkpoint::resume::{copy_weights, resume_fingerprint};
-use crate::checkpoint::{self, Payload, TrainState, mirror};
+use crate::checkpoint::{self, ConfigChange, Loaded, Payload, TrainState, mirror};
 use crate::data::corpus;
 use crate::dist::ProcessGroup;
 use crate::model::Model;
 use crate::rng::GLOBAL_RNG;
 
-impl Trainer {
-    /// Resumes or loads initial weights; returns where weights came from, if anywhere.
-    pub(super) fn restore(&mut self, group: Option<&ProcessGroup>) -> Result<Option<String>, Error> {
-        let mut found = checkpoint::latest_valid(self.checkpoint_dir())?;
-        if found.is_none()
-            && let Some(s3) = &self.cfg.checkpoint.s3
-        {
-            // An empty checkpoint directory (a new PVC) resumes from the S3 mirror.
-            if self.rank0() {
-                std::fs::create_dir_all(self.checkpoint_dir()).map_err(crate::io_err(self.checkpoint_dir()))?;
-                if let Some(step) = mirror::restore(s3, self.checkpoint_dir())? {
-                    tracing::info!("the checkpoint directory was empty: resuming from the S3 mirror's step {step}");
-                }
+/// The checkpoint a run resumes from, checked against the run.
+pub(super) struct Resume {
+    loaded: Loaded,
+    /// The spec's warmup, before the run kept its own.
+    spec_warmup: u64,
+}
+
+/// Finds the newest valid checkpoint in `opts.output_dir` (or, when that is empty, the
+/// S3 mirror's), checks that `cfg` may resume it, and continues `cfg` from it (a changed
+/// budget continues the schedule; the generated data keeps its size). Runs before the
+/// data is built, which depends on the continued config.
+pub(super) fn find_resume(
+    cfg: &mut RunConfig,
+    opts: &RunOptions,
+    group: Option<&ProcessGroup>,
+) -> Result<Option<Resume>, Error> {
+    let dir = &opts.output_dir;
+    let rank0 = opts.placement.rank == 0;
+    let mut found = checkpoint::latest_valid(dir)?;
+    if found.is_none()
+        && let Some(s3) = &cfg.checkpoint.s3
+    {
+        // An empty checkpoint directory (a new PVC) resumes from the S3 mirror.
+        if rank0 {
+            std::fs::create_dir_all(dir).map_err(crate::io_err(dir))?;
+            if let Some(step) = mirror::restore(s3, dir)? {
+                tracing::info!("the checkpoint directory was empty: resuming from the S3 mirror's step {step}");
             }
-            if let Some(g) = group {
-                g.barrier()?;
-            }
-            found = checkpoint::latest_valid(self.checkpoint_dir())?;
         }
-        if let Some(loaded) = found {
-            let fingerprint = resume_fingerprint(&self.cfg);
-            if loaded.state.config_hash != fingerprint
-                && !loaded.state.config_hash.contains("-corpus")
-                && fingerprint.contains("-corpus")
-            {
-                return Err(Error::IncompatibleCheckpoint {
-                    step: loaded.state.step,
-                    message: format!(
-                        "{} was trained on an older embedded corpus (this trainer's is version {}); \
-                         remove the directory (or pass another --output) to train again",
-                        loaded.dir.display(),
-                        corpus::CORPUS_VERSION
-                    ),
-                });
-            }
-            checkpoint::check_resumable(&loaded.state, &self.cfg, &fingerprint)?;
+        if let Some(g) = group {
+            g.barrier()?;
+        }
+        found = checkpoint::latest_valid(dir)?;
+    }
+    let Some(loaded) = found else { return Ok(None) };
+    let fingerprint = resume_fingerprint(cfg);
+    let state = &loaded.state;
+    if state.config_hash != fingerprint && !state.config_hash.contains("-corpus") && fingerprint.contains("-corpus") {
+        return Err(Error::IncompatibleCheckpoint {
+            step: state.step,
+            message: format!(
+                "{} was trained on an older embedded corpus (this trainer's is version {}); \
+                 remove the directory (or pass another --output) to train again",
+                loaded.dir.display(),
+                corpus::CORPUS_VERSION
+            ),
+        });
+    }
+    checkpoint::check_resumable(state, cfg, &fingerprint)?;
+    let spec_warmup = cfg.schedule.warmup_tokens;
+    if let Some(was) = &state.config {
+        cfg.continue_from(was, state.tokens).map_err(|message| Error::IncompatibleCheckpoint {
+            step: state.step,
+            message: format!("{}: {message}", loaded.dir.display()),
+        })?;
+    }
+    Ok(Some(Resume { loaded, spec_warmup }))
+}
+
+impl Trainer {
+    /// Loads the checkpoint found by [`find_resume`], or else `initFrom`'s weights;
+    /// returns where weights came from, if anywhere.
+    pub(super) fn restore(&mut self, resume: Option<Resume>) -> Result<Option<String>, Error> {
+        if let Some(Resume { loaded, spec_warmup }) = resume {
+            let state = &loaded.state;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
             self.opt.load_state(&loaded.optimizer)?;
-            self.step = loaded.state.step;
-            self.tokens = loaded.state.tokens;
-            self.data_position = loaded.state.data_position;
+            self.step = state.step;
+            self.tokens = state.tokens;
+            self.data_position = state.data_position;
             self.resumed_from = Some(self.step);
+            self.history = state.history.clone();
+            let changes = state.config.as_ref().map(|was| self.cfg.record_differences(was)).unwrap_or_default();
+            if !changes.is_empty() {
+                self.history.push(ConfigChange {
+                    step: state.step,
+                    tokens: state.tokens,
+                    attempt: self.cfg.attempt,
+                    time: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                    changes: changes.clone(),
+                });
+            }
             if self.rank0() {
                 tracing::info!("resuming from {} at step {} ({} tokens)", loaded.dir.display(), self.step, self.tokens);
-                if loaded.state.world_size != self.cfg.topology.world_size {
-                    tracing::info!(
-                        "world size {} → {}: each step's {} global sequences are split over {} rank{} with \
-                         accumulation {}",
-                        loaded.state.world_size,
-                        self.cfg.topology.world_size,
-                        self.cfg.batch.global_sequences,
-                        self.cfg.topology.world_size,
-                        if self.cfg.topology.world_size == 1 { "" } else { "s" },
-                        self.cfg.batch.grad_accum
-                    );
+                for change in &changes {
+                    tracing::info!("changed since the checkpoint: {change}");
                 }
+                self.log_resume_effects(state, spec_warmup);
             }
             return Ok(Some(loaded.dir.display().to_string()));
         }
@@ -83,6 +115,57 @@ impl Trainer {
             tracing::info!("initial weights from {}", source.display());
         }
         Ok(Some(source.display().to_string()))
+    }
+
+    /// What the accepted changes mean for the run, in words.
+    fn log_resume_effects(&self, state: &TrainState, spec_warmup: u64) {
+        let (cfg, was) = (&self.cfg, state.config.as_ref());
+        if state.world_size != cfg.topology.world_size {
+            tracing::info!(
+                "world size {} → {}: each step's {} global sequences are split over {} rank{} with accumulation {}",
+                state.world_size,
+                cfg.topology.world_size,
+                cfg.batch.global_sequences,
+                cfg.topology.world_size,
+                if cfg.topology.world_size == 1 { "" } else { "s" },
+                cfg.batch.grad_accum
+            );
+        }
+        let Some(was) = was else { return };
+        let (s, w) = (&cfg.schedule, &was.schedule);
+        if s.total_steps != w.total_steps {
+            let rate = match s.anchor {
+                Some(a) if w.anchor != s.anchor => format!(
+                    "the learning rate goes on from {:.3e}, where the run had reached, to {:.3e} at the new end",
+                    a.lr, s.min_lr
+                ),
+                _ => {
+                    format!("the learning rate is unchanged at every token trained ({:.3e} now)", s.lr_at(state.tokens))
+                }
+            };
+            tracing::info!(
+                "budget {} → {} steps ({} → {} tokens), {} trained: {rate}",
+                w.total_steps,
+                s.total_steps,
+                w.total_tokens,
+                s.total_tokens,
+                state.step
+            );
+        }
+        if s.warmup_tokens != spec_warmup {
+            tracing::info!(
+                "warmup is history: the run keeps its {} warmup tokens (this spec's budget or \
+                 optimizer.warmupTokens would give {spec_warmup})",
+                s.warmup_tokens
+            );
+        }
+        if let Some(size) = cfg.data_sized_for {
+            tracing::info!(
+                "the generated data keeps the size the run started with ({} tokens, {} steps)",
+                size.tokens,
+                size.steps
+            );
+        }
     }
 
     /// Where `spec.initFrom`'s weights are on this machine.
@@ -143,7 +226,8 @@ impl Trainer {
                 // Data order is a pure function of (seed, position); nothing else draws.
                 rng: serde_json::json!({"seed": self.cfg.seed}),
                 config_hash: resume_fingerprint(&self.cfg),
-                config: Some(self.cfg.resume_view()),
+                config: Some(self.cfg.record_view()),
+                history: self.history.clone(),
                 world_size: self.cfg.topology.world_size,
                 attempt: self.cfg.attempt,
                 preset: self.cfg.model.preset.clone(),

@@ -59,3 +59,55 @@ pub fn run_until_step(manifest: &Path, out: &Path, extra: &[&str], steps: usize,
 pub fn sigterm(child: &Child) {
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
 }
+
+/// nano, 64-token sequences; `{nodes}`, `{micro}` and `{tokens}` are filled in.
+pub const MANIFEST: &str = r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {name: ddp-test}
+spec:
+  model: {preset: nano, tokenizer: embedded}
+  tokens: "{tokens}"
+  data:
+    mix:
+      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
+      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
+      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+    validation: {everySteps: 4, tokens: "1K"}
+  topology: {nodes: {nodes}, gpusPerNode: 0, collectiveTimeout: 20s}
+  batch: {globalTokens: {global}, microBatch: {micro}, seqLength: 64}
+  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
+  precision: f32
+  checkpoint: {everySteps: 4, keepLast: 3}
+"#;
+
+pub fn manifest_yaml(nodes: u32, micro: u32, global: u32, tokens: &str) -> String {
+    MANIFEST
+        .replace("{nodes}", &nodes.to_string())
+        .replace("{micro}", &micro.to_string())
+        .replace("{global}", &global.to_string())
+        .replace("{tokens}", tokens)
+}
+
+/// (step, loss) of every step record in a run's metrics.jsonl.
+pub fn step_losses(log: &Path) -> Vec<(u64, f64)> {
+    trainer::telemetry::metrics_log::read(log)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `trainer run --no-sample -o <out> <manifest> <extra>`, to its end.
+pub fn run(manifest: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    trainer_bin().args(["run", "--no-sample", "-o"]).arg(out).arg(manifest).args(extra).output().unwrap()
+}
+
+/// Largest |a − b| / max(|a|, |b|) over two loss sequences of the same steps.
+pub fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-30)).fold(0.0, f64::max)
+}
