@@ -387,6 +387,44 @@ impl RunConfig {
     }
 }
 
+/// The spec field a RunConfig JSON path (as in [`RunConfig::resume_differences`]) is
+/// resolved from, for messages that tell users what to change back.
+pub fn spec_field(path: &str) -> &'static str {
+    const FIELDS: [(&str, &str); 25] = [
+        ("batch.globalSequences", "spec.batch.globalTokens"),
+        ("batch.tokensPerStep", "spec.batch.globalTokens"),
+        ("batch.seqLen", "spec.batch.seqLength"),
+        ("batch", "spec.batch"),
+        ("schedule.lr", "spec.optimizer.lr"),
+        ("schedule.minLr", "spec.optimizer.minLr"),
+        ("schedule.kind", "spec.optimizer.schedule"),
+        ("schedule.decay", "spec.optimizer.decayFraction"),
+        ("schedule.warmupTokens", "spec.optimizer.warmupTokens"),
+        ("schedule", "spec.tokens"),
+        ("optimizer", "spec.optimizer"),
+        ("model", "spec.model"),
+        ("params", "spec.model"),
+        ("tokenizer", "spec.model.tokenizer"),
+        ("phase", "spec.phase"),
+        ("seed", "spec.seed"),
+        ("precision", "spec.precision"),
+        ("data.mix", "spec.data.mix"),
+        ("data", "spec.data"),
+        ("checkpoint.s3", "spec.checkpoint.s3"),
+        ("checkpoint", "spec.checkpoint"),
+        ("initFrom", "spec.initFrom"),
+        ("grpo", "spec.grpo"),
+        ("topology", "spec.topology"),
+        ("failure", "spec.failurePolicy"),
+    ];
+    FIELDS
+        .iter()
+        .find(|(prefix, _)| {
+            path.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[', ':']))
+        })
+        .map_or("spec", |(_, field)| field)
+}
+
 /// How many of `n_layer` leading blocks backward recomputes, given
 /// `gradientCheckpointing` and `checkpointedBlocks`.
 pub fn recomputed_blocks(gradient_checkpointing: bool, checkpointed_blocks: Option<u32>, n_layer: u32) -> u32 {

@@ -201,11 +201,19 @@ pub enum RunReason {
     NotRunning,
     /// Suspended=False.
     NotSuspended,
+    /// The topology changed: the gang restarts at the new size (not counted).
+    Resized,
+    /// Another accepted change (the budget, a cadence, the sharding...): the gang
+    /// restarts under it (not counted).
+    Reconfigured,
+    /// A change the run cannot take (Accepted=False); the running attempt goes on as
+    /// it was.
+    ChangeRefused,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 28] = [
+    pub const OPERATOR: [RunReason; 31] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -234,6 +242,9 @@ impl RunReason {
         RunReason::Progressing,
         RunReason::NotRunning,
         RunReason::NotSuspended,
+        RunReason::Resized,
+        RunReason::Reconfigured,
+        RunReason::ChangeRefused,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -272,6 +283,9 @@ impl RunReason {
             RunReason::Progressing => "Progressing",
             RunReason::NotRunning => "NotRunning",
             RunReason::NotSuspended => "NotSuspended",
+            RunReason::Resized => "Resized",
+            RunReason::Reconfigured => "Reconfigured",
+            RunReason::ChangeRefused => "ChangeRefused",
         }
     }
 

@@ -57,6 +57,13 @@ if phase == "Suspended" then
   hs.message = "Suspended" .. progress(status)
   return hs
 end
+-- A change the run cannot take: the run goes on as it was, not as Git says.
+local accepted = condition(status, "Accepted")
+if accepted ~= nil and accepted.status == "False" and accepted.reason == "ChangeRefused" then
+  hs.status = "Degraded"
+  hs.message = accepted.message
+  return hs
+end
 local stalled = condition(status, "Stalled")
 if phase == "Running" and stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"

@@ -105,6 +105,26 @@ local fixtures = {
     status = "Progressing",
     message = "Restarting: CollectiveTimeout",
   },
+  {
+    name = "running under a refused change",
+    obj = {
+      metadata = { generation = 3 },
+      status = {
+        observedGeneration = 3,
+        phase = "Running",
+        reason = "Training",
+        conditions = { cond("Accepted", "False", "ChangeRefused", "refused: spec.batch.globalTokens (batch.globalSequences: 8 → 16)") },
+      },
+    },
+    status = "Degraded",
+    message = "spec.batch.globalTokens",
+  },
+  {
+    name = "restarting at a new size",
+    obj = { metadata = { generation = 2 }, status = { observedGeneration = 2, phase = "Restarting", reason = "Resized" } },
+    status = "Progressing",
+    message = "Restarting: Resized",
+  },
 }
 
 local failed = 0

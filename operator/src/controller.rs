@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crds::TrainingRun;
 use crds::types::RunPhase;
+use crds::{RunConfig, TrainingRun};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use crate::change::{self, Change, Claim};
 use crate::clock::{Clock, seconds_between};
 use crate::decide::{self, Decision};
 use crate::metrics::Metrics;
@@ -140,7 +141,7 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let old = run.status.clone().unwrap_or_default();
 
     // 1. validate
-    let cfg = match validate::validate(&run, old.attempt) {
+    let wanted = match validate::validate(&run, old.attempt) {
         Ok(cfg) => cfg,
         Err(invalid) => {
             let d = decide::invalid(&run, &invalid, now);
@@ -148,13 +149,38 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         }
     };
     let s = &ctx.settings;
+    // What the run's attempts run under (nothing, once it has ended), and whether the
+    // spec may change it.
+    let live =
+        if is_terminal(&old) { observe::Accepted::default() } else { observe::accepted(&ctx.client, &run).await? };
+    let claim = live.claim.clone().map(|modes| Claim {
+        name: resources::pvc_name(&name),
+        modes,
+        wanted: resources::access_mode(&run.spec, &wanted),
+    });
+    let trained = old.progress.as_ref().map_or(0, |p| p.tokens);
+    let change = change::admit(live.config.as_ref(), &wanted, claim.as_ref(), trained);
+    // A refused change leaves the run under the accepted config.
+    let cfg = match (&change, live.config) {
+        (Change::Refused { .. }, Some(accepted)) => RunConfig { attempt: wanted.attempt, ..accepted },
+        _ => wanted,
+    };
+    let restart = matches!(change, Change::Restart { .. });
     if !is_terminal(&old) {
-        // 2. build, 3. apply
+        // 2. build, 3. apply. A config the gang restarts for is written once the
+        // restart is recorded (below), so a crash in between cannot lose it.
         let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
-        apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
+        if !restart {
+            apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs))
+                .await?;
+        }
         apply::ensure(&Api::<Service>::namespaced(ctx.client.clone(), &ns), resources::service(&inputs)).await?;
-        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), resources::pvc(&inputs))
-            .await?;
+        let mut pvc = resources::pvc(&inputs);
+        if let (Some(modes), Some(spec)) = (&live.claim, pvc.spec.as_mut()) {
+            // A claim's access modes never change; a ReadWriteMany claim serves one node too.
+            spec.access_modes = Some(modes.clone());
+        }
+        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), pvc).await?;
         if let Some(operator_ns) = &s.network_policy {
             let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
             apply::ensure(&policies, resources::network_policy(&inputs, operator_ns)).await?;
@@ -175,12 +201,16 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     }
 
     // 5. decide, then act
-    let d = decide::decide(&run, &cfg, &obs, now, s);
+    let d = decide::decide(&run, &cfg, &obs, now, s, &change);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     // Status first: a restart is recorded before its Job goes, so a crash in between
     // cannot lose or double-count it.
     let checkpoint_every_tokens = u64::from(cfg.checkpoint.every_steps) * cfg.batch.tokens_per_step;
     let action = finish(&ctx, &runs, &run, d.clone(), Some(checkpoint_every_tokens), now).await?;
+    if restart {
+        let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
+        apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
+    }
     for stale in &d.delete_jobs {
         apply::delete(&jobs, &ns, stale).await?;
     }

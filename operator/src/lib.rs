@@ -2,6 +2,7 @@
 //! validate (pure) → build (pure) → apply (SSA) → observe → decide (pure) → status (SSA).
 
 pub mod apply;
+pub mod change;
 pub mod clock;
 pub mod controller;
 pub mod decide;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crds::config::ResolvedInit;
+use crds::contract::CONFIG_KEY;
 use crds::contract::TrainerStatus;
 use crds::types::RunPhase;
 use crds::{RunConfig, TrainingRun};
@@ -13,12 +14,12 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::failure::completion_index;
-use crate::resources::{ATTEMPT_LABEL, RUN_LABEL};
+use crate::resources::{ATTEMPT_LABEL, RUN_LABEL, configmap_name, pvc_name};
 use crate::{Error, Verb};
 
 /// State of the run named by `initFrom.trainingRun`.
@@ -92,6 +93,41 @@ pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Res
         _ => None,
     };
     Ok(Observed { jobs, pods, init_run, trainer: None })
+}
+
+/// What the run's attempts run under: its ConfigMap's config, and its checkpoint
+/// claim's access modes.
+#[derive(Clone, Debug, Default)]
+pub struct Accepted {
+    /// `None` before the ConfigMap exists (or when it does not parse, logged).
+    pub config: Option<RunConfig>,
+    /// `None` before the claim exists.
+    pub claim: Option<Vec<String>>,
+}
+
+/// Reads the run's ConfigMap and checkpoint claim.
+pub async fn accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Error> {
+    let ns = run.namespace().unwrap_or_default();
+    let name = run.name_any();
+    let cm_name = configmap_name(&name);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm = cms.get_opt(&cm_name).await.map_err(Error::kube(Verb::Get, "ConfigMap", &ns, &cm_name))?;
+    let text = cm.and_then(|c| c.data).and_then(|mut d| d.remove(CONFIG_KEY));
+    let config = text.and_then(|t| match serde_json::from_str::<RunConfig>(&t) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(run = %name, "ConfigMap {cm_name} does not hold a config this operator reads ({e}); rewriting it");
+            None
+        }
+    });
+    let claim_name = pvc_name(&name);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let claim = claims
+        .get_opt(&claim_name)
+        .await
+        .map_err(Error::kube(Verb::Get, "PersistentVolumeClaim", &ns, &claim_name))?
+        .map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
+    Ok(Accepted { config, claim })
 }
 
 /// Whether rank 0 of `attempt` is running, so that its `/status` can answer.

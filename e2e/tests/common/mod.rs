@@ -1,5 +1,8 @@
-//! What both operator test suites do to TrainingRuns as a user would: apply, edit,
+//! What the operator test suites do to TrainingRuns as a user would: apply, edit,
 //! read status.
+#![allow(dead_code)]
+
+pub mod harness;
 
 use crds::types::TrainingRunStatus;
 use e2e::fake_api::FakeApi;

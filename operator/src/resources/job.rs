@@ -173,10 +173,9 @@ fn volumes(i: &Inputs) -> (Vec<Volume>, Vec<VolumeMount>) {
 fn resources(i: &Inputs) -> ResourceRequirements {
     let topo = &i.run.spec.topology;
     let mut r = topo.resources.clone().unwrap_or_default();
-    if topo.gpus_per_node > 0 {
-        r.limits
-            .get_or_insert_with(BTreeMap::new)
-            .insert(topo.gpu_resource_name.clone(), Quantity(topo.gpus_per_node.to_string()));
+    let gpus = i.cfg.topology.gpus_per_node;
+    if gpus > 0 {
+        r.limits.get_or_insert_with(BTreeMap::new).insert(topo.gpu_resource_name.clone(), Quantity(gpus.to_string()));
     }
     r
 }

@@ -17,5 +17,5 @@ pub use meta::{
     job_name, labels, owned_by, pvc_name, run_selector, service_name,
 };
 pub use networkpolicy::network_policy;
-pub use pvc::pvc;
+pub use pvc::{access_mode, pvc};
 pub use service::service;

@@ -3,25 +3,27 @@
 use std::collections::BTreeMap;
 
 use crds::types::AccessMode;
+use crds::{RunConfig, TrainingRunSpec};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements};
 
 use super::meta::{Inputs, pvc_name};
 
-/// ReadWriteMany when pods on several nodes share it, unless the spec says otherwise.
-pub fn access_mode(i: &Inputs) -> AccessMode {
-    let spec = &i.run.spec;
-    spec.checkpoint.access_mode.unwrap_or(if spec.topology.nodes > 1 {
+/// The claim's access mode: ReadWriteMany when pods on the run's nodes (`cfg`'s, the
+/// accepted topology) share it, unless the spec says otherwise.
+pub fn access_mode(spec: &TrainingRunSpec, cfg: &RunConfig) -> String {
+    let mode = spec.checkpoint.access_mode.unwrap_or(if cfg.topology.nodes > 1 {
         AccessMode::ReadWriteMany
     } else {
         AccessMode::ReadWriteOnce
-    })
+    });
+    serde_json::to_value(mode).expect("enum serializes").as_str().expect("string").to_string()
 }
 
 /// With `retainOnDelete` the claim has no owner reference, so deleting the run
 /// leaves it (and the checkpoints) behind.
 pub fn pvc(i: &Inputs) -> PersistentVolumeClaim {
     let c = &i.run.spec.checkpoint;
-    let mode = serde_json::to_value(access_mode(i)).expect("enum serializes").as_str().expect("string").to_string();
+    let mode = access_mode(&i.run.spec, i.cfg);
     PersistentVolumeClaim {
         metadata: i.meta(pvc_name(&i.name()), "checkpoints", !c.retain_on_delete),
         spec: Some(PersistentVolumeClaimSpec {
