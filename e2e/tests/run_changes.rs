@@ -4,6 +4,7 @@
 //! resumes under is refused, naming the field, and the running attempt goes on.
 
 use crds::RunConfig;
+use crds::contract::{TrainerPhase, TrainerStatus};
 use crds::types::RunPhase;
 use serde_json::json;
 
@@ -151,4 +152,46 @@ async fn growing_past_one_node_on_a_read_write_once_claim_is_refused() {
     assert_eq!(config(&h).topology.nodes, 1);
     let pvc = h.fake.get("v1", "PersistentVolumeClaim", Some(NS), "llm-checkpoints").unwrap();
     assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+}
+
+#[tokio::test]
+async fn a_finished_run_given_more_tokens_trains_on_from_its_final_checkpoint() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    let done = TrainerStatus {
+        phase: TrainerPhase::Done,
+        step: 100,
+        tokens: 819200,
+        ..h.rank0.doc.lock().unwrap().clone().unwrap()
+    };
+    h.pod_exits("llm-a1-0-abcde", 0, "Completed", &serde_json::to_string(&done).unwrap());
+    h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
+    h.job_condition("llm-a1", "Complete");
+    h.settle("llm").await;
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Succeeded));
+    // A cadence or failure policy change on a finished run does nothing.
+    h.edit_spec("llm", |s| {
+        s["checkpoint"]["everySteps"] = json!(5);
+        s["failurePolicy"]["maxRestarts"] = json!(4);
+    });
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.attempt), (Some(RunPhase::Succeeded), 1));
+    // More tokens: it trains on.
+    h.edit_spec("llm", |s| s["tokens"] = json!(1_228_800));
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
+        (Some(RunPhase::Restarting), Some("Reconfigured"), 2, 0)
+    );
+    assert!(s.completion_time.is_none());
+    let message = h.condition("llm", "Restarting").2;
+    assert!(message.contains("training on from the final checkpoint (step 100 of 150)"), "{message}");
+    assert_eq!(h.jobs(), vec!["llm-a2"]);
+    let cfg = config(&h);
+    assert_eq!((cfg.attempt, cfg.schedule.total_steps, cfg.checkpoint.every_steps), (2, 150, 5));
+    h.start_pods("llm-a2", "Running");
+    h.settle("llm").await;
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
 }

@@ -359,7 +359,8 @@ const MINUTES: fn(u64) -> Duration = |m| Duration::from_secs(60 * m);
 
 /// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
 /// restarted mid-run; then the same run with one trainer process killed, which the
-/// operator gang-restarts from the last checkpoint to the same losses.
+/// operator gang-restarts from the last checkpoint to the same losses; then the same
+/// run resized to one node mid-run, which continues on the same losses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_losses() {
     let mut sim = Sim::new("pretrain").await;
@@ -446,6 +447,26 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let from = resumed[0]["step"].as_u64().unwrap();
     assert!(from >= checkpoint_step(&s) && from.is_multiple_of(8), "resumed from step {from}");
     assert_eq!(sim.step_losses("crash"), base, "the loss sequence after the restart equals the uninterrupted run's");
+
+    // --- the same run, resized to one node after its second checkpoint: the gang stops
+    // (checkpointing where it is), resumes on one rank and trains on to the
+    // uninterrupted run's losses.
+    sim.apply("resize", SPEC);
+    sim.wait("resize", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16).await;
+    sim.edit_spec("resize", |s| s["topology"]["nodes"] = json!(1));
+    let s = sim.wait_phase("resize", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts, s.topology.as_deref()), (2, 0, Some("1x0")));
+    assert_eq!(sim.jobs("resize"), vec!["resize-a2"]);
+    sim.expect_event("resize", "Normal", "Resized").await;
+    let resized = sim.events("resize").into_iter().find(|e| e.1 == "Resized").unwrap();
+    assert!(resized.2.starts_with("resized 2x0 → 1x0") && resized.2.contains("not counted"), "{resized:?}");
+    let resumed: Vec<Value> = sim.records("resize").into_iter().filter(|r| r["kind"] == "resume").collect();
+    assert_eq!((resumed.len(), resumed[0]["attempt"].as_u64()), (1, Some(2)), "{resumed:?}");
+    assert!(resumed[0]["step"].as_u64().unwrap() >= 16, "{resumed:?}");
+    let losses = sim.step_losses("resize");
+    assert_eq!(losses.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    let worst = losses.iter().zip(&base).map(|(a, b)| (a.1 - b.1).abs() / b.1.abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-5, "the resized run's losses differ from the uninterrupted run's by {worst:e}");
 }
 
 /// NaN loss and a host OOM end their runs at once with their own reasons.

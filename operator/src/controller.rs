@@ -149,10 +149,10 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         }
     };
     let s = &ctx.settings;
-    // What the run's attempts run under (nothing, once it has ended), and whether the
-    // spec may change it.
-    let live =
-        if is_terminal(&old) { observe::Accepted::default() } else { observe::accepted(&ctx.client, &run).await? };
+    // What the run's attempts run under, and whether the spec may change it (a run that
+    // failed is final; one that succeeded may be given more tokens).
+    let ended = is_terminal(&old) && old.phase != Some(RunPhase::Succeeded);
+    let live = if ended { observe::Accepted::default() } else { observe::accepted(&ctx.client, &run).await? };
     let claim = live.claim.clone().map(|modes| Claim {
         name: resources::pvc_name(&name),
         modes,

@@ -60,7 +60,7 @@ fn last_state(dir: &Path) -> TrainState {
 
 /// A budget grown from 8 to 12 steps after step 5: constant and wsd (whose decay had
 /// not begun) then train exactly as the run planned at 12 steps from the start, on the
-/// same data; cosine goes on from the rate it had reached, never jumping, to minLr at
+/// same data (constant also when grown after its end); cosine goes on from the rate it had reached, never jumping, to minLr at
 /// the new end. Shrunk to 6 steps, cosine ends at step 6 at minLr; below what was
 /// trained, the resume is refused naming spec.tokens. The change is kept in the
 /// checkpoints' history.
@@ -96,6 +96,14 @@ fn a_changed_budget_continues_the_run() {
                 losses(&planned)
             );
             assert!(state.config.unwrap().schedule.anchor.is_none());
+            if schedule == "constant" {
+                // Grown after it finished: it trains on as the planned run did.
+                let after = dir.join("after");
+                train(&small, &after, None).unwrap();
+                train(&large, &after, None).unwrap();
+                let diff = max_rel_loss_diff(&losses(&steps(&after)), &losses(&planned));
+                assert!(diff < 1e-6, "grown after the end: losses differ from the planned run's by {diff:e}");
+            }
             continue;
         }
         // Cosine: step 6 gets the rate the 8-step plan had there, and from there on

@@ -109,13 +109,33 @@ pub fn decide(
             }
             Cond { type_: "Accepted", status: false, reason: RunReason::ChangeRefused.into(), message: message.clone() }
         }
-        Change::Operator { changes } => {
+        Change::Operator { changes } if !status::is_terminal(&old) => {
             let message = format!("{}; nothing restarts", changes.join(", "));
             d.notes.push(Note { warning: false, reason: RunReason::Reconfigured.into(), message });
             accepted
         }
-        Change::Unchanged | Change::Restart { .. } => accepted,
+        Change::Unchanged | Change::Operator { .. } | Change::Restart { .. } => accepted,
     };
+    let trained_steps = old.progress.as_ref().map_or(0, |p| p.step);
+    if let Change::Restart { reason, summary, .. } = change
+        && old.phase == Some(RunPhase::Succeeded)
+        && cfg.schedule.total_steps > trained_steps
+    {
+        // More tokens for a finished run: it trains on from its final checkpoint.
+        new.attempt += 1;
+        new.completion_time = None;
+        d.delete_jobs.push(job_name(&name, attempt));
+        let outcome = Outcome::new(
+            RunPhase::Restarting,
+            *reason,
+            format!(
+                "{summary}: training on from the final checkpoint (step {trained_steps} of {}) as attempt {} (not \
+                 counted toward maxRestarts)",
+                cfg.schedule.total_steps, new.attempt
+            ),
+        );
+        return finish(run, &old, new, outcome, accepted, None, now, d);
+    }
     if status::is_terminal(&old) {
         let outcome = Outcome::new(
             old.phase.unwrap_or(RunPhase::Failed),
