@@ -55,6 +55,9 @@ pub struct TrainingRunSpec {
 
     /// Token budget of the run: an integer or a string with a K, M, B or T
     /// suffix, e.g. "11B" or "600M". Training runs floor(tokens / batch.globalTokens) steps.
+    /// May grow, or shrink to no less than what was trained, while the run trains (the
+    /// gang restarts from its checkpoint under the new budget; the learning rate goes
+    /// on from where it is), and may grow after it succeeded (it trains on).
     pub tokens: TokenQuantity,
 
     /// Training data: a weighted mix of sources and the validation schedule.
@@ -62,7 +65,10 @@ pub struct TrainingRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataSpec>,
 
-    /// GPU topology: nodes × GPUs per node, and where the pods may run.
+    /// GPU topology: nodes × GPUs per node, and where the pods may run. nodes and
+    /// gpusPerNode may change while a pretraining run trains, when batch.globalTokens
+    /// still divides over the new world: the gang restarts at the new size from its
+    /// checkpoint, not counted against failurePolicy.maxRestarts.
     #[serde(default)]
     pub topology: Topology,
 
@@ -535,7 +541,7 @@ pub enum Attention {
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointSpec {
     /// Save every this many optimizer steps; a checkpoint is also saved at the end
-    /// and on SIGTERM.
+    /// and on SIGTERM. May change while the run trains, as may keepLast.
     #[serde(default = "default_every_steps")]
     #[x_kube(validation = Rule::new("self >= 1").message("everySteps must be at least 1"))]
     pub every_steps: u32,
