@@ -96,15 +96,19 @@ pub enum FailureReason {
     InvalidConfig,
     /// Data could not be read or is corrupt.
     DataError,
+    /// A write found its file system full (ENOSPC) or over quota (EDQUOT): the
+    /// checkpoint claim, the metrics log or the data cache. Retrying fills it again.
+    StorageFull,
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 5] = [
+    pub const ALL: [FailureReason; 6] = [
         FailureReason::NaNLoss,
         FailureReason::OutOfMemory,
         FailureReason::CollectiveTimeout,
         FailureReason::InvalidConfig,
         FailureReason::DataError,
+        FailureReason::StorageFull,
     ];
 
     /// Exit codes stay clear of 1-2 (generic), 126-128 (shell) and 128+N (signals).
@@ -115,6 +119,7 @@ impl FailureReason {
             FailureReason::NaNLoss => 86,
             FailureReason::OutOfMemory => 87,
             FailureReason::CollectiveTimeout => 88,
+            FailureReason::StorageFull => 89,
         }
     }
 
@@ -134,6 +139,7 @@ impl FailureReason {
             FailureReason::CollectiveTimeout => "CollectiveTimeout",
             FailureReason::InvalidConfig => "InvalidConfig",
             FailureReason::DataError => "DataError",
+            FailureReason::StorageFull => "StorageFull",
         }
     }
 }

@@ -133,6 +133,39 @@ async fn nan_fails_the_run_without_a_second_job() {
     assert_eq!(h.jobs(), vec!["llm-a1"]);
 }
 
+/// A full checkpoint claim fails the run at once (a restart would fill it again), with
+/// the trainer's numbers and the knobs that make room.
+#[tokio::test]
+async fn a_full_disk_fails_the_run_without_a_restart() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    let msg = TerminationMessage {
+        reason: FailureReason::StorageFull,
+        step: Some(20),
+        detail: "/checkpoints: the file system is full: writing a checkpoint of 10.5 MiB failed, 2.0 MiB free".into(),
+    }
+    .to_json();
+    h.pod_exits("llm-a1-0-abcde", FailureReason::StorageFull.exit_code(), "Error", &msg);
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
+        (Some(RunPhase::Failed), Some("StorageFull"), 1, 0)
+    );
+    let message = h.condition("llm", "Failed").2;
+    assert!(
+        message.contains("StorageFull at step 20")
+            && message.contains("10.5 MiB failed, 2.0 MiB free")
+            && message.contains("raise spec.checkpoint.size")
+            && message.contains("lower spec.checkpoint.keepLast (now 3)"),
+        "{message}"
+    );
+    assert!(h.has_event("Warning", "StorageFull"));
+    h.clock.advance(Duration::from_secs(3600));
+    h.settle("llm").await;
+    assert_eq!((h.jobs(), h.status("llm").restarts), (vec!["llm-a1".to_string()], 0));
+}
+
 #[tokio::test]
 async fn cuda_oom_and_host_oom_are_out_of_memory() {
     let h = Harness::new();

@@ -469,13 +469,19 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert!(worst < 1e-5, "the resized run's losses differ from the uninterrupted run's by {worst:e}");
 }
 
-/// NaN loss and a host OOM end their runs at once with their own reasons.
+/// NaN loss, a host OOM and a full checkpoint claim end their runs at once with their
+/// own reasons.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
+async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     let sim = Sim::new("failures").await;
     let nan = format!("{SPEC}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"3\"}}\n");
     sim.apply("nan", &nan);
     sim.apply("oom", SPEC);
+    // Rank 0, which writes the checkpoints, finds the claim full at the checkpoint of step 8.
+    let full = format!(
+        "{SPEC}  env:\n    - {{name: TRAINER_INJECT_DISK_FULL_AT_STEP, value: \"8\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"0\"}}\n"
+    );
+    sim.apply("full", &full);
 
     let s = sim.wait_phase("nan", RunPhase::Failed, MINUTES(5)).await;
     assert_eq!(s.reason.as_deref(), Some("NaNLoss"));
@@ -501,9 +507,24 @@ async fn nan_loss_and_a_host_oom_fail_the_run_without_a_restart() {
     )
     .await;
 
-    // Neither run starts a second attempt, even after more reconciles.
+    let s = sim.wait_phase("full", RunPhase::Failed, MINUTES(5)).await;
+    assert_eq!(s.reason.as_deref(), Some("StorageFull"));
+    let (_, _, message) = sim.condition("full", "Failed");
+    assert!(
+        message.contains("StorageFull at step 8")
+            && message.contains("No space left on device")
+            && message.contains("lower spec.checkpoint.keepLast (now 3)"),
+        "{message}"
+    );
+    sim.expect_event("full", "Warning", "StorageFull").await;
+    sim.expect_metric(
+        r#"trainingrun_condition{name="full",namespace="ml",reason="StorageFull",status="True",type="Failed"} 1"#,
+    )
+    .await;
+
+    // No run starts a second attempt, even after more reconciles.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for run in ["nan", "oom"] {
+    for run in ["nan", "oom", "full"] {
         let s = sim.status(run);
         assert_eq!((s.attempt, s.restarts), (1, 0), "{run}");
         assert_eq!(sim.jobs(run), vec![format!("{run}-a1")]);

@@ -92,6 +92,11 @@ fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
         FailureReason::CollectiveTimeout => {
             "a peer died or the network failed; restarting from the last checkpoint".into()
         }
+        FailureReason::StorageFull => format!(
+            "a restart would fill it again: free space on it, raise spec.checkpoint.size (when its storage class \
+             allows expansion) or lower spec.checkpoint.keepLast (now {}), then recreate the run",
+            cfg.checkpoint.keep_last
+        ),
     }
 }
 

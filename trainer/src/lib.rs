@@ -105,6 +105,9 @@ pub enum Error {
     Terminated { step: u64 },
     #[error("step {step}: {source}")]
     AtStep { step: u64, source: Box<Error> },
+    /// The file system holding `path` is full or over quota, or will be (the preflight).
+    #[error("{}: the file system is full: {message}", path.display())]
+    StorageFull { path: PathBuf, message: String },
 }
 
 /// `map_err` adapter: an I/O error on `path`.
@@ -132,6 +135,14 @@ impl Error {
             Error::Data { .. } | Error::Tokenizer { .. } => Some(FailureReason::DataError),
             Error::NonFinite { .. } => Some(FailureReason::NaNLoss),
             Error::Collective { .. } | Error::Rendezvous { .. } => Some(FailureReason::CollectiveTimeout),
+            Error::StorageFull { .. } => Some(FailureReason::StorageFull),
+            Error::Io { source, .. } if checkpoint::space::is_full(source) => Some(FailureReason::StorageFull),
+            Error::Checkpoint { message, .. } | Error::Storage { message, .. }
+                if checkpoint::space::mentions_full(message) =>
+            {
+                Some(FailureReason::StorageFull)
+            }
+            Error::Torch(e) if checkpoint::space::mentions_full(&e.to_string()) => Some(FailureReason::StorageFull),
             Error::Storage { permanent: true, .. } => Some(FailureReason::DataError),
             Error::AtStep { source, .. } => source.reason(),
             Error::Torch(_)

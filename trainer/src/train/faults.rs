@@ -1,6 +1,7 @@
 //! Test-only fault injection, by environment variable: the operator's and the
 //! launcher's failure handling is tested against real NaNs, allocation failures and
-//! killed processes.
+//! killed processes, and against the error a full disk gives (the real one is tested
+//! on a small tmpfs, which the simulated cluster's shared claim directories are not).
 
 use tch::{Device, Kind, Tensor};
 
@@ -12,6 +13,8 @@ pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
 pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
 /// The process SIGKILLs itself at this step.
 pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
+/// Writing the checkpoint of this step, or of any later one, finds the disk full (ENOSPC).
+pub const INJECT_DISK_FULL_ENV: &str = "TRAINER_INJECT_DISK_FULL_AT_STEP";
 /// The injections above apply only to this global rank (default: all).
 pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
 
@@ -21,6 +24,7 @@ pub struct Faults {
     nan: Option<u64>,
     oom: Option<u64>,
     kill: Option<u64>,
+    disk_full: Option<u64>,
 }
 
 impl Faults {
@@ -30,6 +34,7 @@ impl Faults {
             nan: injected(INJECT_NAN_ENV, rank),
             oom: injected(INJECT_OOM_ENV, rank),
             kill: injected(INJECT_KILL_ENV, rank),
+            disk_full: injected(INJECT_DISK_FULL_ENV, rank),
         }
     }
 
@@ -45,6 +50,16 @@ impl Faults {
             unsafe { libc::raise(libc::SIGKILL) };
         }
         Ok(())
+    }
+
+    /// Before writing the checkpoint of `step` into `dir`: ENOSPC from that step on.
+    pub fn before_checkpoint(&self, step: u64, dir: &std::path::Path) -> Result<(), Error> {
+        match self.disk_full {
+            Some(from) if step >= from => {
+                Err(Error::Io { path: dir.to_path_buf(), source: std::io::Error::from_raw_os_error(libc::ENOSPC) })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Step `step`'s loss scale: `scale`, or NaN where injected, so every gradient is NaN.

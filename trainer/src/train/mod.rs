@@ -23,9 +23,9 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
-use crate::checkpoint::Checkpointer;
 use crate::checkpoint::mirror::Mirror;
 use crate::checkpoint::resume::{named_in_definition_order, sorted_variables};
+use crate::checkpoint::{self, Checkpointer};
 use crate::data::corpus::Split;
 use crate::data::loader::Loader;
 use crate::data::mix::Mix;
@@ -375,6 +375,17 @@ impl Trainer {
         Ok(())
     }
 
+    /// About how many bytes one checkpoint takes: the weights in their kind and the
+    /// whole (consolidated) optimizer state.
+    fn checkpoint_estimate(&self) -> u64 {
+        let weight_bytes = self.vs.trainable_variables().first().map_or(4, |t| t.kind().elt_size_in_bytes()) as u64;
+        let optimizer = match &self.opt {
+            Optimizer::Sharded(o) => o.state_bytes() * self.cfg.topology.world_size as usize,
+            Optimizer::Replicated(o) => o.state_bytes(),
+        };
+        self.cfg.params.total * weight_bytes + optimizer as u64
+    }
+
     fn checkpoint_dir(&self) -> &Path {
         &self.opts.output_dir
     }
@@ -391,6 +402,15 @@ impl Trainer {
             last_step = g.boundary_at_or_after(last_step).min(total_steps);
         }
         let mut checkpointer = Checkpointer::new(self.checkpoint_dir(), self.cfg.checkpoint.keep_last)?;
+        if rank0 {
+            // A run that cannot keep its checkpoints fails now, not after an interval of training.
+            checkpoint::space::preflight(
+                self.checkpoint_dir(),
+                self.cfg.checkpoint.keep_last,
+                self.checkpoint_estimate(),
+            )
+            .map_err(|e| self.failed(sinks, e))?;
+        }
         let mirror = match &self.cfg.checkpoint.s3 {
             Some(s3) if rank0 => Some(Mirror::start(s3)?),
             _ => None,
@@ -457,7 +477,13 @@ impl Trainer {
             if checkpoint_due && !stopping {
                 let (model, optimizer) = (self.checkpoint_model()?, self.opt.checkpoint_state()?);
                 // Training goes on while the background thread writes.
-                if rank0 && let Some(done) = checkpointer.save_async(self.payload(model, last_loss, optimizer))? {
+                let payload = self.payload(model, last_loss, optimizer);
+                let saved = match self.faults.before_checkpoint(self.step, self.checkpoint_dir()) {
+                    Err(e) => Err(checkpoint::space::explain(e, self.checkpoint_dir(), self.checkpoint_estimate())),
+                    Ok(()) if rank0 => checkpointer.save_async(payload),
+                    Ok(()) => Ok(None),
+                };
+                if let Some(done) = saved.map_err(|e| self.failed(sinks, e.at_step(self.step)))? {
                     self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                     last_checkpoint = Some(done);
                 }
@@ -468,7 +494,7 @@ impl Trainer {
         // rank, whether rank 0 then writes them or already has.
         let last = if self.step > 0 { Some((self.checkpoint_model()?, self.opt.checkpoint_state()?)) } else { None };
         if rank0 {
-            if let Some(done) = checkpointer.wait()? {
+            if let Some(done) = checkpointer.wait().map_err(|e| self.failed(sinks, e.at_step(self.step)))? {
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }
@@ -476,7 +502,9 @@ impl Trainer {
                 && last_checkpoint.as_ref().map(|c| c.step) != Some(self.step)
             {
                 sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
-                let done = checkpointer.save(self.payload(model, last_loss, optimizer))?;
+                let done = checkpointer
+                    .save(self.payload(model, last_loss, optimizer))
+                    .map_err(|e| self.failed(sinks, e.at_step(self.step)))?;
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
             }

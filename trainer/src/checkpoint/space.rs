@@ -1,0 +1,109 @@
+//! Room for checkpoints: the preflight before training, and what a full file system
+//! looks like in an error.
+
+use std::io;
+use std::path::Path;
+
+use bytesize::ByteSize;
+
+use crate::Error;
+
+/// The text of ENOSPC and EDQUOT, which errors of libraries that keep only a message
+/// (safetensors through tch) still carry.
+const FULL_TEXTS: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
+
+/// Whether `e` is a full file system or an exceeded quota.
+pub fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// Whether an error message reports a full file system or an exceeded quota.
+pub fn mentions_full(message: &str) -> bool {
+    FULL_TEXTS.iter().any(|t| message.contains(t))
+}
+
+/// Bytes this process may still write on the file system holding `dir`.
+pub fn available(dir: &Path) -> io::Result<u64> {
+    fs4::available_space(dir)
+}
+
+/// Bytes of every file under the `step-*` directories of `dir`: room that pruning frees.
+pub fn checkpoints_bytes(dir: &Path) -> io::Result<u64> {
+    let mut total = 0;
+    for (_, step) in super::step_dirs(dir)? {
+        for entry in std::fs::read_dir(&step)? {
+            total += entry?.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+/// Fails, naming the numbers, unless the file system of `dir` holds `keep_last + 1`
+/// checkpoints of about `estimate` bytes each (the newest `keep_last` and the one being
+/// written), counting the room of the checkpoints already there as free.
+pub fn preflight(dir: &Path, keep_last: u32, estimate: u64) -> Result<(), Error> {
+    let io = |e| Error::Io { path: dir.to_path_buf(), source: e };
+    let (free, existing) = (available(dir).map_err(io)?, checkpoints_bytes(dir).map_err(io)?);
+    let copies = u64::from(keep_last.max(1)) + 1;
+    let needed = copies * estimate;
+    if free + existing >= needed {
+        return Ok(());
+    }
+    Err(Error::StorageFull {
+        path: dir.to_path_buf(),
+        message: format!(
+            "{copies} checkpoints (keepLast {keep_last} and the one being written) of about {} each need {}, but \
+             {} is free{}",
+            ByteSize::b(estimate),
+            ByteSize::b(needed),
+            ByteSize::b(free),
+            if existing > 0 {
+                format!(" and the checkpoints there hold {}", ByteSize::b(existing))
+            } else {
+                String::new()
+            }
+        ),
+    })
+}
+
+/// `e` as [`Error::StorageFull`] when it is a full file system, naming how many bytes
+/// the write of `needed` bytes into `dir` had and has; other errors unchanged.
+pub fn explain(e: Error, dir: &Path, needed: u64) -> Error {
+    if e.reason() != Some(crds::contract::FailureReason::StorageFull) || matches!(e, Error::StorageFull { .. }) {
+        return e;
+    }
+    let free = available(dir).map_or_else(|_| "unknown".to_string(), |b| ByteSize::b(b).to_string());
+    Error::StorageFull {
+        path: dir.to_path_buf(),
+        message: format!("writing a checkpoint of {} failed, {free} free: {e}", ByteSize::b(needed)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::test_util::TempDir;
+
+    #[test]
+    fn full_file_systems_are_recognised_by_errno_and_by_text() {
+        assert!(is_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
+        assert!(is_full(&io::Error::from_raw_os_error(libc::EDQUOT)));
+        assert!(!is_full(&io::Error::from_raw_os_error(libc::EACCES)));
+        assert!(mentions_full(&io::Error::from_raw_os_error(libc::ENOSPC).to_string()));
+        assert!(!mentions_full("Permission denied (os error 13)"));
+    }
+
+    #[test]
+    fn the_preflight_counts_existing_checkpoints_as_room() {
+        let dir = TempDir::new("space");
+        let free = available(&dir.0).unwrap();
+        preflight(&dir.0, 2, free / 4).unwrap();
+        let err = preflight(&dir.0, 2, free / 2).unwrap_err();
+        assert_eq!(err.reason(), Some(crds::contract::FailureReason::StorageFull));
+        let text = err.to_string();
+        assert!(text.contains("3 checkpoints (keepLast 2") && text.contains("is free"), "{text}");
+        std::fs::create_dir_all(dir.0.join("step-00000004")).unwrap();
+        std::fs::write(dir.0.join("step-00000004/model.safetensors"), vec![0u8; 4096]).unwrap();
+        assert_eq!(checkpoints_bytes(&dir.0).unwrap(), 4096);
+    }
+}

@@ -1,0 +1,404 @@
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tch::Kind;
+
+use super::*;
+use crds::contract::FailureReason;
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("trainer-ckpt-{}-{n}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn state(step: u64) -> TrainState {
+    TrainState {
+        format_version: FORMAT_VERSION,
+        step,
+        tokens: step * 4096,
+        data_position: step * 8,
+        rng: serde_json::json!({"seed": 7, "words": [1, 2, 3]}),
+        config_hash: "0123456789abcdef".into(),
+        config: None,
+        history: Vec::new(),
+        world_size: 2,
+        attempt: 1,
+        preset: "tiny".into(),
+        loss: Some(3.25),
+        time: String::new(),
+        files: BTreeMap::new(),
+    }
+}
+
+/// f32 with -0.0, NaN and a subnormal, a non-contiguous f32 view, bf16 and i64;
+/// `seed` shifts the values.
+fn payload(step: u64, seed: f32) -> Result<Payload> {
+    let f32s = Tensor::f_from_slice(&[1.5f32 + seed, -0.0, f32::NAN, 1e-40, -7.25, 3.0e38])?.f_reshape([2, 3])?;
+    let transposed = Tensor::f_arange(12, (Kind::Float, Device::Cpu))?
+        .f_add_scalar(seed as f64)?
+        .f_reshape([3, 4])?
+        .f_transpose(0, 1)?;
+    let bf16 = Tensor::f_from_slice(&[0.1f32 + seed, -2.5, 65504.0, 1e-3])?.f_to_kind(Kind::BFloat16)?;
+    let i64s = Tensor::f_from_slice(&[i64::MIN, -1, 0, i64::MAX, seed as i64])?;
+    Ok(Payload {
+        model: vec![
+            ("model.embed_tokens.weight".into(), f32s),
+            ("lm_head.weight".into(), transposed),
+            ("model.norm.weight".into(), bf16),
+        ],
+        optimizer: vec![
+            ("state.0.exp_avg".into(), Tensor::f_full([4, 2], seed as f64 + 0.5, (Kind::Float, Device::Cpu))?),
+            ("state.0.step".into(), i64s),
+        ],
+        state: state(step),
+    })
+}
+
+fn raw(t: &Tensor) -> Vec<u8> {
+    let t = t.f_contiguous().unwrap();
+    let mut bytes = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+    t.f_copy_data_u8(&mut bytes, t.numel()).unwrap();
+    bytes
+}
+
+fn assert_same_tensors(expected: &[(String, Tensor)], got: &HashMap<String, Tensor>) {
+    assert_eq!(expected.len(), got.len());
+    for (name, want) in expected {
+        let have = got.get(name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(have.kind(), want.kind(), "{name}");
+        assert_eq!(have.size(), want.size(), "{name}");
+        assert_eq!(raw(have), raw(want), "{name}");
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+/// Runs `f` with WARN-level log lines captured.
+fn capture_warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink(Arc::new(Mutex::new(Vec::new())));
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
+#[test]
+fn round_trip_is_bit_exact() -> Result<()> {
+    let tmp = TempDir::new("roundtrip");
+    assert!(latest_valid(tmp.0.join("absent"))?.is_none());
+    assert!(latest_valid(&tmp.0)?.is_none());
+
+    let expected = payload(7, 0.0)?;
+    let mut ckpt = Checkpointer::new(&tmp.0, 3)?;
+    let r = ckpt.save(payload(7, 0.0)?)?;
+    let step_dir = tmp.0.join("step-00000007");
+    assert_eq!((r.step, r.tokens, r.uri.as_str()), (7, 7 * 4096, step_dir.to_str().unwrap()));
+    humantime::parse_rfc3339(r.time.as_deref().unwrap()).unwrap();
+    assert_eq!(names(&step_dir), [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE]);
+
+    let loaded = latest_valid(&tmp.0)?.expect("a checkpoint");
+    assert_eq!(loaded.dir, step_dir);
+    assert_same_tensors(&expected.model, &loaded.model);
+    assert_same_tensors(&expected.optimizer, &loaded.optimizer);
+    let mut want = expected.state.clone();
+    want.time = r.time.clone().unwrap();
+    want.files = loaded.state.files.clone();
+    assert_eq!(loaded.state, want);
+    for file in [MODEL_FILE, OPTIMIZER_FILE] {
+        assert_eq!(loaded.state.files[file], sha256_file(&step_dir.join(file)).unwrap());
+    }
+    Ok(())
+}
+
+#[test]
+fn keep_last_prunes_and_latest_follows() -> Result<()> {
+    let tmp = TempDir::new("prune");
+    let mut ckpt = Checkpointer::new(&tmp.0, 2)?;
+    for step in 1..=3 {
+        if step == 3 {
+            fs::create_dir(tmp.0.join(".tmp-step-00000009-4242")).unwrap();
+            fs::write(tmp.0.join(".tmp-step-00000009-4242").join(MODEL_FILE), b"torn").unwrap();
+        }
+        ckpt.save(payload(step, step as f32)?)?;
+        assert_eq!(fs::read_to_string(tmp.0.join(LATEST_FILE)).unwrap(), format!("step-{step:08}\n"));
+    }
+    assert_eq!(names(&tmp.0), ["latest", "step-00000002", "step-00000003"]);
+    assert_eq!(latest_valid(&tmp.0)?.unwrap().state.step, 3);
+
+    // Re-saving an older step after a resume replaces it and drops the abandoned newer one.
+    let again = payload(2, 20.0)?;
+    ckpt.save(payload(2, 20.0)?)?;
+    assert_eq!(names(&tmp.0), ["latest", "step-00000002"]);
+    let loaded = latest_valid(&tmp.0)?.unwrap();
+    assert_same_tensors(&again.model, &loaded.model);
+    Ok(())
+}
+
+#[test]
+fn damaged_checkpoints_fall_back_to_the_previous_one() -> Result<()> {
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 6] = [
+        (
+            "truncated",
+            |d| fs::File::options().write(true).open(d.join(MODEL_FILE)).unwrap().set_len(20).unwrap(),
+            "model.safetensors has 20 bytes",
+        ),
+        (
+            "flipped",
+            |d| {
+                let path = d.join(OPTIMIZER_FILE);
+                let mut bytes = fs::read(&path).unwrap();
+                *bytes.last_mut().unwrap() ^= 0x01;
+                fs::write(&path, bytes).unwrap();
+            },
+            "optimizer.safetensors has sha256",
+        ),
+        ("no-state", |d| fs::remove_file(d.join(STATE_FILE)).unwrap(), "state.json is missing"),
+        ("bad-state", |d| fs::write(d.join(STATE_FILE), b"{\"step\": 2").unwrap(), "state.json does not parse"),
+        ("no-model", |d| fs::remove_file(d.join(MODEL_FILE)).unwrap(), "model.safetensors is missing"),
+        (
+            "wrong-step",
+            |d| {
+                let path = d.join(STATE_FILE);
+                let text = fs::read_to_string(&path).unwrap().replace("\"step\": 2,", "\"step\": 5,");
+                fs::write(&path, text).unwrap();
+            },
+            "records step 5",
+        ),
+    ];
+    for (name, damage, problem) in cases {
+        let tmp = TempDir::new(name);
+        let mut ckpt = Checkpointer::new(&tmp.0, 5)?;
+        ckpt.save(payload(1, 1.0)?)?;
+        ckpt.save(payload(2, 2.0)?)?;
+        let bad = tmp.0.join("step-00000002");
+        damage(&bad);
+        let (loaded, log) = capture_warnings(|| latest_valid(&tmp.0));
+        let loaded = loaded?.unwrap_or_else(|| panic!("{name}: no fallback"));
+        assert_eq!(loaded.state.step, 1, "{name}");
+        assert_same_tensors(&payload(1, 1.0)?.model, &loaded.model);
+        assert!(log.contains(bad.to_str().unwrap()) && log.contains(problem), "{name}: {log}");
+    }
+    Ok(())
+}
+
+#[test]
+fn unfinished_write_is_ignored_with_a_warning() -> Result<()> {
+    let tmp = TempDir::new("torn-tmp");
+    Checkpointer::new(&tmp.0, 2)?.save(payload(1, 1.0)?)?;
+    let torn = tmp.0.join(".tmp-step-00000002-999");
+    fs::create_dir(&torn).unwrap();
+    fs::write(torn.join(MODEL_FILE), b"partial").unwrap();
+    let (loaded, log) = capture_warnings(|| latest_valid(&tmp.0));
+    assert_eq!(loaded?.unwrap().state.step, 1);
+    assert!(log.contains(torn.to_str().unwrap()), "{log}");
+    Ok(())
+}
+
+#[test]
+fn background_save_writes_the_same_bytes_as_sync_save() -> Result<()> {
+    let (a, b) = (TempDir::new("sync"), TempDir::new("async"));
+    let sync_ref = Checkpointer::new(&a.0, 2)?.save(payload(4, 0.5)?)?;
+    let mut ckpt = Checkpointer::new(&b.0, 2)?;
+    assert_eq!(ckpt.save_async(payload(4, 0.5)?)?, None);
+    let async_ref = ckpt.wait()?.expect("the background write's result");
+    assert_eq!(ckpt.wait()?, None);
+    assert_eq!((async_ref.step, async_ref.tokens), (sync_ref.step, sync_ref.tokens));
+    for file in [MODEL_FILE, OPTIMIZER_FILE] {
+        let sync_bytes = fs::read(a.0.join("step-00000004").join(file)).unwrap();
+        assert_eq!(sync_bytes, fs::read(b.0.join("step-00000004").join(file)).unwrap(), "{file}");
+    }
+    Ok(())
+}
+
+#[test]
+fn save_async_snapshots_before_returning() -> Result<()> {
+    let tmp = TempDir::new("snapshot");
+    let expected = payload(3, 0.0)?;
+    let mut p = payload(3, 0.0)?;
+    let mut ckpt = Checkpointer::new(&tmp.0, 2)?;
+    ckpt.save_async(Payload {
+        model: p.model.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+        optimizer: p.optimizer.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
+        state: p.state.clone(),
+    })?;
+    for (_, t) in p.model.iter_mut().chain(p.optimizer.iter_mut()) {
+        _ = t.f_zero_()?;
+    }
+    ckpt.wait()?;
+    let loaded = latest_valid(&tmp.0)?.unwrap();
+    assert_same_tensors(&expected.model, &loaded.model);
+    assert_same_tensors(&expected.optimizer, &loaded.optimizer);
+    Ok(())
+}
+
+#[test]
+fn cpu_snapshot_does_not_share_storage() -> Result<()> {
+    let mut source = Tensor::f_from_slice(&[1.0f32, 2.0, 3.0])?;
+    let copy = to_cpu(Path::new("x"), &[("w".into(), source.shallow_clone())], true)?;
+    _ = source.f_fill_(9.0)?;
+    assert_eq!(raw(&copy[0].1), raw(&Tensor::f_from_slice(&[1.0f32, 2.0, 3.0])?));
+    let dup = to_cpu(Path::new("x"), &[("w".into(), source.shallow_clone()), ("w".into(), source)], true);
+    assert!(matches!(dup, Err(Error::Checkpoint { message, .. }) if message.contains("w is given twice")));
+    Ok(())
+}
+
+#[test]
+fn background_write_errors_are_reported() -> Result<()> {
+    let tmp = TempDir::new("errors");
+    let dir = tmp.0.join("ckpt");
+    let mut ckpt = Checkpointer::new(&dir, 2)?;
+    fs::remove_dir(&dir).unwrap();
+    fs::write(&dir, b"not a directory").unwrap();
+    assert_eq!(ckpt.save_async(payload(1, 0.0)?)?, None);
+    let err = ckpt.save_async(payload(2, 0.0)?).unwrap_err();
+    assert!(err.to_string().contains(dir.to_str().unwrap()), "{err}");
+    // The failed write's error was returned once; the second payload was not written.
+    assert_eq!(ckpt.wait()?, None);
+    Ok(())
+}
+
+#[test]
+fn load_weights_from_each_path_form() -> Result<()> {
+    let tmp = TempDir::new("weights");
+    let mut ckpt = Checkpointer::new(&tmp.0, 5)?;
+    ckpt.save(payload(1, 1.0)?)?;
+    ckpt.save(payload(2, 2.0)?)?;
+    let (one, two) = (payload(1, 1.0)?, payload(2, 2.0)?);
+    let step2 = tmp.0.join("step-00000002");
+
+    assert_same_tensors(&two.model, &load_weights(&tmp.0)?);
+    assert_same_tensors(&one.model, &load_weights(tmp.0.join("step-00000001"))?);
+    assert_same_tensors(&two.model, &load_weights(step2.join(MODEL_FILE))?);
+
+    // Weights only: a damaged optimizer does not matter, a damaged model does.
+    fs::write(step2.join(OPTIMIZER_FILE), b"junk").unwrap();
+    assert_same_tensors(&two.model, &load_weights(&tmp.0)?);
+    let mut bytes = fs::read(step2.join(MODEL_FILE)).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x80;
+    fs::write(step2.join(MODEL_FILE), bytes).unwrap();
+    assert_same_tensors(&one.model, &load_weights(&tmp.0)?);
+    let err = load_weights(&step2).unwrap_err();
+    assert!(err.to_string().contains("model.safetensors has sha256"), "{err}");
+
+    let err = load_weights(tmp.0.join("nowhere")).unwrap_err();
+    assert!(matches!(&err, Error::Io { path, .. } if path.ends_with("nowhere")), "{err}");
+    let empty = TempDir::new("weights-empty");
+    assert!(matches!(load_weights(&empty.0), Err(Error::Checkpoint { .. })));
+    Ok(())
+}
+
+/// A CPU run of `nodes` ranks with learning rate `lr`.
+fn run_config(nodes: u32, lr: &str) -> RunConfig {
+    let yaml = format!(
+        "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {{name: r}}\nspec:\n  \
+         model: {{preset: nano, tokenizer: embedded}}\n  tokens: 1M\n  \
+         data: {{mix: [{{name: t, weight: 1, uri: \"embedded:textbook\"}}]}}\n  \
+         topology: {{nodes: {nodes}, gpusPerNode: 0}}\n  batch: {{globalTokens: 1024, microBatch: 2, seqLength: 64}}\n  \
+         optimizer: {{lr: {lr}}}\n"
+    );
+    crds::resolve(&crds::manifest::from_yaml(&yaml, "test").unwrap()).unwrap()
+}
+
+#[test]
+fn check_resumable_names_each_mismatch() {
+    let s = state(10);
+    let two = run_config(2, "3e-4");
+    check_resumable(&s, &two, "0123456789abcdef").unwrap();
+    let err = check_resumable(&s, &two, "fedcba9876543210").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("0123456789abcdef") && text.contains("fedcba9876543210") && text.contains("step 10"),
+        "{text}"
+    );
+    assert_eq!(err.reason(), Some(FailureReason::InvalidConfig));
+    // Pretraining resumes on any world size with the same global batch.
+    check_resumable(&s, &run_config(4, "3e-4"), "0123456789abcdef").unwrap();
+    check_resumable(&s, &run_config(1, "3e-4"), "0123456789abcdef").unwrap();
+    // GRPO draws its rollouts per rank.
+    let grpo_yaml = include_str!("../../../examples/tiny-grpo-local.yaml");
+    let mut grpo = crds::resolve(&crds::manifest::from_yaml(grpo_yaml, "tiny-grpo-local").unwrap()).unwrap();
+    grpo.topology.world_size = 2;
+    check_resumable(&s, &grpo, "0123456789abcdef").unwrap();
+    grpo.topology.world_size = 1;
+    let text = check_resumable(&s, &grpo, "0123456789abcdef").unwrap_err().to_string();
+    assert!(text.contains("world size 2") && text.contains("has 1") && text.contains("GRPO"), "{text}");
+    let both = check_resumable(&s, &grpo, "x").unwrap_err().to_string();
+    assert!(both.contains("config") && both.contains("world size"), "{both}");
+}
+
+/// A checkpoint that carries its run's config names each changed field, not hashes.
+#[test]
+fn a_refused_resume_names_the_fields_that_changed() {
+    let old = run_config(2, "3e-4");
+    let s = TrainState { config_hash: old.fingerprint(), config: Some(old.record_view()), ..state(10) };
+    check_resumable(&s, &old, &old.fingerprint()).unwrap();
+    // Written by a trainer whose hash covered more (say, the world size): the stored
+    // config, compared under today's rules, is the same run.
+    let stricter = TrainState { config_hash: "0000000000000000".into(), ..s.clone() };
+    check_resumable(&stricter, &run_config(4, "3e-4"), &old.fingerprint()).unwrap();
+    // A changed embedded corpus still refuses.
+    let corpus = TrainState { config_hash: format!("{}-corpus1", old.fingerprint()), ..s.clone() };
+    let text = check_resumable(&corpus, &old, &format!("{}-corpus2", old.fingerprint())).unwrap_err().to_string();
+    assert!(text.contains("-corpus1") && text.contains("-corpus2"), "{text}");
+    let new = run_config(2, "1e-3");
+    let text = check_resumable(&s, &new, &new.fingerprint()).unwrap_err().to_string();
+    assert!(text.contains("schedule.lr: 0.0003 → 0.001"), "{text}");
+    assert!(text.contains("step 10") && !text.contains(&old.fingerprint()), "{text}");
+    // The budget may change (the trainer continues the schedule, see
+    // `RunConfig::continue_from`).
+    let mut bigger = old.clone();
+    bigger.schedule.total_steps += 100;
+    bigger.schedule.total_tokens += 100 * bigger.batch.tokens_per_step;
+    bigger.schedule.budget_tokens = bigger.schedule.total_tokens;
+    check_resumable(&s, &bigger, &bigger.fingerprint()).unwrap();
+    // state.json round-trips the config and its history.
+    let s = TrainState {
+        history: vec![ConfigChange {
+            step: 10,
+            tokens: 40960,
+            attempt: 2,
+            time: "2026-11-24T06:00:00Z".into(),
+            changes: vec!["topology.worldSize: 2 → 1".into()],
+        }],
+        ..s
+    };
+    let back: TrainState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
