@@ -215,11 +215,14 @@ pub enum RunReason {
     /// A change the run cannot take (Accepted=False); the running attempt goes on as
     /// it was.
     ChangeRefused,
+    /// The current attempt's Job was deleted before it finished (by hand or by a TTL):
+    /// a counted restart.
+    JobDeleted,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 31] = [
+    pub const OPERATOR: [RunReason; 32] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -251,6 +254,7 @@ impl RunReason {
         RunReason::Resized,
         RunReason::Reconfigured,
         RunReason::ChangeRefused,
+        RunReason::JobDeleted,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -292,6 +296,7 @@ impl RunReason {
             RunReason::Resized => "Resized",
             RunReason::Reconfigured => "Reconfigured",
             RunReason::ChangeRefused => "ChangeRefused",
+            RunReason::JobDeleted => "JobDeleted",
         }
     }
 

@@ -214,6 +214,10 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     for stale in &d.delete_jobs {
         apply::delete(&jobs, &ns, stale).await?;
     }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for orphan in &d.delete_pods {
+        apply::delete(&pods, &ns, orphan).await?;
+    }
     let queued = run.spec.queue_name.is_some();
     if let Some(suspend) = d.suspend_job {
         let current = resources::job_name(&name, d.status.attempt);

@@ -40,6 +40,11 @@ pub struct TrainingRunStatus {
     /// Name of the current attempt's Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
+    /// The attempt whose Job the operator has seen. A Job of the current attempt that
+    /// is gone before it finished was deleted (by hand, or by a TTL), which counts as a
+    /// restart: deleting Jobs never resets the restart budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_job_attempt: Option<u32>,
     /// When the first attempt started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

@@ -37,6 +37,9 @@ pub struct Decision {
     pub create_job: bool,
     /// Jobs of earlier attempts (or the failed current one) to delete with their pods.
     pub delete_jobs: Vec<String>,
+    /// Pods no live Job owns (their Job was deleted with orphan propagation): they
+    /// would hold their hostnames and GPUs forever.
+    pub delete_pods: Vec<String>,
     /// Set `spec.suspend` of the current Job.
     pub suspend_job: Option<bool>,
     pub notes: Vec<Note>,
@@ -147,11 +150,22 @@ pub fn decide(
 
     let current_name = job_name(&name, attempt);
     let current = obs.jobs.iter().find(|j| j.name_any() == current_name);
+    if current.is_some() {
+        new.seen_job_attempt = Some(attempt);
+    }
     d.delete_jobs = obs
         .jobs
         .iter()
         .filter(|j| j.name_any() != current_name && j.metadata.deletion_timestamp.is_none())
         .map(|j| j.name_any())
+        .collect();
+    let job_uids: Vec<&str> = obs.jobs.iter().filter_map(|j| j.metadata.uid.as_deref()).collect();
+    d.delete_pods = obs
+        .pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| !p.owner_references().iter().any(|o| o.kind == "Job" && job_uids.contains(&o.uid.as_str())))
+        .map(|p| p.name_any())
         .collect();
     let stale_pods = obs.pods.iter().filter(|p| attempt_of(*p) != Some(attempt)).count();
     let pods: Vec<Pod> = obs.pods.iter().filter(|p| attempt_of(*p) == Some(attempt)).cloned().collect();
@@ -173,6 +187,12 @@ pub fn decide(
     }
 
     let outcome = match current {
+        None if old.seen_job_attempt == Some(attempt) => {
+            let message = format!(
+                "Job {current_name} was deleted before it finished (by hand, or by spec.ttlSecondsAfterFinished)"
+            );
+            restart(&mut new, &mut d, cfg, &current_name, RunReason::JobDeleted.as_str(), &message, true, now)
+        }
         None if current_name_blocked(obs, &current_name, stale_pods) => Outcome::new(
             RunPhase::Restarting,
             old.reason.as_deref().unwrap_or(RunReason::Restarting.as_str()),
