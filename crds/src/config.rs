@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::presets::{ModelConfig, ParamCounts};
 use crate::types::{
-    Attention, DecayShape, GrpoTask, LossType, OnStall, Parallelism, Phase, Precision, ScaleRewards, Schedule,
+    Attention, DecayShape, GrpoTask, LossType, OnOutOfMemory, OnStall, Parallelism, Phase, Precision, ScaleRewards,
+    Schedule,
 };
 
 /// Bumped when the RunConfig layout changes incompatibly.
@@ -267,6 +268,8 @@ pub struct ResolvedFailure {
     pub max_restarts: u32,
     pub stall_timeout_seconds: u64,
     pub on_stall: OnStall,
+    #[serde(default)]
+    pub on_out_of_memory: OnOutOfMemory,
 }
 
 impl RunConfig {
@@ -291,7 +294,12 @@ impl RunConfig {
     pub fn resume_view(&self) -> RunConfig {
         let mut c = self.clone();
         c.attempt = 0;
-        c.failure = ResolvedFailure { max_restarts: 0, stall_timeout_seconds: 0, on_stall: OnStall::Report };
+        c.failure = ResolvedFailure {
+            max_restarts: 0,
+            stall_timeout_seconds: 0,
+            on_stall: OnStall::Report,
+            on_out_of_memory: OnOutOfMemory::Fail,
+        };
         // How ranks talk does not change what they train, nor how many there are: every
         // step trains the same global samples, split over the ranks there are
         // (pretraining; GRPO's check refuses a change, see the trainer's resume).
@@ -357,6 +365,27 @@ impl RunConfig {
     /// schedule's.
     pub fn data_size(&self) -> DataSize {
         self.data_sized_for.unwrap_or(DataSize { tokens: self.schedule.total_tokens, steps: self.schedule.total_steps })
+    }
+
+    /// This run at micro-batch `micro`, the accumulation re-derived so that the global
+    /// batch stays; fails, naming the numbers, when `micro` does not divide each rank's
+    /// sequences.
+    pub fn with_micro_batch(&self, micro: u32) -> Result<RunConfig, String> {
+        let per_rank = self.batch.global_sequences / u64::from(self.topology.world_size.max(1));
+        if micro == 0 || !per_rank.is_multiple_of(u64::from(micro)) {
+            return Err(format!("micro-batch {micro} does not divide the {per_rank} sequences of each rank's step"));
+        }
+        let mut c = self.clone();
+        c.batch.micro_batch = micro;
+        c.batch.grad_accum = (per_rank / u64::from(micro)) as u32;
+        Ok(c)
+    }
+
+    /// The micro-batch to try after running out of memory: the largest that divides
+    /// each rank's sequences and is at most half the current one; `None` at 1.
+    pub fn reduced_micro_batch(&self) -> Option<u32> {
+        let per_rank = self.batch.global_sequences / u64::from(self.topology.world_size.max(1));
+        (1..=self.batch.micro_batch / 2).rev().find(|m| per_rank.is_multiple_of(u64::from(*m)))
     }
 
     /// How many leading blocks backward recomputes: 0 without gradient checkpointing.

@@ -218,11 +218,14 @@ pub enum RunReason {
     /// The current attempt's Job was deleted before it finished (by hand or by a TTL):
     /// a counted restart.
     JobDeleted,
+    /// A trainer ran out of GPU memory and `failurePolicy.onOutOfMemory:
+    /// reduceMicroBatch` restarts the gang at a smaller micro-batch (not counted).
+    MicroBatchReduced,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 32] = [
+    pub const OPERATOR: [RunReason; 33] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -255,6 +258,7 @@ impl RunReason {
         RunReason::Reconfigured,
         RunReason::ChangeRefused,
         RunReason::JobDeleted,
+        RunReason::MicroBatchReduced,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -297,6 +301,7 @@ impl RunReason {
             RunReason::Reconfigured => "Reconfigured",
             RunReason::ChangeRefused => "ChangeRefused",
             RunReason::JobDeleted => "JobDeleted",
+            RunReason::MicroBatchReduced => "MicroBatchReduced",
         }
     }
 

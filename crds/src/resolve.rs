@@ -807,6 +807,7 @@ fn resolve_failure(e: &mut Errors, f: &FailurePolicy) -> Option<ResolvedFailure>
             max_restarts: f.max_restarts,
             stall_timeout_seconds: d.as_secs(),
             on_stall: f.on_stall,
+            on_out_of_memory: f.on_out_of_memory,
         }),
         Ok(_) => {
             e.add("spec.failurePolicy.stallTimeout", format!("{:?} is shorter than 1m", f.stall_timeout));

@@ -191,6 +191,65 @@ async fn cuda_oom_and_host_oom_are_out_of_memory() {
     assert_eq!(h.status("host").attempt, 1);
 }
 
+/// `onOutOfMemory: reduceMicroBatch`: each CUDA OOM restarts the gang (not counted) at
+/// half the micro-batch, recorded in status and reaching the trainer through the
+/// ConfigMap, until at 1 the next one fails the run; a host OOMKilled still fails it.
+#[tokio::test]
+async fn reduce_micro_batch_on_out_of_memory_until_it_is_one() {
+    let h = Harness::new();
+    let spec = SPEC.replace("stallTimeout: 10m}", "stallTimeout: 10m, onOutOfMemory: reduceMicroBatch}");
+    assert_ne!(spec, SPEC);
+    h.apply("llm", &spec);
+    h.settle("llm").await;
+    let oom = |step| {
+        TerminationMessage {
+            reason: FailureReason::OutOfMemory,
+            step: Some(step),
+            detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
+        }
+        .to_json()
+    };
+    let config = |h: &Harness| -> crds::RunConfig {
+        let cm = h.fake.get("v1", "ConfigMap", Some(NS), "llm-config").unwrap();
+        serde_json::from_str(cm["data"]["run.json"].as_str().unwrap()).unwrap()
+    };
+    // 32 sequences a step over 2 ranks: micro-batch 2 × accumulation 8 per rank.
+    assert_eq!((config(&h).batch.micro_batch, config(&h).batch.grad_accum), (2, 8));
+    h.start_pods("llm-a1", "Running");
+    h.settle("llm").await;
+    h.pod_exits("llm-a1-0-abcde", FailureReason::OutOfMemory.exit_code(), "Error", &oom(12));
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
+        (Some(RunPhase::Restarting), Some("MicroBatchReduced"), 2, 0)
+    );
+    assert_eq!(s.effective.and_then(|e| e.micro_batch), Some(1));
+    let message = h.condition("llm", "Restarting").2;
+    assert!(message.contains("with micro-batch 1 (was 2; accumulation 8 → 16"), "{message}");
+    assert!(h.has_event("Warning", "MicroBatchReduced"));
+    let cfg = config(&h);
+    assert_eq!((cfg.attempt, cfg.batch.micro_batch, cfg.batch.grad_accum, cfg.batch.global_sequences), (2, 1, 16, 32));
+    assert_eq!(h.condition("llm", "Accepted").0, "True", "the spec did not change");
+    // At micro-batch 1 the next OOM fails the run.
+    h.start_pods("llm-a2", "Running");
+    h.settle("llm").await;
+    h.pod_exits("llm-a2-1-abcde", FailureReason::OutOfMemory.exit_code(), "Error", &oom(20));
+    h.settle("llm").await;
+    let s = h.status("llm");
+    assert_eq!((s.phase, s.reason.as_deref(), s.attempt), (Some(RunPhase::Failed), Some("OutOfMemory"), 2));
+    assert!(h.condition("llm", "Failed").2.contains("nothing is left to reduce"));
+
+    // A host OOMKilled is not the trainer's: it fails the run.
+    h.apply("host", &spec);
+    h.settle("host").await;
+    h.start_pods("host-a1", "Running");
+    h.settle("host").await;
+    h.pod_exits("host-a1-1-abcde", 137, "OOMKilled", "");
+    h.settle("host").await;
+    assert_eq!((h.status("host").phase, h.status("host").attempt), (Some(RunPhase::Failed), 1));
+}
+
 #[tokio::test]
 async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
     let h = Harness::new();

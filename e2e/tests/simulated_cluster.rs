@@ -360,7 +360,8 @@ const MINUTES: fn(u64) -> Duration = |m| Duration::from_secs(60 * m);
 /// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
 /// restarted mid-run; then the same run with one trainer process killed, which the
 /// operator gang-restarts from the last checkpoint to the same losses; then the same
-/// run resized to one node mid-run, which continues on the same losses.
+/// run resized to one node mid-run, and the same run out of GPU memory with
+/// `onOutOfMemory: reduceMicroBatch`, which both continue on the same losses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_losses() {
     let mut sim = Sim::new("pretrain").await;
@@ -467,6 +468,24 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert_eq!(losses.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
     let worst = losses.iter().zip(&base).map(|(a, b)| (a.1 - b.1).abs() / b.1.abs()).fold(0.0, f64::max);
     assert!(worst < 1e-5, "the resized run's losses differ from the uninterrupted run's by {worst:e}");
+
+    // --- the same run out of memory at step 12 of attempt 1, with onOutOfMemory:
+    // reduceMicroBatch: attempt 2 trains on at micro-batch 2 (accumulation 4 where it
+    // was 2), on the uninterrupted run's losses.
+    let oom = format!(
+        "{SPEC}  failurePolicy: {{onOutOfMemory: reduceMicroBatch}}\n  env:\n    - {{name: TRAINER_INJECT_OOM_AT_STEP, value: \"12\"}}\n    - {{name: TRAINER_INJECT_ATTEMPT, value: \"1\"}}\n"
+    );
+    sim.apply("shrink", &oom);
+    let s = sim.wait_phase("shrink", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (2, 0));
+    assert_eq!(s.effective.and_then(|e| e.micro_batch), Some(2));
+    sim.expect_event("shrink", "Warning", "MicroBatchReduced").await;
+    let reduced = sim.events("shrink").into_iter().find(|e| e.1 == "MicroBatchReduced").unwrap();
+    assert!(reduced.2.contains("OutOfMemory at step 12") && reduced.2.contains("micro-batch 2 (was 4"), "{reduced:?}");
+    let losses = sim.step_losses("shrink");
+    assert_eq!(losses.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    let worst = losses.iter().zip(&base).map(|(a, b)| (a.1 - b.1).abs() / b.1.abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-5, "the run at the reduced micro-batch differs from the uninterrupted one by {worst:e}");
 }
 
 /// NaN loss, a host OOM and a full checkpoint claim end their runs at once with their

@@ -19,6 +19,9 @@ pub enum Verdict {
     Succeeded { report: Option<Box<TrainerStatus>> },
     /// The run cannot succeed by retrying.
     Failed { reason: String, message: String },
+    /// A trainer ran out of GPU memory (exit 87): fatal, unless the failure policy
+    /// reduces the micro-batch.
+    DeviceOutOfMemory { message: String },
     /// Restart the gang from the last checkpoint; `counts` toward maxRestarts.
     Restart { reason: String, message: String, counts: bool },
     /// Every node's pod is running.
@@ -38,6 +41,8 @@ enum Kind {
 #[derive(Clone, Debug)]
 struct PodFailure {
     kind: Kind,
+    /// Exit 87: the trainer's own out-of-memory (not a host OOMKilled).
+    device_oom: bool,
     reason: String,
     message: String,
     at: Option<Timestamp>,
@@ -107,6 +112,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let why = c.reason.clone().unwrap_or_else(|| "Disrupted".into());
         let detail = c.message.as_deref().map_or(String::new(), |m| format!(": {m}"));
         return Some(PodFailure {
+            device_oom: false,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was disrupted ({why}{detail})"),
@@ -117,6 +123,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     if phase(pod) == "Failed" && status.and_then(|s| s.reason.as_deref()) == Some("Evicted") {
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_default();
         return Some(PodFailure {
+            device_oom: false,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was evicted: {detail}"),
@@ -129,6 +136,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let deleted = pod.metadata.deletion_timestamp.as_ref()?.0;
         let overdue = now > deleted && seconds_between(deleted, now) > settings.lost_node_timeout.as_secs();
         return (overdue && phase(pod) != "Succeeded").then(|| PodFailure {
+            device_oom: false,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} is stuck terminating; its node is lost"),
@@ -138,6 +146,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     let Some(t) = term else {
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_else(|| "no container status".into());
         return Some(PodFailure {
+            device_oom: false,
             kind: Kind::Retriable,
             reason: RunReason::PodFailed.into(),
             message: format!("pod {name}{rank} failed: {detail}"),
@@ -148,6 +157,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     if t.reason.as_deref() == Some("OOMKilled") {
         let limit = cfg_memory_limit(pod).map_or("no memory limit".into(), |l| format!("memory limit {l}"));
         return Some(PodFailure {
+            device_oom: false,
             kind: Kind::Fatal,
             reason: FailureReason::OutOfMemory.as_str().into(),
             message: format!(
@@ -167,7 +177,8 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let at_step = step.map_or(String::new(), |s| format!(" at step {s}"));
         let message = format!("{}{at_step} on pod {name}{rank}: {detail}; {}", reason.as_str(), hint(reason, cfg));
         let kind = if reason.retriable() { Kind::Retriable } else { Kind::Fatal };
-        return Some(PodFailure { kind, reason: reason.as_str().into(), message, at });
+        let device_oom = reason == FailureReason::OutOfMemory;
+        return Some(PodFailure { kind, device_oom, reason: reason.as_str().into(), message, at });
     }
     let signal = match t.exit_code {
         134 => " (SIGABRT)",
@@ -177,6 +188,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         _ => "",
     };
     Some(PodFailure {
+        device_oom: false,
         kind: Kind::Retriable,
         reason: RunReason::PodFailed.into(),
         message: format!("pod {name}{rank} exited with code {}{signal}: {}", t.exit_code, last_line(&text)),
@@ -245,6 +257,9 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
     failures.sort_by_key(|f| f.at.unwrap_or(Timestamp::MAX));
     let first = |kind: Kind| failures.iter().find(|f| f.kind == kind);
     if let Some(f) = first(Kind::Fatal) {
+        if f.device_oom {
+            return Verdict::DeviceOutOfMemory { message: f.message.clone() };
+        }
         return Verdict::Failed { reason: f.reason.clone(), message: f.message.clone() };
     }
     if let Some(f) = first(Kind::Disruption) {
@@ -259,6 +274,9 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         let message = c.message.clone().unwrap_or_default();
         if let Some(reason) = exit_code_in(&message).and_then(FailureReason::from_exit_code).filter(|r| !r.retriable())
         {
+            if reason == FailureReason::OutOfMemory {
+                return Verdict::DeviceOutOfMemory { message: format!("{message}; {}", hint(reason, cfg)) };
+            }
             return Verdict::Failed {
                 reason: reason.as_str().into(),
                 message: format!("{message}; {}", hint(reason, cfg)),
@@ -389,17 +407,16 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn cuda_oom_and_host_oom_both_fail_with_different_hints() {
+    fn cuda_oom_and_host_oom_are_told_apart_with_different_hints() {
         let cuda = crds::contract::TerminationMessage {
             reason: FailureReason::OutOfMemory,
             step: Some(3),
             detail: "CUDA out of memory".into(),
         };
-        let Verdict::Failed { reason, message } = verdict(&job(json!([])), &[exited(0, 87, "Error", &cuda.to_json())])
-        else {
-            panic!()
-        };
-        assert_eq!(reason, "OutOfMemory");
+        // The trainer's own OOM, which the failure policy may answer with a smaller
+        // micro-batch; a host OOMKilled always fails.
+        let v = verdict(&job(json!([])), &[exited(0, 87, "Error", &cuda.to_json())]);
+        let Verdict::DeviceOutOfMemory { message } = v else { panic!("{v:?}") };
         assert!(
             message.contains("spec.batch.microBatch (now 8)") && message.contains("gradientCheckpointing"),
             "{message}"

@@ -1,5 +1,6 @@
 //! Step 1 of the pipeline, pure: the spec resolved through the API crate, exactly
-//! as `trainer run` resolves it, with the current attempt filled in.
+//! as `trainer run` resolves it, with the current attempt filled in and the settings a
+//! failure policy changed (`status.effective`) applied.
 
 use crds::{InvalidSpec, RunConfig, TrainingRun};
 use kube::ResourceExt;
@@ -15,6 +16,14 @@ pub fn validate(run: &TrainingRun, attempt: u32) -> Result<RunConfig, InvalidSpe
     }
     let mut cfg = crds::resolve(run)?;
     cfg.attempt = attempt.max(1);
+    let effective = run.status.as_ref().and_then(|s| s.effective.as_ref()).and_then(|e| e.micro_batch);
+    if let Some(micro) = effective.filter(|m| *m < cfg.batch.micro_batch) {
+        // A spec whose new global batch or topology the reduced micro-batch does not
+        // divide starts again from the spec's.
+        if let Ok(reduced) = cfg.with_micro_batch(micro) {
+            cfg = reduced;
+        }
+    }
     Ok(cfg)
 }
 
@@ -28,6 +37,23 @@ mod tests {
         let cfg = validate(&run(GPU_SPEC), 4).unwrap();
         assert_eq!((cfg.attempt, cfg.topology.world_size, cfg.name.as_str()), (4, 8, "llm"));
         assert_eq!(validate(&run(GPU_SPEC), 0).unwrap().attempt, 1);
+    }
+
+    /// A micro-batch the out-of-memory policy reduced applies, unless the spec's is smaller.
+    #[test]
+    fn the_effective_micro_batch_applies() {
+        let mut r = run(GPU_SPEC);
+        let spec = validate(&r, 1).unwrap();
+        assert_eq!((spec.batch.micro_batch, spec.batch.grad_accum), (8, 4));
+        r.status = Some(crds::TrainingRunStatus {
+            effective: Some(crds::types::EffectiveSettings { micro_batch: Some(2) }),
+            ..Default::default()
+        });
+        let cfg = validate(&r, 2).unwrap();
+        assert_eq!((cfg.batch.micro_batch, cfg.batch.grad_accum, cfg.batch.global_sequences), (2, 16, 256));
+        let mut smaller = run(&GPU_SPEC.replace("microBatch: 8", "microBatch: 1"));
+        smaller.status = r.status.clone();
+        assert_eq!(validate(&smaller, 2).unwrap().batch.micro_batch, 1);
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct TrainingRunStatus {
     /// When the run succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// Settings a failure policy changed from the spec's; the run's attempts use them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<EffectiveSettings>,
     /// Topology for display, nodes x GPUs per node, e.g. "4x2".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
@@ -177,4 +180,14 @@ pub struct CheckpointRef {
     /// When it was completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<String>,
+}
+
+/// Settings a failure policy changed from the spec's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveSettings {
+    /// The micro-batch in use after `failurePolicy.onOutOfMemory: reduceMicroBatch`
+    /// halved it (a smaller spec.batch.microBatch wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
 }

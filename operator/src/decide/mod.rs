@@ -4,8 +4,9 @@
 //! asks for nothing new.
 
 use crds::config::ResolvedInit;
+use crds::contract::FailureReason;
 use crds::contract::RunReason;
-use crds::types::{OnStall, RunPhase, TrainingRunStatus};
+use crds::types::{OnOutOfMemory, OnStall, RunPhase, TrainingRunStatus};
 use crds::{InvalidSpec, RunConfig, TrainingRun};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -301,6 +302,9 @@ pub fn decide(
                         new.completion_time = Some(Time(now));
                         Outcome::new(RunPhase::Failed, &reason, message)
                     }
+                    Verdict::DeviceOutOfMemory { message } => {
+                        out_of_memory(&mut new, &mut d, cfg, &current_name, &message, now)
+                    }
                     Verdict::Restart { reason, message, counts } => {
                         restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now)
                     }
@@ -409,6 +413,44 @@ fn restart(
             new.attempt
         ),
     )
+}
+
+/// A trainer ran out of GPU memory: with `onOutOfMemory: reduceMicroBatch` and a
+/// micro-batch left to reduce, a restart (not counted) at the reduced one, recorded in
+/// `status.effective`; otherwise the run fails.
+fn out_of_memory(
+    new: &mut TrainingRunStatus,
+    d: &mut Decision,
+    cfg: &RunConfig,
+    job: &str,
+    message: &str,
+    now: Timestamp,
+) -> Outcome {
+    let reduce = cfg.failure.on_out_of_memory == OnOutOfMemory::ReduceMicroBatch && cfg.grpo.is_none();
+    let reduced = cfg.reduced_micro_batch().and_then(|m| cfg.with_micro_batch(m).ok());
+    match reduced.filter(|_| reduce) {
+        Some(smaller) => {
+            let (was, now_micro) = (cfg.batch.micro_batch, smaller.batch.micro_batch);
+            new.effective.get_or_insert_default().micro_batch = Some(now_micro);
+            new.attempt += 1;
+            d.delete_jobs.push(job.to_string());
+            Outcome::new(
+                RunPhase::Restarting,
+                RunReason::MicroBatchReduced,
+                format!(
+                    "{message}; restarting the gang from the last checkpoint as attempt {} with micro-batch {now_micro} \
+                     (was {was}; accumulation {} → {}, the global batch unchanged), not counted toward maxRestarts \
+                     (failurePolicy.onOutOfMemory: reduceMicroBatch)",
+                    new.attempt, cfg.batch.grad_accum, smaller.batch.grad_accum
+                ),
+            )
+        }
+        None => {
+            new.completion_time = Some(Time(now));
+            let spent = if reduce { "; the micro-batch is 1, nothing is left to reduce" } else { "" };
+            Outcome::new(RunPhase::Failed, FailureReason::OutOfMemory.as_str(), format!("{message}{spent}"))
+        }
+    }
 }
 
 fn main_message(s: &TrainingRunStatus) -> String {

@@ -17,6 +17,8 @@ pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
 pub const INJECT_DISK_FULL_ENV: &str = "TRAINER_INJECT_DISK_FULL_AT_STEP";
 /// The injections above apply only to this global rank (default: all).
 pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
+/// The injections above apply only to this gang attempt (default: all).
+pub const INJECT_ATTEMPT_ENV: &str = "TRAINER_INJECT_ATTEMPT";
 
 /// The optimizer steps at which this rank injects each fault.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,8 +30,12 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// The faults the environment asks of `rank`.
-    pub fn from_env(rank: u32) -> Faults {
+    /// The faults the environment asks of `rank` in gang attempt `attempt`.
+    pub fn from_env(rank: u32, attempt: u32) -> Faults {
+        let for_attempt = std::env::var(INJECT_ATTEMPT_ENV).ok().and_then(|a| a.parse::<u32>().ok());
+        if for_attempt.is_some_and(|a| a != attempt) {
+            return Faults::default();
+        }
         Faults {
             nan: injected(INJECT_NAN_ENV, rank),
             oom: injected(INJECT_OOM_ENV, rank),

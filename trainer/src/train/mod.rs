@@ -273,7 +273,7 @@ impl Trainer {
             data_position: 0,
             resumed_from: None,
             history: Vec::new(),
-            faults: Faults::from_env(p.rank),
+            faults: Faults::from_env(p.rank, cfg.attempt),
             ddp: None,
             fsdp: None,
             stop: Arc::new(AtomicBool::new(false)),
