@@ -260,6 +260,13 @@ pub struct ResolvedGrpo {
     /// Held-out questions; `None`: the dataset's own validation split.
     pub eval_dataset: Option<Location>,
     pub eval_questions: u32,
+    /// Steps in a row without learning signal before `NoLearningSignal`.
+    #[serde(default = "default_no_signal_steps")]
+    pub no_signal_steps: u32,
+}
+
+fn default_no_signal_steps() -> u32 {
+    20
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

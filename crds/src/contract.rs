@@ -144,6 +144,10 @@ impl FailureReason {
     }
 }
 
+/// A GRPO step has no learning signal when at least this fraction of its prompt
+/// groups got equal rewards for every completion.
+pub const NO_SIGNAL_FRACTION: f64 = 0.9;
+
 /// Why a run is where it is: `status.reason` and the reason of each of its conditions,
 /// hence the `reason` label of `trainingrun_condition`. Alerts, dashboards and health
 /// checks match on these names, so every reason the operator writes is one of them.
@@ -221,11 +225,16 @@ pub enum RunReason {
     /// A trainer ran out of GPU memory and `failurePolicy.onOutOfMemory:
     /// reduceMicroBatch` restarts the gang at a smaller micro-batch (not counted).
     MicroBatchReduced,
+    /// NoLearningSignal=True: GRPO's prompt groups have had equal rewards for
+    /// `grpo.noSignalSteps` steps in a row.
+    NoLearningSignal,
+    /// NoLearningSignal=False: the rewards vary within groups.
+    LearningSignal,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 33] = [
+    pub const OPERATOR: [RunReason; 35] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -259,6 +268,8 @@ impl RunReason {
         RunReason::ChangeRefused,
         RunReason::JobDeleted,
         RunReason::MicroBatchReduced,
+        RunReason::NoLearningSignal,
+        RunReason::LearningSignal,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -302,6 +313,8 @@ impl RunReason {
             RunReason::ChangeRefused => "ChangeRefused",
             RunReason::JobDeleted => "JobDeleted",
             RunReason::MicroBatchReduced => "MicroBatchReduced",
+            RunReason::NoLearningSignal => "NoLearningSignal",
+            RunReason::LearningSignal => "LearningSignal",
         }
     }
 

@@ -798,6 +798,7 @@ fn resolve_grpo(
         mask_truncated_completions: g.mask_truncated_completions,
         eval_dataset: eval_dataset.flatten(),
         eval_questions: g.eval_questions,
+        no_signal_steps: g.no_signal_steps,
     })
 }
 

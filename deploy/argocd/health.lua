@@ -64,6 +64,13 @@ if accepted ~= nil and accepted.status == "False" and accepted.reason == "Change
   hs.message = accepted.message
   return hs
 end
+-- GRPO steps that teach nothing: the GPUs are busy and the policy does not move.
+local silent = condition(status, "NoLearningSignal")
+if phase == "Running" and silent ~= nil and silent.status == "True" then
+  hs.status = "Degraded"
+  hs.message = silent.message
+  return hs
+end
 local stalled = condition(status, "Stalled")
 if phase == "Running" and stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"

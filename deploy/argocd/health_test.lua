@@ -120,6 +120,20 @@ local fixtures = {
     message = "spec.batch.globalTokens",
   },
   {
+    name = "a GRPO run without learning signal",
+    obj = {
+      metadata = { generation = 1 },
+      status = {
+        observedGeneration = 1,
+        phase = "Running",
+        reason = "Training",
+        conditions = { cond("NoLearningSignal", "True", "NoLearningSignal", "for 20 steps in a row at least 90% of the prompt groups got equal rewards") },
+      },
+    },
+    status = "Degraded",
+    message = "for 20 steps in a row",
+  },
+  {
     name = "restarting at a new size",
     obj = { metadata = { generation = 2 }, status = { observedGeneration = 2, phase = "Restarting", reason = "Resized" } },
     status = "Progressing",

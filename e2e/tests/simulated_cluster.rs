@@ -655,6 +655,12 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
   checkpoint: {everySteps: 2}
 "#;
     sim.apply("tune", grpo);
+    // The same run sampling at a temperature near 0: every completion of a prompt is
+    // the same, so no group's rewards vary and the run has no learning signal.
+    let cold =
+        grpo.replace("    evalQuestions: 32", "    evalQuestions: 0\n    temperature: 1.0e-4\n    noSignalSteps: 2");
+    assert_ne!(cold, grpo);
+    sim.apply("cold", &cold);
     let s = sim.wait_phase("tune", RunPhase::Waiting, MINUTES(1)).await;
     assert_eq!(s.reason.as_deref(), Some("WaitingForInitRun"));
     let base = SPEC.replace("tokens: 40960", "tokens: 16384").replace(
@@ -665,6 +671,12 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     sim.wait_phase("base", RunPhase::Succeeded, MINUTES(10)).await;
     assert!(sim.jobs("tune").is_empty() || sim.status("tune").phase != Some(RunPhase::Waiting));
     let s = sim.wait_phase("tune", RunPhase::Succeeded, MINUTES(15)).await;
+    let cold = sim.wait_phase("cold", RunPhase::Succeeded, MINUTES(15)).await;
+    let (silent, reason, message) = sim.condition("cold", "NoLearningSignal");
+    assert_eq!((silent.as_str(), reason.as_str()), ("True", "NoLearningSignal"), "{message}");
+    assert_eq!(cold.metrics.and_then(|m| m.frac_reward_zero_std), Some(1.0));
+    sim.expect_event("cold", "Warning", "NoLearningSignal").await;
+    assert_eq!(sim.condition("tune", "NoLearningSignal").0, "False", "the rule task at its temperature learns");
     let m = s.metrics.clone().unwrap();
     let (before, after) =
         (m.initial_eval_accuracy.expect("initial accuracy"), m.eval_accuracy.expect("final accuracy"));

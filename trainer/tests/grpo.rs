@@ -187,6 +187,46 @@ fn grpo_on_two_ranks_resumes_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The learning signal. Sampling at a temperature near 0, every completion of a prompt
+/// is the same, so every group's rewards are equal (fracRewardZeroStd 1, entropy near
+/// 0) and after noSignalSteps steps in a row the run says it taught nothing. The rule
+/// task at its own temperature varies: entropy well above 0, and never that many flat
+/// steps in a row.
+#[test]
+fn a_grpo_run_whose_groups_all_agree_reports_no_learning_signal() {
+    let dir = with_base("signal");
+    let warm = grpo_yaml(1, 16, 1).replace("    evalQuestions: 16", "    evalQuestions: 0\n    noSignalSteps: 2");
+    let cold = warm.replace("    topP: 0.9", "    topP: 1.0\n    temperature: 1.0e-4");
+    assert!(warm.contains("noSignalSteps: 2") && cold.contains("temperature: 1.0e-4"));
+    for (name, yaml, silent) in [("warm", warm, false), ("cold", cold, true)] {
+        let manifest = dir.join(format!("{name}.yaml"));
+        std::fs::write(&manifest, yaml).unwrap();
+        let out = dir.join(name);
+        let stdout = ok(&run(&manifest, &out, &[], &[]));
+        let stats: Vec<_> = metrics_log::read(&out.join("metrics.jsonl"))
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Step(s) => s.grpo,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stats.len(), 6, "{name}");
+        let streak = stats.iter().map(|g| g.no_signal_steps).max().unwrap();
+        let entropy = stats.iter().map(|g| g.entropy).sum::<f64>() / stats.len() as f64;
+        if silent {
+            assert!(stats.iter().all(|g| g.frac_reward_zero_std == 1.0), "{name}: {stats:?}");
+            assert_eq!(stats.iter().map(|g| g.no_signal_steps).collect::<Vec<_>>(), (1..=6).collect::<Vec<u64>>());
+            assert!(entropy < 0.01, "{name}: entropy {entropy}");
+        } else {
+            assert!(streak < 2, "{name}: {stats:?}");
+            assert!(entropy > 0.1, "{name}: entropy {entropy}");
+        }
+        assert_eq!(stdout.contains("no learning signal: for the last 6 steps"), silent, "{name}: {stdout}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The loss is normalized over the rank's whole step, so micro-batches of 4 give the
 /// gradient of micro-batches of 16.
 #[test]

@@ -80,8 +80,17 @@ pub struct GrpoSpec {
     /// Questions the evaluation scores (at most the held-out set's size); 0 skips it.
     #[serde(default = "default_eval_questions")]
     pub eval_questions: u32,
+    /// Steps in a row in which at least 90% of the prompt groups got equal rewards for
+    /// every completion (so no advantage, no gradient from them) before the run is
+    /// flagged `NoLearningSignal`: the questions are too easy or too hard for the
+    /// policy, or the sampling too cold to vary.
+    #[serde(default = "default_no_signal_steps")]
+    pub no_signal_steps: u32,
 }
 
+fn default_no_signal_steps() -> u32 {
+    20
+}
 fn default_iterations() -> u32 {
     1
 }
@@ -136,6 +145,7 @@ impl GrpoSpec {
             mask_truncated_completions: false,
             eval_dataset: None,
             eval_questions: default_eval_questions(),
+            no_signal_steps: default_no_signal_steps(),
         }
     }
 }

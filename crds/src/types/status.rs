@@ -140,6 +140,17 @@ pub struct RunMetrics {
     /// GRPO: mean completion length in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_length: Option<f64>,
+    /// GRPO: fraction of the last step's prompt groups whose completions all got the
+    /// same reward: they have no advantage and teach nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frac_reward_zero_std: Option<f64>,
+    /// GRPO: mean entropy (nats) of the policy over the completion tokens of the last
+    /// generated batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f64>,
+    /// GRPO: steps in a row, up to the last, in which fracRewardZeroStd was at least 0.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_signal_steps: Option<u64>,
     /// GRPO: tokens generated per second while sampling, all ranks together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_tokens_per_second: Option<u64>,

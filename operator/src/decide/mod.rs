@@ -453,6 +453,34 @@ fn out_of_memory(
     }
 }
 
+/// GRPO's NoLearningSignal condition: True once `no_signal_steps` steps in a row had
+/// at least 90% of their prompt groups with equal rewards.
+fn learning_signal(new: &TrainingRunStatus, no_signal_steps: u32) -> Cond {
+    let m = new.metrics.as_ref();
+    let streak = m.and_then(|m| m.no_signal_steps).unwrap_or(0);
+    if streak < u64::from(no_signal_steps.max(1)) {
+        return Cond {
+            type_: "NoLearningSignal",
+            status: false,
+            reason: RunReason::LearningSignal.into(),
+            message: String::new(),
+        };
+    }
+    let frac = m.and_then(|m| m.frac_reward_zero_std).unwrap_or(1.0);
+    Cond {
+        type_: "NoLearningSignal",
+        status: true,
+        reason: RunReason::NoLearningSignal.into(),
+        message: format!(
+            "for {streak} steps in a row at least {:.0}% of the prompt groups got equal rewards for every completion \
+             (now {:.0}%), so they give no gradient: the questions are too easy or too hard for the policy, or \
+             sampling is too cold to vary (raise spec.grpo.temperature or generationsPerPrompt, or change the dataset)",
+            100.0 * crds::contract::NO_SIGNAL_FRACTION,
+            100.0 * frac
+        ),
+    }
+}
+
 fn main_message(s: &TrainingRunStatus) -> String {
     let main = match s.phase {
         Some(RunPhase::Succeeded) => "Succeeded",
@@ -532,7 +560,21 @@ fn finish(
             cond("Suspended", false, RunReason::NotSuspended.as_str(), "")
         },
     ];
+    let signal = run.spec.grpo.as_ref().map(|g| learning_signal(&new, g.no_signal_steps));
+    let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).collect();
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
+    let was_silent = status::condition(old, "NoLearningSignal").is_some_and(|c| c.status == "True");
+    match signal {
+        Some(c) if c.status && !was_silent => {
+            d.notes.push(Note { warning: true, reason: c.reason.clone(), message: c.message.clone() })
+        }
+        Some(c) if !c.status && was_silent => d.notes.push(Note {
+            warning: false,
+            reason: c.reason.clone(),
+            message: "the rewards vary within prompt groups again".into(),
+        }),
+        _ => {}
+    }
 
     if old.phase != new.phase || old.reason != new.reason || (old.attempt != new.attempt && old.attempt > 0) {
         let change = matches!(RunReason::parse(&o.reason), Some(RunReason::Resized | RunReason::Reconfigured));

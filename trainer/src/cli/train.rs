@@ -317,6 +317,15 @@ fn train_and_report(
             after.questions
         );
     }
+    let silent = outcome.no_signal_steps.zip(cfg.grpo.as_ref()).filter(|(n, g)| *n >= u64::from(g.no_signal_steps));
+    if let Some((n, _)) = silent {
+        println!(
+            "no learning signal: for the last {n} steps at least {:.0}% of the prompt groups got equal rewards for \
+             every completion, so those steps taught nothing; raise spec.grpo.temperature or generationsPerPrompt, \
+             or change the dataset",
+            100.0 * crds::contract::NO_SIGNAL_FRACTION
+        );
+    }
     if let Some(c) = &outcome.last_checkpoint {
         println!("checkpoint: {}", c.uri);
     }

@@ -51,6 +51,13 @@ pub fn token_logps(logits: &Tensor, targets: &Tensor, temperature: f64) -> Resul
     picked.f_sub(&scaled.f_logsumexp(&[-1i64][..], false)?)
 }
 
+/// Entropy (nats, f32) of the distribution `softmax(logits / temperature)` at each
+/// position (B, T) of `logits` (B, T, V).
+pub fn token_entropy(logits: &Tensor, temperature: f64) -> Result<Tensor, TchError> {
+    let logp = logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?.f_log_softmax(-1, Kind::Float)?;
+    logp.f_exp()?.f_mul(&logp)?.f_sum_dim_intlist(&[-1i64][..], false, Kind::Float)?.f_neg()
+}
+
 /// The loss's settings (from `spec.grpo`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossSettings {

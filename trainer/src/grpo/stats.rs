@@ -17,6 +17,13 @@ pub struct Sums {
     pub off_policy_masked: f64,
     pub sampled_tokens: f64,
     pub trained_tokens: f64,
+    /// Prompt groups, and those whose completions all got the same reward.
+    pub groups: f64,
+    pub flat_groups: f64,
+    /// The policy's entropy summed over completion tokens, and those tokens (the
+    /// generated batch's first step; later steps of it repeat the measurement).
+    pub entropy: f64,
+    pub entropy_tokens: f64,
 }
 
 /// A step's GRPO metrics, over all ranks.
@@ -33,6 +40,14 @@ pub struct GrpoStats {
     pub off_policy_masked: f64,
     pub sampling_tokens_per_second: f64,
     pub training_tokens_per_second: f64,
+    /// Prompt groups whose completions all got the same reward (no advantage, no
+    /// gradient), as a fraction of the step's groups.
+    pub frac_reward_zero_std: f64,
+    /// Mean entropy (nats) of the policy over completion tokens.
+    pub entropy: f64,
+    /// Steps in a row, up to this one, whose `frac_reward_zero_std` reached
+    /// [`crds::contract::NO_SIGNAL_FRACTION`].
+    pub no_signal_steps: u64,
 }
 
 impl GrpoStats {
@@ -50,7 +65,16 @@ impl GrpoStats {
             off_policy_masked: s.off_policy_masked,
             sampling_tokens_per_second: per(s.sampled_tokens, sampling_seconds),
             training_tokens_per_second: per(s.trained_tokens, training_seconds),
+            frac_reward_zero_std: per(s.flat_groups, s.groups),
+            entropy: per(s.entropy, s.entropy_tokens),
+            no_signal_steps: 0,
         }
+    }
+
+    /// These stats after `before` steps in a row without learning signal.
+    pub fn after(self, before: u64) -> GrpoStats {
+        let silent = self.frac_reward_zero_std >= crds::contract::NO_SIGNAL_FRACTION;
+        GrpoStats { no_signal_steps: if silent { before + 1 } else { 0 }, ..self }
     }
 }
 

@@ -207,12 +207,21 @@ impl Grpo {
         let mut clipped = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut masked = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut trained = 0.0;
+        let mut entropy = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
+        let mut entropy_tokens = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         for (i, m) in batch.micro.iter().enumerate() {
             let last = i + 1 == batch.micro.len();
             if let Some(r) = ctx.reducer {
                 r.begin_micro_step(last)?;
             }
-            let logp = packed_logps(ctx.model, &m.packed, self.g.temperature, ctx.autocast, m.support.as_ref())?;
+            let logits = crate::ffi::autocast(ctx.device, ctx.autocast, || ctx.model.logits(&m.packed.inputs))?;
+            if fresh {
+                // The policy that sampled the batch: its spread over the completion tokens.
+                let h = tch::no_grad(|| loss::token_entropy(&logits.f_detach()?, self.g.temperature))?;
+                entropy = entropy.f_add(&h.f_mul(&m.packed.mask)?.f_sum(Kind::Float)?)?;
+                entropy_tokens = entropy_tokens.f_add(&m.packed.mask.f_sum(Kind::Float)?)?;
+            }
+            let logp = support_logps(&logits, &m.packed.targets, self.g.temperature, m.support.as_ref())?;
             let parts = loss::policy_loss(
                 &logp,
                 m.old.as_ref(),
@@ -233,6 +242,12 @@ impl Grpo {
             masked = masked.f_add(&parts.off_policy_masked)?;
             trained += m.packed.inputs.numel() as f64;
         }
+        if fresh {
+            let measured = (entropy.f_double_value(&[])?, entropy_tokens.f_double_value(&[])?);
+            let b = self.batch.as_mut().expect("generated above");
+            (b.sums.entropy, b.sums.entropy_tokens) = measured;
+        }
+        let batch = self.batch.as_ref().expect("generated above");
         let mut sums = Sums {
             kl: kl.f_double_value(&[])?,
             clipped: clipped.f_double_value(&[])?,
@@ -317,6 +332,8 @@ impl Grpo {
         let [sum, sum_sq, n, tokens] = global;
         let batch_std = if n > 1.0 { ((sum_sq - sum * sum / n) / (n - 1.0)).max(0.0).sqrt() } else { 0.0 };
         let (adv, flat) = loss::advantages(&rewards, group, g.scale_rewards, batch_std);
+        sums.groups = flat.chunks(group).count() as f64;
+        sums.flat_groups = flat.chunks(group).filter(|c| c[0]).count() as f64;
         let keep: Vec<f64> = flat
             .iter()
             .zip(&truncated)

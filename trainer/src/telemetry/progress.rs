@@ -159,11 +159,13 @@ impl Progress {
             format!("loss {:.4} lr {:.2e} {}/s", report.loss, report.lr, human_count(report.tokens_per_second));
         if let Some(g) = &report.grpo {
             msg.push_str(&format!(
-                " reward {:.3} acc {:.1}% kl {:.4} len {:.1}",
+                " reward {:.3} acc {:.1}% kl {:.4} len {:.1} flat {:.0}% H {:.2}",
                 g.reward,
                 100.0 * g.accuracy,
                 g.kl,
-                g.completion_length
+                g.completion_length,
+                100.0 * g.frac_reward_zero_std,
+                g.entropy
             ));
         }
         if let Some(mfu) = report.mfu {

@@ -184,6 +184,9 @@ impl SharedStatus {
             m.kl = finite(g.kl);
             m.clip_fraction = finite(g.clip_fraction);
             m.completion_length = finite(g.completion_length);
+            m.frac_reward_zero_std = finite(g.frac_reward_zero_std);
+            m.entropy = finite(g.entropy).filter(|h| *h > 0.0).or(m.entropy);
+            m.no_signal_steps = Some(g.no_signal_steps);
             let rate = |v: f64| finite(v).filter(|v| *v > 0.0).map(|v| v.round() as u64);
             // A step that reuses its batch samples nothing: keep the last sampling rate.
             m.sampling_tokens_per_second = rate(g.sampling_tokens_per_second).or(m.sampling_tokens_per_second);
@@ -343,6 +346,21 @@ fn metrics_registry(state: &StatusState) -> Registry {
         m.clip_fraction,
     );
     gauge("trainer_grpo_completion_tokens", "GRPO: mean completion length in tokens.", m.completion_length);
+    gauge(
+        "trainer_grpo_frac_reward_zero_std",
+        "GRPO: fraction of the last step's prompt groups whose completions all got the same reward.",
+        m.frac_reward_zero_std,
+    );
+    gauge(
+        "trainer_grpo_entropy",
+        "GRPO: mean entropy (nats) of the policy over the last batch's completion tokens.",
+        m.entropy,
+    );
+    gauge(
+        "trainer_grpo_no_signal_steps",
+        "GRPO: steps in a row, up to the last, in which at least 90% of the prompt groups had equal rewards.",
+        m.no_signal_steps.map(|n| n as f64),
+    );
     gauge(
         "trainer_grpo_sampling_tokens_per_second",
         "GRPO: tokens generated per second while sampling, all ranks together.",

@@ -91,6 +91,8 @@ pub struct Outcome {
     pub accuracy: Option<(Option<McqScore>, McqScore)>,
     /// Step the run resumed from, if it did.
     pub resumed_from: Option<u64>,
+    /// GRPO: steps in a row, up to the last, without learning signal.
+    pub no_signal_steps: Option<u64>,
 }
 
 pub struct Trainer {
@@ -109,6 +111,8 @@ pub struct Trainer {
     grpo: Option<Grpo>,
     /// The last GRPO step's metrics, for its report.
     last_grpo: Option<GrpoStats>,
+    /// GRPO steps in a row, up to the last, without learning signal.
+    no_signal_steps: u64,
     loader: Option<Loader>,
     /// The epoch each training source is in (for the log line when one wraps).
     source_epochs: Vec<u64>,
@@ -265,6 +269,7 @@ impl Trainer {
             train,
             grpo: None,
             last_grpo: None,
+            no_signal_steps: 0,
             loader: None,
             val,
             tokenizer,
@@ -542,6 +547,7 @@ impl Trainer {
             unigram_entropy,
             accuracy,
             resumed_from: self.resumed_from,
+            no_signal_steps: self.grpo.as_ref().map(|_| self.no_signal_steps),
         })
     }
 

@@ -33,6 +33,13 @@ impl StepTotals {
 }
 
 impl Trainer {
+    /// `stats` with the run of steps without learning signal it extends.
+    fn signal(&mut self, stats: GrpoStats) -> GrpoStats {
+        let stats = stats.after(self.no_signal_steps);
+        self.no_signal_steps = stats.no_signal_steps;
+        stats
+    }
+
     fn batch_plan(&self) -> BatchPlan {
         BatchPlan {
             micro_batch: self.cfg.batch.micro_batch as u64,
@@ -102,7 +109,7 @@ impl Trainer {
             (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
         };
         let Some((group, _)) = &self.ddp else {
-            self.last_grpo = grpo.map(|(sums, s, t)| GrpoStats::from_sums(&sums, s, t));
+            self.last_grpo = grpo.map(|(sums, s, t)| self.signal(GrpoStats::from_sums(&sums, s, t)));
             return Ok(loss);
         };
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
@@ -122,7 +129,7 @@ impl Trainer {
             let sums = totals.f_narrow(0, StepTotals::GRPO_SUMS, StepTotals::GRPO_SUMS_LEN)?;
             let all = Vec::<f64>::try_from(sums.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             let sums: Sums = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&all));
-            self.last_grpo = Some(GrpoStats::from_sums(&sums, sampling, training));
+            self.last_grpo = Some(self.signal(GrpoStats::from_sums(&sums, sampling, training)));
         }
         Ok(totals.f_get(StepTotals::LOSS)?)
     }
