@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crds::TrainingRun;
-use crds::contract::{FailureReason, TerminationMessage, TrainerPhase, TrainerStatus};
+use crds::contract::{FailureReason, TerminationMessage};
 use crds::types::RunPhase;
 use e2e::fake_api::FakeApi;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -90,15 +90,7 @@ async fn runs_reports_progress_and_succeeds() {
     assert!(text.contains(r#"trainingrun_loss{name="llm",namespace="ml"} 2.1"#), "{text}");
     assert!(text.contains(r#"trainingrun_last_checkpoint_timestamp_seconds{name="llm",namespace="ml"}"#));
     // Every index completes.
-    let done = TrainerStatus {
-        phase: TrainerPhase::Done,
-        step: 100,
-        tokens: 819200,
-        ..h.rank0.doc.lock().unwrap().clone().unwrap()
-    };
-    h.pod_exits("llm-a1-0-abcde", 0, "Completed", &serde_json::to_string(&done).unwrap());
-    h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
-    h.job_condition("llm-a1", "Complete");
+    h.complete("llm-a1");
     h.settle("llm").await;
     let s = h.status("llm");
     assert_eq!((s.phase, s.reason.as_deref()), (Some(RunPhase::Succeeded), Some("Completed")));

@@ -4,7 +4,6 @@
 //! resumes under is refused, naming the field, and the running attempt goes on.
 
 use crds::RunConfig;
-use crds::contract::{TrainerPhase, TrainerStatus};
 use crds::types::RunPhase;
 use serde_json::json;
 
@@ -158,15 +157,7 @@ async fn growing_past_one_node_on_a_read_write_once_claim_is_refused() {
 async fn a_finished_run_given_more_tokens_trains_on_from_its_final_checkpoint() {
     let h = Harness::new();
     running(&h, "llm").await;
-    let done = TrainerStatus {
-        phase: TrainerPhase::Done,
-        step: 100,
-        tokens: 819200,
-        ..h.rank0.doc.lock().unwrap().clone().unwrap()
-    };
-    h.pod_exits("llm-a1-0-abcde", 0, "Completed", &serde_json::to_string(&done).unwrap());
-    h.pod_exits("llm-a1-1-abcde", 0, "Completed", "");
-    h.job_condition("llm-a1", "Complete");
+    h.complete("llm-a1");
     h.settle("llm").await;
     assert_eq!(h.status("llm").phase, Some(RunPhase::Succeeded));
     // A cadence or failure policy change on a finished run does nothing.

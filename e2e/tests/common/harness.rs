@@ -215,6 +215,20 @@ impl Harness {
             .unwrap();
     }
 
+    /// Both indices of `job` (a [`SPEC`] run's) exit 0, rank 0 leaving its final status
+    /// at the end of the budget, and the Job completes.
+    pub fn complete(&self, job: &str) {
+        let done = TrainerStatus {
+            phase: TrainerPhase::Done,
+            step: 100,
+            tokens: 819200,
+            ..self.rank0.doc.lock().unwrap().clone().expect("rank 0 reported")
+        };
+        self.pod_exits(&format!("{job}-0-abcde"), 0, "Completed", &serde_json::to_string(&done).unwrap());
+        self.pod_exits(&format!("{job}-1-abcde"), 0, "Completed", "");
+        self.job_condition(job, "Complete");
+    }
+
     pub fn pods(&self) -> Vec<String> {
         self.fake
             .list("v1", "Pod", Some(NS))

@@ -71,7 +71,7 @@ pub fn invalid(run: &TrainingRun, err: &InvalidSpec, now: Timestamp) -> Decision
     let message = format!("spec is invalid: {err}");
     let outcome = Outcome::new(RunPhase::Failed, RunReason::InvalidSpec, message.clone());
     let accepted = Cond { type_: "Accepted", status: false, reason: RunReason::InvalidSpec.into(), message };
-    finish(run, &old, new, outcome, accepted, None, now, Decision::default())
+    finish(run, &old, new, outcome, accepted, None, None, now, Decision::default())
 }
 
 /// `cfg` is the config the run's attempts run under: the spec's, or the accepted one
@@ -120,15 +120,15 @@ pub fn decide(
         }
         Change::Unchanged | Change::Operator { .. } | Change::Restart { .. } => accepted,
     };
+    let signal_after = cfg.grpo.as_ref().map(|g| g.no_signal_steps);
     let trained_steps = old.progress.as_ref().map_or(0, |p| p.step);
     if let Change::Restart { reason, summary, .. } = change
         && old.phase == Some(RunPhase::Succeeded)
         && cfg.schedule.total_steps > trained_steps
     {
         // More tokens for a finished run: it trains on from its final checkpoint.
-        new.attempt += 1;
         new.completion_time = None;
-        d.delete_jobs.push(job_name(&name, attempt));
+        next_attempt(&mut new, &mut d, &job_name(&name, attempt));
         let outcome = Outcome::new(
             RunPhase::Restarting,
             *reason,
@@ -138,7 +138,7 @@ pub fn decide(
                 cfg.schedule.total_steps, new.attempt
             ),
         );
-        return finish(run, &old, new, outcome, accepted, None, now, d);
+        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
     }
     if status::is_terminal(&old) {
         let outcome = Outcome::new(
@@ -146,7 +146,7 @@ pub fn decide(
             old.reason.as_deref().unwrap_or(""),
             main_message(&old),
         );
-        return finish(run, &old, new, outcome, accepted, None, now, d);
+        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
     }
 
     let current_name = job_name(&name, attempt);
@@ -173,8 +173,7 @@ pub fn decide(
     let spec = &run.spec;
     let mut stall = None;
     if let (Change::Restart { reason, summary, .. }, Some(_)) = (change, current) {
-        new.attempt += 1;
-        d.delete_jobs.push(current_name);
+        next_attempt(&mut new, &mut d, &current_name);
         let outcome = Outcome::new(
             RunPhase::Restarting,
             *reason,
@@ -184,7 +183,7 @@ pub fn decide(
                 new.attempt
             ),
         );
-        return finish(run, &old, new, outcome, accepted, None, now, d);
+        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
     }
 
     let outcome = match current {
@@ -363,7 +362,15 @@ pub fn decide(
             }
         }
     };
-    finish(run, &old, new, outcome, accepted, stall, now, d)
+    finish(run, &old, new, outcome, accepted, stall, signal_after, now, d)
+}
+
+/// Starts the next attempt: the run's attempt goes up and `job`, the current one's
+/// Job, goes with its pods. Returns the new attempt.
+fn next_attempt(new: &mut TrainingRunStatus, d: &mut Decision, job: &str) -> u32 {
+    new.attempt += 1;
+    d.delete_jobs.push(job.to_string());
+    new.attempt
 }
 
 /// Why the gang is restarting, kept until the new attempt runs.
@@ -397,12 +404,10 @@ fn restart(
             format!("{reason}: {message}; no restarts left after {} (failurePolicy.maxRestarts {max})", new.restarts),
         );
     }
-    let failed_attempt = new.attempt;
-    new.attempt += 1;
+    let failed_attempt = next_attempt(new, d, job) - 1;
     if counts {
         new.restarts += 1;
     }
-    d.delete_jobs.push(job.to_string());
     let budget =
         if counts { format!("restart {} of {max}", new.restarts) } else { "not counted toward maxRestarts".into() };
     Outcome::new(
@@ -432,8 +437,7 @@ fn out_of_memory(
         Some(smaller) => {
             let (was, now_micro) = (cfg.batch.micro_batch, smaller.batch.micro_batch);
             new.effective.get_or_insert_default().micro_batch = Some(now_micro);
-            new.attempt += 1;
-            d.delete_jobs.push(job.to_string());
+            next_attempt(new, d, job);
             Outcome::new(
                 RunPhase::Restarting,
                 RunReason::MicroBatchReduced,
@@ -500,6 +504,7 @@ fn finish(
     o: Outcome,
     accepted: Cond,
     stall: Option<stall::Stall>,
+    no_signal_steps: Option<u32>,
     now: Timestamp,
     mut d: Decision,
 ) -> Decision {
@@ -560,7 +565,7 @@ fn finish(
             cond("Suspended", false, RunReason::NotSuspended.as_str(), "")
         },
     ];
-    let signal = run.spec.grpo.as_ref().map(|g| learning_signal(&new, g.no_signal_steps));
+    let signal = no_signal_steps.map(|n| learning_signal(&new, n));
     let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).collect();
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
     let was_silent = status::condition(old, "NoLearningSignal").is_some_and(|c| c.status == "True");

@@ -102,8 +102,16 @@ mod tests {
         assert_eq!(err.reason(), Some(crds::contract::FailureReason::StorageFull));
         let text = err.to_string();
         assert!(text.contains("3 checkpoints (keepLast 2") && text.contains("is free"), "{text}");
-        std::fs::create_dir_all(dir.0.join("step-00000004")).unwrap();
-        std::fs::write(dir.0.join("step-00000004/model.safetensors"), vec![0u8; 4096]).unwrap();
-        assert_eq!(checkpoints_bytes(&dir.0).unwrap(), 4096);
+        // A checkpoint of 1 GiB already there (sparse: it takes no room here) will be
+        // pruned: 3 checkpoints of (free + 512 MiB) / 3 fit only by counting it.
+        let step = dir.0.join("step-00000004");
+        std::fs::create_dir_all(&step).unwrap();
+        std::fs::File::create(step.join("model.safetensors")).unwrap().set_len(1 << 30).unwrap();
+        assert_eq!(checkpoints_bytes(&dir.0).unwrap(), 1 << 30);
+        let free = available(&dir.0).unwrap();
+        let estimate = (free + (512 << 20)) / 3;
+        preflight(&dir.0, 2, estimate).unwrap();
+        std::fs::remove_dir_all(&step).unwrap();
+        assert!(preflight(&dir.0, 2, estimate).is_err(), "without the checkpoint there is no room");
     }
 }

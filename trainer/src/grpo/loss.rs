@@ -51,11 +51,23 @@ pub fn token_logps(logits: &Tensor, targets: &Tensor, temperature: f64) -> Resul
     picked.f_sub(&scaled.f_logsumexp(&[-1i64][..], false)?)
 }
 
-/// Entropy (nats, f32) of the distribution `softmax(logits / temperature)` at each
-/// position (B, T) of `logits` (B, T, V).
-pub fn token_entropy(logits: &Tensor, temperature: f64) -> Result<Tensor, TchError> {
-    let logp = logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?.f_log_softmax(-1, Kind::Float)?;
-    logp.f_exp()?.f_mul(&logp)?.f_sum_dim_intlist(&[-1i64][..], false, Kind::Float)?.f_neg()
+/// Rows of logits an entropy chunk holds: its f32 copies stay near `ENTROPY_ROWS × V`
+/// elements however long the batch.
+const ENTROPY_ROWS: i64 = 512;
+
+/// Sum over the positions where `mask` (B, T) is set of the entropy (nats) of
+/// `softmax(logits / temperature)` (`logits` (B, T, V)), taken a chunk of positions at
+/// a time so that no (B, T, V) f32 copy is made; 0-dim f32.
+pub fn masked_entropy_sum(logits: &Tensor, mask: &Tensor, temperature: f64) -> Result<Tensor, TchError> {
+    let vocab = *logits.size().last().expect("logits have a vocabulary dimension");
+    let rows =
+        logits.f_reshape([-1, vocab])?.f_index_select(0, &mask.f_reshape([-1])?.f_nonzero()?.f_squeeze_dim(1)?)?;
+    let mut total = Tensor::f_zeros([], (Kind::Float, logits.device()))?;
+    for chunk in rows.f_split(ENTROPY_ROWS, 0)? {
+        let logp = chunk.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?.f_log_softmax(-1, Kind::Float)?;
+        total = total.f_sub(&logp.f_exp()?.f_mul(&logp)?.f_sum(Kind::Float)?)?;
+    }
+    Ok(total)
 }
 
 /// The loss's settings (from `spec.grpo`).
@@ -302,5 +314,32 @@ mod tests {
             1e-5,
             "token_logps",
         );
+    }
+
+    /// Chunked over masked positions, the entropy sum equals −Σ p log p computed whole,
+    /// over a batch longer than one chunk, and masked positions count for nothing.
+    #[test]
+    fn masked_entropy_sum_matches_the_whole_computation() {
+        let _rng = crate::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(3);
+        let logits = Tensor::randn([3, 400, 11], (Kind::Float, tch::Device::Cpu)).f_mul_scalar(3.0).unwrap();
+        let mask =
+            Tensor::rand([3, 400], (Kind::Float, tch::Device::Cpu)).f_gt(0.3).unwrap().f_to_kind(Kind::Float).unwrap();
+        let logp = logits.f_div_scalar(0.7).unwrap().f_log_softmax(-1, Kind::Float).unwrap();
+        let per_position = logp
+            .f_exp()
+            .unwrap()
+            .f_mul(&logp)
+            .unwrap()
+            .f_sum_dim_intlist(&[-1i64][..], false, Kind::Float)
+            .unwrap()
+            .f_neg()
+            .unwrap();
+        let want = per_position.f_mul(&mask).unwrap().f_sum(Kind::Float).unwrap().double_value(&[]);
+        let got = masked_entropy_sum(&logits, &mask, 0.7).unwrap().double_value(&[]);
+        assert!(mask.f_sum(Kind::Float).unwrap().double_value(&[]) > ENTROPY_ROWS as f64, "more than one chunk");
+        assert!((got - want).abs() <= 1e-4 * want.abs(), "{got} vs {want}");
+        let none = masked_entropy_sum(&logits, &mask.f_zeros_like().unwrap(), 0.7).unwrap().double_value(&[]);
+        assert_eq!(none, 0.0);
     }
 }

@@ -217,8 +217,8 @@ impl Grpo {
             let logits = crate::ffi::autocast(ctx.device, ctx.autocast, || ctx.model.logits(&m.packed.inputs))?;
             if fresh {
                 // The policy that sampled the batch: its spread over the completion tokens.
-                let h = tch::no_grad(|| loss::token_entropy(&logits.f_detach()?, self.g.temperature))?;
-                entropy = entropy.f_add(&h.f_mul(&m.packed.mask)?.f_sum(Kind::Float)?)?;
+                let h = tch::no_grad(|| loss::masked_entropy_sum(&logits, &m.packed.mask, self.g.temperature))?;
+                entropy = entropy.f_add(&h)?;
                 entropy_tokens = entropy_tokens.f_add(&m.packed.mask.f_sum(Kind::Float)?)?;
             }
             let logp = support_logps(&logits, &m.packed.targets, self.g.temperature, m.support.as_ref())?;
