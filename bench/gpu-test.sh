@@ -98,6 +98,8 @@ done
 
 if out="$(fake CHECK=0 PRESETS="" MAX_MB_PRESETS="tiny:8" BREAK=16)"; then fail "a crash that is not out of memory passed: $out"; fi
 grep -qF "tiny max-mb trainer: FAILED (not an out-of-memory error)" <<<"$out" || fail "no FAILED line: $out"
+# PRESETS="" measures no preset (the runbook's calls that only search or only graph).
+if grep -qE "^(medium-large|xlarge) " <<<"$out"; then fail "PRESETS=\"\" still ran the default presets: $out"; fi
 
 if out="$(fake PRESETS="" LOSS=12.5)"; then fail "losses 12.5 vs 10.0 passed the correctness check: $out"; fi
 grep -qF "correctness check FAILED: losses 12.500 vs 10.000" <<<"$out" || fail "no correctness failure: $out"

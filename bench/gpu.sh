@@ -20,7 +20,7 @@
 # One device command may run 10 minutes: split the presets over calls (docs/perf.md, runbook).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PRESETS="${PRESETS:-medium-large:8 xlarge:8}"
+PRESETS="${PRESETS-medium-large:8 xlarge:8}"
 GRAPH_PRESETS="${GRAPH_PRESETS-tiny:8 small:8}"
 MAX_MB_PRESETS="${MAX_MB_PRESETS:-}" MEM_LIMIT_GIB="${MEM_LIMIT_GIB:-80}" CHECK="${CHECK:-1}"
 MAX_MB_RECOMPUTE="${MAX_MB_RECOMPUTE:-0}"
@@ -34,8 +34,14 @@ if [ -z "${TRAINER:-}" ]; then
 fi
 torch_lib="$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-results="$(mktemp)"
-trap 'rm -f "$results"' EXIT
+# Each row is written as soon as it is measured, so a call cut off at the device's limit
+# still brings back what it finished.
+if [ -n "${OUT:-}" ]; then
+  results="$OUT/gpu-bench.jsonl"
+else
+  results="$(mktemp)"
+  trap 'rm -f "$results"' EXIT
+fi
 if [ "$DEVICE" = cuda ]; then
   "$PYTHON" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(), "torch", torch.__version__)'
 else
@@ -132,9 +138,6 @@ for pm in $MAX_MB_PRESETS; do
   largest "$preset max-mb eager" "$mb" capped_reference "${short[@]}"
 done
 
-if [ -n "${OUT:-}" ]; then
-  cp "$results" "$OUT/gpu-bench.jsonl"
-fi
 "$PYTHON" - "$results" <<'PY'
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
