@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::presets::{ModelConfig, ParamCounts};
 use crate::types::{
-    Attention, DecayShape, GrpoTask, LossType, OnOutOfMemory, OnStall, Parallelism, Phase, Precision, ScaleRewards,
-    Schedule,
+    Attention, DecayShape, GrpoTask, LossType, OnNaN, OnOutOfMemory, OnStall, Parallelism, Phase, Precision, Rollback,
+    RollbackSkip, ScaleRewards, Schedule,
 };
 
 /// Bumped when the RunConfig layout changes incompatibly.
@@ -55,6 +55,11 @@ pub struct RunConfig {
     /// the size it started with, so it goes on training on the same data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_sized_for: Option<DataSize>,
+    /// Rollbacks after non-finite steps (`status.effective.rollbacks`, joined with a
+    /// checkpoint's): the samples the data order skips and the steps at a lowered
+    /// learning rate ([`crate::rollback`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollbacks: Vec<Rollback>,
 }
 
 /// A budget, in tokens and in steps.
@@ -269,7 +274,7 @@ fn default_no_signal_steps() -> u32 {
     20
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResolvedFailure {
     pub max_restarts: u32,
@@ -277,6 +282,21 @@ pub struct ResolvedFailure {
     pub on_stall: OnStall,
     #[serde(default)]
     pub on_out_of_memory: OnOutOfMemory,
+    #[serde(default)]
+    pub on_nan: OnNaN,
+    #[serde(default)]
+    pub max_rollbacks: u32,
+    #[serde(default = "one")]
+    pub rollback_lr_factor: f64,
+    /// Steps past the failing one at the lowered rate.
+    #[serde(default)]
+    pub rollback_lr_steps: u64,
+    #[serde(default)]
+    pub rollback_skip: RollbackSkip,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl RunConfig {
@@ -306,7 +326,14 @@ impl RunConfig {
             stall_timeout_seconds: 0,
             on_stall: OnStall::Report,
             on_out_of_memory: OnOutOfMemory::Fail,
+            on_nan: OnNaN::Fail,
+            max_rollbacks: 0,
+            rollback_lr_factor: 1.0,
+            rollback_lr_steps: 0,
+            rollback_skip: RollbackSkip::FailingStep,
         };
+        // Rollbacks are history the checkpoints carry forward: see `continue_from`.
+        c.rollbacks = Vec::new();
         // How ranks talk does not change what they train, nor how many there are: every
         // step trains the same global samples, split over the ranks there are
         // (pretraining; GRPO's check refuses a change, see the trainer's resume).
@@ -365,7 +392,14 @@ impl RunConfig {
         self.schedule = self.schedule.continued(&was.schedule, tokens)?;
         let was_size = was.data_size();
         self.data_sized_for = (was_size != self.data_size()).then_some(was_size);
+        self.rollbacks = crate::rollback::merge(&self.rollbacks, &was.rollbacks);
         Ok(())
+    }
+
+    /// The learning rate of optimizer step `step` (1-based), taken after `tokens`
+    /// tokens: the schedule's, times the factor of the rollbacks that lower it.
+    pub fn lr_at(&self, step: u64, tokens: u64) -> f64 {
+        self.schedule.lr_at(tokens) * crate::rollback::lr_factor_at(&self.rollbacks, step)
     }
 
     /// The budget the generated data is sized for: [`Self::data_sized_for`], else the
@@ -426,7 +460,7 @@ impl RunConfig {
 /// The spec field a RunConfig JSON path (as in [`RunConfig::resume_differences`]) is
 /// resolved from, for messages that tell users what to change back.
 pub fn spec_field(path: &str) -> &'static str {
-    const FIELDS: [(&str, &str); 25] = [
+    const FIELDS: [(&str, &str); 26] = [
         ("batch.globalSequences", "spec.batch.globalTokens"),
         ("batch.tokensPerStep", "spec.batch.globalTokens"),
         ("batch.seqLen", "spec.batch.seqLength"),
@@ -452,6 +486,7 @@ pub fn spec_field(path: &str) -> &'static str {
         ("grpo", "spec.grpo"),
         ("topology", "spec.topology"),
         ("failure", "spec.failurePolicy"),
+        ("rollbacks", "status.effective.rollbacks"),
     ];
     FIELDS
         .iter()

@@ -230,11 +230,17 @@ pub enum RunReason {
     NoLearningSignal,
     /// NoLearningSignal=False: the rewards vary within groups.
     LearningSignal,
+    /// A non-finite step with `failurePolicy.onNaN: rollback`: the gang restarts from
+    /// the checkpoint before it (not counted), skipping its samples at a lowered
+    /// learning rate; and RolledBack=True from then on.
+    NaNRollback,
+    /// RolledBack=False: the run never rolled back.
+    NotRolledBack,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 35] = [
+    pub const OPERATOR: [RunReason; 37] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -270,6 +276,8 @@ impl RunReason {
         RunReason::MicroBatchReduced,
         RunReason::NoLearningSignal,
         RunReason::LearningSignal,
+        RunReason::NaNRollback,
+        RunReason::NotRolledBack,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -315,6 +323,8 @@ impl RunReason {
             RunReason::MicroBatchReduced => "MicroBatchReduced",
             RunReason::NoLearningSignal => "NoLearningSignal",
             RunReason::LearningSignal => "LearningSignal",
+            RunReason::NaNRollback => "NaNRollback",
+            RunReason::NotRolledBack => "NotRolledBack",
         }
     }
 
@@ -350,6 +360,22 @@ pub struct TerminationMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
     pub detail: String,
+    /// NaNLoss: the samples of the failing step, for a rollback to skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<FailedSamples>,
+}
+
+/// Where in the run's sample order (global sequences in pretraining, prompts in GRPO)
+/// a non-finite step was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedSamples {
+    /// The failing step's first sample.
+    pub from: u64,
+    /// The sample after its last.
+    pub to: u64,
+    /// The position of the newest checkpoint before it (0: none).
+    pub checkpoint: u64,
 }
 
 impl TerminationMessage {
@@ -458,14 +484,26 @@ mod tests {
 
     #[test]
     fn termination_message_round_trips_and_fits() {
-        let m = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(1200), detail: "loss=nan".into() };
+        let m = TerminationMessage {
+            reason: FailureReason::NaNLoss,
+            step: Some(1200),
+            detail: "loss=nan".into(),
+            samples: None,
+        };
         let json = m.to_json();
         assert_eq!(json, r#"{"reason":"NaNLoss","step":1200,"detail":"loss=nan"}"#);
         assert_eq!(TerminationMessage::parse(&json), Some(m));
-        let long = TerminationMessage { reason: FailureReason::DataError, step: None, detail: "é".repeat(5000) };
+        let long = TerminationMessage {
+            reason: FailureReason::DataError,
+            step: None,
+            detail: "é".repeat(5000),
+            samples: Some(FailedSamples { from: 96, to: 104, checkpoint: 80 }),
+        };
         let json = long.to_json();
         assert!(json.len() <= TerminationMessage::MAX_BYTES, "{}", json.len());
-        assert_eq!(TerminationMessage::parse(&json).unwrap().reason, FailureReason::DataError);
+        let parsed = TerminationMessage::parse(&json).unwrap();
+        assert_eq!(parsed.reason, FailureReason::DataError);
+        assert_eq!(parsed.samples, long.samples, "the samples survive the shortening");
         assert_eq!(TerminationMessage::parse("Traceback: ..."), None);
     }
 
@@ -495,6 +533,7 @@ mod tests {
             reason: FailureReason::OutOfMemory,
             step: Some(3),
             detail: "CUDA out of memory".into(),
+            samples: None,
         };
         assert_eq!(ExitReport::parse(&fail.to_json()), Some(ExitReport::Failure(fail)));
         let done = TrainerStatus {

@@ -9,6 +9,7 @@ pub mod plan;
 pub mod presets;
 pub mod quantity;
 pub mod resolve;
+pub mod rollback;
 pub mod schedule;
 pub mod types;
 

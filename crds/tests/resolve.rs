@@ -503,6 +503,30 @@ fn lifecycle_rules() {
 }
 
 #[test]
+fn nan_rollback_policy() {
+    // Defaults: fail; with rollback, 2 rollbacks at half the rate for one checkpoint interval.
+    let mut r = run();
+    r.spec.checkpoint.every_steps = 50;
+    let f = ok(&r).failure;
+    assert_eq!((f.on_nan, f.max_rollbacks, f.rollback_lr_factor), (OnNaN::Fail, 2, 0.5));
+    assert_eq!((f.rollback_lr_steps, f.rollback_skip), (50, RollbackSkip::FailingStep));
+    r.spec.failure_policy.on_nan = OnNaN::Rollback;
+    r.spec.failure_policy.rollback_lr_steps = Some(7);
+    r.spec.failure_policy.rollback_skip = RollbackSkip::SinceCheckpoint;
+    let f = ok(&r).failure;
+    assert_eq!((f.on_nan, f.rollback_lr_steps, f.rollback_skip), (OnNaN::Rollback, 7, RollbackSkip::SinceCheckpoint));
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        r.spec.failure_policy.rollback_lr_factor = bad;
+        fails(&r, "spec.failurePolicy.rollbackLrFactor", "not in (0, 1]");
+    }
+    // The manifest's spelling.
+    let yaml = "onNaN: rollback\nmaxRollbacks: 3\nrollbackLrFactor: 0.25\nrollbackSkip: sinceCheckpoint\n";
+    let p: FailurePolicy = serde_yaml_ng::from_str(yaml).unwrap();
+    assert_eq!((p.on_nan, p.max_rollbacks, p.rollback_lr_factor), (OnNaN::Rollback, 3, 0.25));
+    assert_eq!(p.rollback_skip, RollbackSkip::SinceCheckpoint);
+}
+
+#[test]
 fn all_problems_are_reported_at_once() {
     let mut r = run();
     r.spec.model.preset = "huge".into();

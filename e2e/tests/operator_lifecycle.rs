@@ -106,7 +106,8 @@ async fn nan_fails_the_run_without_a_second_job() {
     let h = Harness::new();
     running(&h, "llm").await;
     let msg =
-        TerminationMessage { reason: FailureReason::NaNLoss, step: Some(42), detail: "loss=NaN".into() }.to_json();
+        TerminationMessage { reason: FailureReason::NaNLoss, step: Some(42), detail: "loss=NaN".into(), samples: None }
+            .to_json();
     h.pod_exits("llm-a1-1-abcde", FailureReason::NaNLoss.exit_code(), "Error", &msg);
     h.settle("llm").await;
     let s = h.status("llm");
@@ -135,6 +136,7 @@ async fn a_full_disk_fails_the_run_without_a_restart() {
         reason: FailureReason::StorageFull,
         step: Some(20),
         detail: "/checkpoints: the file system is full: writing a checkpoint of 10.5 MiB failed, 2.0 MiB free".into(),
+        samples: None,
     }
     .to_json();
     h.pod_exits("llm-a1-0-abcde", FailureReason::StorageFull.exit_code(), "Error", &msg);
@@ -166,6 +168,7 @@ async fn cuda_oom_and_host_oom_are_out_of_memory() {
         reason: FailureReason::OutOfMemory,
         step: Some(1),
         detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
+        samples: None,
     }
     .to_json();
     h.pod_exits("cuda-a1-0-abcde", FailureReason::OutOfMemory.exit_code(), "Error", &msg);
@@ -198,6 +201,7 @@ async fn reduce_micro_batch_on_out_of_memory_until_it_is_one() {
             reason: FailureReason::OutOfMemory,
             step: Some(step),
             detail: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
+            samples: None,
         }
         .to_json()
     };
@@ -269,6 +273,7 @@ async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
         reason: FailureReason::CollectiveTimeout,
         step: Some(30),
         detail: "allreduce timed out".into(),
+        samples: None,
     }
     .to_json();
     h.pod_exits("llm-a2-1-abcde", FailureReason::CollectiveTimeout.exit_code(), "Error", &timeout);

@@ -86,7 +86,9 @@ async fn a_failed_job_removed_by_its_ttl_before_the_operator_saw_it_still_counts
 async fn a_failed_run_stays_failed_when_its_job_goes() {
     let h = Harness::new();
     running(&h, "llm").await;
-    let msg = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=NaN".into() }.to_json();
+    let msg =
+        TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=NaN".into(), samples: None }
+            .to_json();
     h.pod_exits("llm-a1-0-abcde", FailureReason::NaNLoss.exit_code(), "Error", &msg);
     h.settle("llm").await;
     assert_eq!(h.status("llm").phase, Some(RunPhase::Failed));

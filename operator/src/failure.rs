@@ -3,7 +3,7 @@
 //! without counting; anything else restarts it and counts toward maxRestarts.
 
 use crds::RunConfig;
-use crds::contract::{ExitReport, FailureReason, RunReason, TrainerStatus};
+use crds::contract::{ExitReport, FailedSamples, FailureReason, RunReason, TrainerStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -22,6 +22,9 @@ pub enum Verdict {
     /// A trainer ran out of GPU memory (exit 87): fatal, unless the failure policy
     /// reduces the micro-batch.
     DeviceOutOfMemory { message: String },
+    /// A step's loss or gradient norm was not finite (exit 86): fatal, unless the
+    /// failure policy rolls back.
+    NonFinite { message: String, at: NonFinite },
     /// Restart the gang from the last checkpoint; `counts` toward maxRestarts.
     Restart { reason: String, message: String, counts: bool },
     /// Every node's pod is running.
@@ -29,6 +32,14 @@ pub enum Verdict {
     /// Pods are missing or not yet running; `stuck` says why, once it has lasted
     /// longer than the pending timeout.
     Pending { stuck: Option<(String, String)> },
+}
+
+/// Where a non-finite step was, as its trainer reported it (nothing when its pods
+/// are gone).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NonFinite {
+    pub step: Option<u64>,
+    pub samples: Option<FailedSamples>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +54,8 @@ struct PodFailure {
     kind: Kind,
     /// Exit 87: the trainer's own out-of-memory (not a host OOMKilled).
     device_oom: bool,
+    /// Exit 86: a non-finite step.
+    non_finite: Option<NonFinite>,
     reason: String,
     message: String,
     at: Option<Timestamp>,
@@ -90,7 +103,14 @@ fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
             format!("lower spec.batch.microBatch (now {}){more}", cfg.batch.micro_batch)
         }
         FailureReason::NaNLoss => {
-            "lower spec.optimizer.lr or raise warmupTokens; the last checkpoint is before the divergence".into()
+            let rollback = if cfg.failure.on_nan == crds::types::OnNaN::Fail {
+                ", or set spec.failurePolicy.onNaN: rollback to restart from it past this step's samples"
+            } else {
+                ""
+            };
+            format!(
+                "lower spec.optimizer.lr or raise warmupTokens; the last checkpoint is before the divergence{rollback}"
+            )
         }
         FailureReason::InvalidConfig => "fix the spec and create a new run".into(),
         FailureReason::DataError => "check the data sources in spec.data and their credentials".into(),
@@ -113,6 +133,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = c.message.as_deref().map_or(String::new(), |m| format!(": {m}"));
         return Some(PodFailure {
             device_oom: false,
+            non_finite: None,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was disrupted ({why}{detail})"),
@@ -124,6 +145,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_default();
         return Some(PodFailure {
             device_oom: false,
+            non_finite: None,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} was evicted: {detail}"),
@@ -137,6 +159,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let overdue = now > deleted && seconds_between(deleted, now) > settings.lost_node_timeout.as_secs();
         return (overdue && phase(pod) != "Succeeded").then(|| PodFailure {
             device_oom: false,
+            non_finite: None,
             kind: Kind::Disruption,
             reason: RunReason::Disruption.into(),
             message: format!("pod {name}{rank} is stuck terminating; its node is lost"),
@@ -147,6 +170,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let detail = status.and_then(|s| s.message.clone()).unwrap_or_else(|| "no container status".into());
         return Some(PodFailure {
             device_oom: false,
+            non_finite: None,
             kind: Kind::Retriable,
             reason: RunReason::PodFailed.into(),
             message: format!("pod {name}{rank} failed: {detail}"),
@@ -158,6 +182,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
         let limit = cfg_memory_limit(pod).map_or("no memory limit".into(), |l| format!("memory limit {l}"));
         return Some(PodFailure {
             device_oom: false,
+            non_finite: None,
             kind: Kind::Fatal,
             reason: FailureReason::OutOfMemory.as_str().into(),
             message: format!(
@@ -170,15 +195,16 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     let text = t.message.clone().unwrap_or_default();
     let report = ExitReport::parse(&text);
     if let Some(reason) = FailureReason::from_exit_code(t.exit_code) {
-        let (step, detail) = match &report {
-            Some(ExitReport::Failure(m)) => (m.step, m.detail.clone()),
-            _ => (None, last_line(&text)),
+        let (step, detail, samples) = match &report {
+            Some(ExitReport::Failure(m)) => (m.step, m.detail.clone(), m.samples),
+            _ => (None, last_line(&text), None),
         };
         let at_step = step.map_or(String::new(), |s| format!(" at step {s}"));
         let message = format!("{}{at_step} on pod {name}{rank}: {detail}; {}", reason.as_str(), hint(reason, cfg));
         let kind = if reason.retriable() { Kind::Retriable } else { Kind::Fatal };
         let device_oom = reason == FailureReason::OutOfMemory;
-        return Some(PodFailure { kind, device_oom, reason: reason.as_str().into(), message, at });
+        let non_finite = (reason == FailureReason::NaNLoss).then_some(NonFinite { step, samples });
+        return Some(PodFailure { kind, device_oom, non_finite, reason: reason.as_str().into(), message, at });
     }
     let signal = match t.exit_code {
         134 => " (SIGABRT)",
@@ -189,6 +215,7 @@ fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings: &Settings)
     };
     Some(PodFailure {
         device_oom: false,
+        non_finite: None,
         kind: Kind::Retriable,
         reason: RunReason::PodFailed.into(),
         message: format!("pod {name}{rank} exited with code {}{signal}: {}", t.exit_code, last_line(&text)),
@@ -260,6 +287,9 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         if f.device_oom {
             return Verdict::DeviceOutOfMemory { message: f.message.clone() };
         }
+        if let Some(at) = &f.non_finite {
+            return Verdict::NonFinite { message: f.message.clone(), at: at.clone() };
+        }
         return Verdict::Failed { reason: f.reason.clone(), message: f.message.clone() };
     }
     if let Some(f) = first(Kind::Disruption) {
@@ -276,6 +306,10 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
         {
             if reason == FailureReason::OutOfMemory {
                 return Verdict::DeviceOutOfMemory { message: format!("{message}; {}", hint(reason, cfg)) };
+            }
+            if reason == FailureReason::NaNLoss {
+                let message = format!("{message}; {}", hint(reason, cfg));
+                return Verdict::NonFinite { message, at: NonFinite::default() };
             }
             return Verdict::Failed {
                 reason: reason.as_str().into(),
@@ -385,6 +419,7 @@ pub(crate) mod tests {
             reason: FailureReason::NaNLoss,
             step: Some(1200),
             detail: "loss=NaN grad_norm=inf".into(),
+            samples: Some(crds::contract::FailedSamples { from: 307_200, to: 307_456, checkpoint: 256_000 }),
         }
         .to_json()
     }
@@ -399,11 +434,14 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn nan_exit_fails_the_run_with_the_step() {
+    fn nan_exit_names_the_step_and_its_samples() {
         let v = verdict(&job(json!([])), &[running(0), exited(1, 86, "Error", &nan_message())]);
-        let Verdict::Failed { reason, message } = v else { panic!("{v:?}") };
-        assert_eq!(reason, "NaNLoss");
-        assert!(message.contains("at step 1200") && message.contains("llm-a1-1-x (node rank 1)"), "{message}");
+        let Verdict::NonFinite { message, at } = v else { panic!("{v:?}") };
+        assert!(message.starts_with("NaNLoss at step 1200"), "{message}");
+        assert!(message.contains("llm-a1-1-x (node rank 1)"), "{message}");
+        assert!(message.contains("failurePolicy.onNaN: rollback"), "the hint names the policy: {message}");
+        let samples = crds::contract::FailedSamples { from: 307_200, to: 307_456, checkpoint: 256_000 };
+        assert_eq!(at, NonFinite { step: Some(1200), samples: Some(samples) });
     }
 
     #[test]
@@ -412,6 +450,7 @@ pub(crate) mod tests {
             reason: FailureReason::OutOfMemory,
             step: Some(3),
             detail: "CUDA out of memory".into(),
+            samples: None,
         };
         // The trainer's own OOM, which the failure policy may answer with a smaller
         // micro-batch; a host OOMKilled always fails.
@@ -461,6 +500,7 @@ pub(crate) mod tests {
             reason: FailureReason::CollectiveTimeout,
             step: Some(9),
             detail: "allreduce".into(),
+            samples: None,
         };
         let Verdict::Restart { reason, counts, .. } =
             verdict(&job(json!([])), &[exited(1, 88, "Error", &timeout.to_json())])
@@ -487,6 +527,7 @@ pub(crate) mod tests {
             reason: FailureReason::CollectiveTimeout,
             step: Some(9),
             detail: "a peer died".into(),
+            samples: None,
         };
         let at = |p: Pod, t: &str| {
             let mut v = serde_json::to_value(p).unwrap();
@@ -520,6 +561,7 @@ pub(crate) mod tests {
             reason: FailureReason::CollectiveTimeout,
             step: None,
             detail: "peer gone".into(),
+            samples: None,
         };
         let v = verdict(&job(json!([])), &[preempted, exited(1, 88, "Error", &timeout.to_json())]);
         let Verdict::Restart { reason, message, counts } = v else { panic!("{v:?}") };
@@ -567,8 +609,9 @@ pub(crate) mod tests {
         let j = job(
             json!([{"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": "Container trainer for pod ml/llm-a1-0 failed with exit code 86 matching FailJob rule at index 1"}]),
         );
-        let Verdict::Failed { reason, .. } = verdict(&j, &[]) else { panic!() };
-        assert_eq!(reason, "NaNLoss");
+        let Verdict::NonFinite { message, at } = verdict(&j, &[]) else { panic!() };
+        assert!(message.contains("exit code 86"), "{message}");
+        assert_eq!(at, NonFinite::default(), "the pods are gone, and what they said with them");
         let j = job(
             json!([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]),
         );

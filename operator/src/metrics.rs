@@ -31,6 +31,7 @@ pub struct Metrics {
     loss: GaugeVec,
     tokens_per_second: GaugeVec,
     restarts: IntGaugeVec,
+    rollbacks: IntGaugeVec,
     attempt: IntGaugeVec,
     condition: IntGaugeVec,
     last_checkpoint: GaugeVec,
@@ -84,6 +85,10 @@ impl Metrics {
                 Opts::new("trainingrun_restarts", "Gang restarts counted toward maxRestarts."),
                 run,
             )?,
+            rollbacks: IntGaugeVec::new(
+                Opts::new("trainingrun_rollbacks", "Rollbacks after non-finite steps (failurePolicy.onNaN: rollback)."),
+                run,
+            )?,
             attempt: IntGaugeVec::new(Opts::new("trainingrun_attempt", "Current attempt, from 1."), run)?,
             condition: IntGaugeVec::new(
                 Opts::new(
@@ -127,6 +132,7 @@ impl Metrics {
         m.registry.register(Box::new(m.loss.clone()))?;
         m.registry.register(Box::new(m.tokens_per_second.clone()))?;
         m.registry.register(Box::new(m.restarts.clone()))?;
+        m.registry.register(Box::new(m.rollbacks.clone()))?;
         m.registry.register(Box::new(m.attempt.clone()))?;
         m.registry.register(Box::new(m.condition.clone()))?;
         m.registry.register(Box::new(m.last_checkpoint.clone()))?;
@@ -178,6 +184,8 @@ impl Metrics {
             }
         }
         self.restarts.with_label_values(&run).set(i64::from(s.restarts));
+        let rollbacks = s.effective.as_ref().map_or(0, |e| e.rollbacks.len());
+        self.rollbacks.with_label_values(&run).set(rollbacks as i64);
         self.attempt.with_label_values(&run).set(i64::from(s.attempt));
         let ckpt_time =
             s.last_checkpoint.as_ref().and_then(|c| c.time.as_deref()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
@@ -217,6 +225,7 @@ impl Metrics {
             let _ = self.eval_accuracy.remove_label_values(&[ns, name, method, when]);
         }
         let _ = self.restarts.remove_label_values(&run);
+        let _ = self.rollbacks.remove_label_values(&run);
         let _ = self.attempt.remove_label_values(&run);
         if let Some(set) = self.conditions.lock().expect("metrics lock").remove(&(ns.to_string(), name.to_string())) {
             for c in set {
@@ -268,6 +277,7 @@ mod tests {
         assert!(text.contains(r#"trainingrun_loss{name="llm",namespace="ml"} 2.5"#));
         assert!(text.contains(r#"trainingrun_tokens_per_second{name="llm",namespace="ml"} 1200"#));
         assert!(text.contains(r#"trainingrun_restarts{name="llm",namespace="ml"} 1"#));
+        assert!(text.contains(r#"trainingrun_rollbacks{name="llm",namespace="ml"} 0"#));
         assert!(text.contains(r#"trainingrun_mfu{name="llm",namespace="ml"} 0.41"#));
         assert!(text.contains(r#"trainingrun_checkpoint_every_tokens{name="llm",namespace="ml"} 819200"#));
         assert!(
@@ -277,9 +287,20 @@ mod tests {
             r#"trainingrun_condition{name="llm",namespace="ml",reason="NoProgress",status="True",type="Stalled"} 1"#
         ));
         s.conditions = vec![cond("Stalled", "Progressing", "False")];
+        let rollback = crds::types::Rollback {
+            step: 13,
+            attempt: 1,
+            skip_from: 96,
+            skip_to: 104,
+            lr_factor: 0.5,
+            lr_until_step: 33,
+            from_step: None,
+        };
+        s.effective = Some(crds::types::EffectiveSettings { micro_batch: None, rollbacks: vec![rollback] });
         m.observe_run("ml", "llm", &s, Some(819200));
         let text = m.render();
         assert!(!text.contains("NoProgress"), "stale condition series must go: {text}");
+        assert!(text.contains(r#"trainingrun_rollbacks{name="llm",namespace="ml"} 1"#));
         m.forget_run("ml", "llm");
         let text = m.render();
         assert!(!text.contains(r#"name="llm""#), "{text}");

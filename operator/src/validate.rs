@@ -16,8 +16,11 @@ pub fn validate(run: &TrainingRun, attempt: u32) -> Result<RunConfig, InvalidSpe
     }
     let mut cfg = crds::resolve(run)?;
     cfg.attempt = attempt.max(1);
-    let effective = run.status.as_ref().and_then(|s| s.effective.as_ref()).and_then(|e| e.micro_batch);
-    if let Some(micro) = effective.filter(|m| *m < cfg.batch.micro_batch) {
+    let effective = run.status.as_ref().and_then(|s| s.effective.as_ref());
+    if let Some(e) = effective {
+        cfg.rollbacks = e.rollbacks.clone();
+    }
+    if let Some(micro) = effective.and_then(|e| e.micro_batch).filter(|m| *m < cfg.batch.micro_batch) {
         // A spec whose new global batch or topology the reduced micro-batch does not
         // divide starts again from the spec's.
         if let Ok(reduced) = cfg.with_micro_batch(micro) {
@@ -46,7 +49,7 @@ mod tests {
         let spec = validate(&r, 1).unwrap();
         assert_eq!((spec.batch.micro_batch, spec.batch.grad_accum), (8, 4));
         r.status = Some(crds::TrainingRunStatus {
-            effective: Some(crds::types::EffectiveSettings { micro_batch: Some(2) }),
+            effective: Some(crds::types::EffectiveSettings { micro_batch: Some(2), rollbacks: Vec::new() }),
             ..Default::default()
         });
         let cfg = validate(&r, 2).unwrap();
@@ -54,6 +57,29 @@ mod tests {
         let mut smaller = run(&GPU_SPEC.replace("microBatch: 8", "microBatch: 1"));
         smaller.status = r.status.clone();
         assert_eq!(validate(&smaller, 2).unwrap().batch.micro_batch, 1);
+    }
+
+    /// The rollbacks in status are the config's: the ConfigMap carries them to the trainer.
+    #[test]
+    fn the_rollbacks_apply() {
+        let mut r = run(GPU_SPEC);
+        assert!(validate(&r, 1).unwrap().rollbacks.is_empty());
+        let rollback = crds::types::Rollback {
+            step: 13,
+            attempt: 1,
+            skip_from: 1664,
+            skip_to: 1792,
+            lr_factor: 0.5,
+            lr_until_step: 113,
+            from_step: None,
+        };
+        r.status = Some(crds::TrainingRunStatus {
+            effective: Some(crds::types::EffectiveSettings { micro_batch: None, rollbacks: vec![rollback.clone()] }),
+            ..Default::default()
+        });
+        let cfg = validate(&r, 2).unwrap();
+        assert_eq!(cfg.rollbacks, [rollback]);
+        assert_eq!(cfg.batch.micro_batch, 8, "no micro-batch was reduced");
     }
 
     #[test]

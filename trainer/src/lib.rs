@@ -45,7 +45,7 @@ pub mod train;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crds::contract::FailureReason;
+use crds::contract::{FailedSamples, FailureReason};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -99,8 +99,9 @@ pub enum Error {
     /// worker could not report it (the NCCL watchdog's line).
     #[error("worker rank {rank} exited with code {code}{}", cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default())]
     WorkerFailed { rank: u32, code: i32, cause: Option<String> },
+    /// `samples`: where the step was in the run's sample order, for a rollback.
     #[error("step {step}: non-finite training signal (loss {loss}, gradient norm {grad_norm})")]
-    NonFinite { step: u64, loss: f64, grad_norm: f64 },
+    NonFinite { step: u64, loss: f64, grad_norm: f64, samples: Option<FailedSamples> },
     #[error("stopped by a signal after step {step}; the checkpoint of that step is saved")]
     Terminated { step: u64 },
     #[error("step {step}: {source}")]
@@ -162,6 +163,15 @@ impl Error {
     pub fn step(&self) -> Option<u64> {
         match self {
             Error::NonFinite { step, .. } | Error::Terminated { step } | Error::AtStep { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
+
+    /// A non-finite step's place in the sample order.
+    pub fn failed_samples(&self) -> Option<FailedSamples> {
+        match self {
+            Error::NonFinite { samples, .. } => *samples,
+            Error::AtStep { source, .. } => source.failed_samples(),
             _ => None,
         }
     }

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
                 .join("\n");
             eprintln!("error: {detail}");
             if let (Some(reason), Some(path)) = (e.reason(), termination_log()) {
-                let msg = TerminationMessage { reason, step: e.step(), detail };
+                let msg = TerminationMessage { reason, step: e.step(), detail, samples: e.failed_samples() };
                 if let Err(io) = std::fs::write(&path, msg.to_json()) {
                     eprintln!("error: writing the termination message to {}: {io}", path.display());
                 }

@@ -277,5 +277,31 @@ fn nan_in_a_grpo_step_fails_with_nan_loss() {
     assert_eq!(out.status.code(), Some(FailureReason::NaNLoss.exit_code()), "{}", String::from_utf8_lossy(&out.stderr));
     let msg = TerminationMessage::parse(&std::fs::read_to_string(&log).unwrap()).unwrap();
     assert_eq!((msg.reason, msg.step), (FailureReason::NaNLoss, Some(2)));
+    // GRPO's sample order is its prompts: step 2 generated prompts 4..8, and no checkpoint came before.
+    let samples = crds::contract::FailedSamples { from: 4, to: 8, checkpoint: 0 };
+    assert_eq!(msg.samples, Some(samples));
+
+    // With onNaN: rollback, a NaN at step 3 rolls back to step 2's checkpoint, past prompts 8..12.
+    std::fs::write(
+        &manifest,
+        grpo_yaml(1, 8, 1).replace("  precision: f32\n", "  precision: f32\n  failurePolicy: {onNaN: rollback}\n"),
+    )
+    .unwrap();
+    let out = run(
+        &manifest,
+        &dir.join("rolled"),
+        &[],
+        &[("TRAINER_INJECT_NAN_AT_STEP", "3"), ("TRAINER_INJECT_ATTEMPT", "1")],
+    );
+    ok(&out);
+    let latest = std::fs::read_to_string(dir.join("rolled").join(trainer::checkpoint::LATEST_FILE)).unwrap();
+    let state: trainer::checkpoint::TrainState = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("rolled").join(latest.trim()).join("state.json")).unwrap(),
+    )
+    .unwrap();
+    let r = &state.config.as_ref().unwrap().rollbacks;
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].step, r[0].skip_from, r[0].skip_to, r[0].from_step), (3, 8, 12, Some(2)));
+    assert_eq!(state.data_position, state.step * 4 + 4, "every generated batch's 4 prompts, and the 4 skipped");
     std::fs::remove_dir_all(&dir).unwrap();
 }

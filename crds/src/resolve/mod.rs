@@ -1,15 +1,12 @@
 //! `resolve`: TrainingRun spec → RunConfig. Every rule the CRD's CEL enforces is
 //! checked here too, so `trainer run` on a laptop rejects what the API server would.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 use crate::config::*;
-use crate::contract::CHECKPOINT_MOUNT;
 use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
 use crate::quantity::{TokenQuantity, format_tokens};
 use crate::types::*;
-
 
 mod failure;
 mod grpo;

@@ -2,10 +2,12 @@
 //!
 //! The `///` docs on fields are user documentation: `kubectl explain` shows them.
 
+mod failure;
 mod grpo;
 mod spec;
 mod status;
 
+pub use failure::*;
 pub use grpo::*;
 pub use spec::*;
 pub use status::*;

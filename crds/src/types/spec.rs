@@ -8,7 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{GrpoSpec, TrainingRunStatus};
+use super::{FailurePolicy, GrpoSpec, TrainingRunStatus};
 use crate::quantity::TokenQuantity;
 
 /// Desired state of a TrainingRun.
@@ -647,67 +647,4 @@ pub enum PullPolicy {
     Always,
     IfNotPresent,
     Never,
-}
-
-/// Restart and stall policy.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FailurePolicy {
-    /// Gang restarts allowed after retriable failures. Disruptions (preemption,
-    /// eviction, node loss) do not count. NaN loss, OOM (unless onOutOfMemory says
-    /// otherwise) and a full disk never restart.
-    #[serde(default = "default_max_restarts")]
-    pub max_restarts: u32,
-    /// A Running run whose step has not advanced for this long is Stalled,
-    /// e.g. "30m" or "1h30m".
-    #[serde(default = "default_stall_timeout")]
-    pub stall_timeout: String,
-    /// What to do on a stall: `report` sets the Stalled condition and an event;
-    /// `restart` also gang-restarts from the last checkpoint (counts as a restart).
-    #[serde(default)]
-    pub on_stall: OnStall,
-    /// What to do when a trainer runs out of GPU memory (exit 87): `fail` the run, or
-    /// `reduceMicroBatch`: restart the gang (not counted against maxRestarts) from the
-    /// last checkpoint with half the micro-batch (the largest divisor of each rank's
-    /// sequences at most half of it), the global batch unchanged through accumulation.
-    /// The micro-batch in use is in status.effective.microBatch; at 1, the next OOM
-    /// fails the run. A host OOMKilled pod always fails it.
-    #[serde(default)]
-    pub on_out_of_memory: OnOutOfMemory,
-}
-
-fn default_max_restarts() -> u32 {
-    3
-}
-fn default_stall_timeout() -> String {
-    "30m".into()
-}
-
-impl Default for FailurePolicy {
-    fn default() -> Self {
-        FailurePolicy {
-            max_restarts: default_max_restarts(),
-            stall_timeout: default_stall_timeout(),
-            on_stall: OnStall::default(),
-            on_out_of_memory: OnOutOfMemory::default(),
-        }
-    }
-}
-
-/// Reaction to running out of GPU memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum OnOutOfMemory {
-    #[default]
-    Fail,
-    ReduceMicroBatch,
-}
-
-/// Reaction to a stall.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStall {
-    #[default]
-    Report,
-    Restart,
 }

@@ -5,6 +5,8 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::Rollback;
+
 /// Observed state of a TrainingRun, written only by the operator.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -201,4 +203,8 @@ pub struct EffectiveSettings {
     /// halved it (a smaller spec.batch.microBatch wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batch: Option<u32>,
+    /// The rollbacks of `failurePolicy.onNaN: rollback`, oldest first: the samples
+    /// each one skips and the steps it trains at a lowered learning rate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollbacks: Vec<Rollback>,
 }

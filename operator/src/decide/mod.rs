@@ -4,9 +4,8 @@
 //! asks for nothing new.
 
 use crds::config::ResolvedInit;
-use crds::contract::FailureReason;
 use crds::contract::RunReason;
-use crds::types::{OnOutOfMemory, OnStall, RunPhase, TrainingRunStatus};
+use crds::types::{OnNaN, OnStall, RunPhase, TrainingRunStatus};
 use crds::{InvalidSpec, RunConfig, TrainingRun};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -20,6 +19,30 @@ use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR, job_name};
 use crate::settings::Settings;
 use crate::stall;
 use crate::status::{self, Cond};
+
+mod learning_signal;
+mod out_of_memory;
+mod rollback;
+
+/// The conditions a run's failure policies add, when they apply to it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Policies {
+    /// GRPO: NoLearningSignal after this many steps without signal.
+    no_signal_steps: Option<u32>,
+    /// RolledBack, out of this many rollbacks (`onNaN: rollback`, or a run that has
+    /// rolled back).
+    max_rollbacks: Option<u32>,
+}
+
+impl Policies {
+    fn of(cfg: &RunConfig, status: &TrainingRunStatus) -> Policies {
+        let rolled_back = status.effective.as_ref().is_some_and(|e| !e.rollbacks.is_empty());
+        Policies {
+            no_signal_steps: cfg.grpo.as_ref().map(|g| g.no_signal_steps),
+            max_rollbacks: (cfg.failure.on_nan == OnNaN::Rollback || rolled_back).then_some(cfg.failure.max_rollbacks),
+        }
+    }
+}
 
 /// An event to emit on the run.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,7 +94,7 @@ pub fn invalid(run: &TrainingRun, err: &InvalidSpec, now: Timestamp) -> Decision
     let message = format!("spec is invalid: {err}");
     let outcome = Outcome::new(RunPhase::Failed, RunReason::InvalidSpec, message.clone());
     let accepted = Cond { type_: "Accepted", status: false, reason: RunReason::InvalidSpec.into(), message };
-    finish(run, &old, new, outcome, accepted, None, None, now, Decision::default())
+    finish(run, &old, new, outcome, accepted, None, Policies::default(), now, Decision::default())
 }
 
 /// `cfg` is the config the run's attempts run under: the spec's, or the accepted one
@@ -120,7 +143,7 @@ pub fn decide(
         }
         Change::Unchanged | Change::Operator { .. } | Change::Restart { .. } => accepted,
     };
-    let signal_after = cfg.grpo.as_ref().map(|g| g.no_signal_steps);
+    let policies = Policies::of(cfg, &old);
     let trained_steps = old.progress.as_ref().map_or(0, |p| p.step);
     if let Change::Restart { reason, summary, .. } = change
         && old.phase == Some(RunPhase::Succeeded)
@@ -138,7 +161,7 @@ pub fn decide(
                 cfg.schedule.total_steps, new.attempt
             ),
         );
-        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
+        return finish(run, &old, new, outcome, accepted, None, policies, now, d);
     }
     if status::is_terminal(&old) {
         let outcome = Outcome::new(
@@ -146,7 +169,7 @@ pub fn decide(
             old.reason.as_deref().unwrap_or(""),
             main_message(&old),
         );
-        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
+        return finish(run, &old, new, outcome, accepted, None, policies, now, d);
     }
 
     let current_name = job_name(&name, attempt);
@@ -183,7 +206,7 @@ pub fn decide(
                 new.attempt
             ),
         );
-        return finish(run, &old, new, outcome, accepted, None, signal_after, now, d);
+        return finish(run, &old, new, outcome, accepted, None, policies, now, d);
     }
 
     let outcome = match current {
@@ -302,7 +325,10 @@ pub fn decide(
                         Outcome::new(RunPhase::Failed, &reason, message)
                     }
                     Verdict::DeviceOutOfMemory { message } => {
-                        out_of_memory(&mut new, &mut d, cfg, &current_name, &message, now)
+                        out_of_memory::out_of_memory(&mut new, &mut d, cfg, &current_name, &message, now)
+                    }
+                    Verdict::NonFinite { message, at } => {
+                        rollback::non_finite(&mut new, &mut d, cfg, &current_name, &message, &at, now)
                     }
                     Verdict::Restart { reason, message, counts } => {
                         restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now)
@@ -362,7 +388,7 @@ pub fn decide(
             }
         }
     };
-    finish(run, &old, new, outcome, accepted, stall, signal_after, now, d)
+    finish(run, &old, new, outcome, accepted, stall, policies, now, d)
 }
 
 /// Starts the next attempt: the run's attempt goes up and `job`, the current one's
@@ -420,71 +446,6 @@ fn restart(
     )
 }
 
-/// A trainer ran out of GPU memory: with `onOutOfMemory: reduceMicroBatch` and a
-/// micro-batch left to reduce, a restart (not counted) at the reduced one, recorded in
-/// `status.effective`; otherwise the run fails.
-fn out_of_memory(
-    new: &mut TrainingRunStatus,
-    d: &mut Decision,
-    cfg: &RunConfig,
-    job: &str,
-    message: &str,
-    now: Timestamp,
-) -> Outcome {
-    let reduce = cfg.failure.on_out_of_memory == OnOutOfMemory::ReduceMicroBatch && cfg.grpo.is_none();
-    let reduced = cfg.reduced_micro_batch().and_then(|m| cfg.with_micro_batch(m).ok());
-    match reduced.filter(|_| reduce) {
-        Some(smaller) => {
-            let (was, now_micro) = (cfg.batch.micro_batch, smaller.batch.micro_batch);
-            new.effective.get_or_insert_default().micro_batch = Some(now_micro);
-            next_attempt(new, d, job);
-            Outcome::new(
-                RunPhase::Restarting,
-                RunReason::MicroBatchReduced,
-                format!(
-                    "{message}; restarting the gang from the last checkpoint as attempt {} with micro-batch {now_micro} \
-                     (was {was}; accumulation {} → {}, the global batch unchanged), not counted toward maxRestarts \
-                     (failurePolicy.onOutOfMemory: reduceMicroBatch)",
-                    new.attempt, cfg.batch.grad_accum, smaller.batch.grad_accum
-                ),
-            )
-        }
-        None => {
-            new.completion_time = Some(Time(now));
-            let spent = if reduce { "; the micro-batch is 1, nothing is left to reduce" } else { "" };
-            Outcome::new(RunPhase::Failed, FailureReason::OutOfMemory.as_str(), format!("{message}{spent}"))
-        }
-    }
-}
-
-/// GRPO's NoLearningSignal condition: True once `no_signal_steps` steps in a row had
-/// at least 90% of their prompt groups with equal rewards.
-fn learning_signal(new: &TrainingRunStatus, no_signal_steps: u32) -> Cond {
-    let m = new.metrics.as_ref();
-    let streak = m.and_then(|m| m.no_signal_steps).unwrap_or(0);
-    if streak < u64::from(no_signal_steps.max(1)) {
-        return Cond {
-            type_: "NoLearningSignal",
-            status: false,
-            reason: RunReason::LearningSignal.into(),
-            message: String::new(),
-        };
-    }
-    let frac = m.and_then(|m| m.frac_reward_zero_std).unwrap_or(1.0);
-    Cond {
-        type_: "NoLearningSignal",
-        status: true,
-        reason: RunReason::NoLearningSignal.into(),
-        message: format!(
-            "for {streak} steps in a row at least {:.0}% of the prompt groups got equal rewards for every completion \
-             (now {:.0}%), so they give no gradient: the questions are too easy or too hard for the policy, or \
-             sampling is too cold to vary (raise spec.grpo.temperature or generationsPerPrompt, or change the dataset)",
-            100.0 * crds::contract::NO_SIGNAL_FRACTION,
-            100.0 * frac
-        ),
-    }
-}
-
 fn main_message(s: &TrainingRunStatus) -> String {
     let main = match s.phase {
         Some(RunPhase::Succeeded) => "Succeeded",
@@ -504,7 +465,7 @@ fn finish(
     o: Outcome,
     accepted: Cond,
     stall: Option<stall::Stall>,
-    no_signal_steps: Option<u32>,
+    policies: Policies,
     now: Timestamp,
     mut d: Decision,
 ) -> Decision {
@@ -565,8 +526,9 @@ fn finish(
             cond("Suspended", false, RunReason::NotSuspended.as_str(), "")
         },
     ];
-    let signal = no_signal_steps.map(|n| learning_signal(&new, n));
-    let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).collect();
+    let signal = policies.no_signal_steps.map(|n| learning_signal::learning_signal(&new, n));
+    let rolled_back = policies.max_rollbacks.map(|max| rollback::rolled_back(&new, max));
+    let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).chain(rolled_back).collect();
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
     let was_silent = status::condition(old, "NoLearningSignal").is_some_and(|c| c.status == "True");
     match signal {

@@ -88,7 +88,9 @@ fn running_then_succeeded() {
 fn nan_fails_without_a_new_attempt() {
     let mut r = run(GPU_SPEC);
     step(&mut r, &Observed::default(), t("00:00:00"));
-    let nan = TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=nan".into() }.to_json();
+    let nan =
+        TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=nan".into(), samples: None }
+            .to_json();
     let obs = Observed {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(exited(1, 86, "Error", &nan), 1)],

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crds::config::{Device as RunDevice, RunConfig};
+use crds::contract::{FailedSamples, FailureReason};
 
 use crate::dist::Placement;
 use crate::dist::launch::{self, LaunchSpec};
@@ -131,7 +132,10 @@ pub struct WorkerArgs {
 }
 
 /// `trainer run`: one process in place, or `world_size` local worker processes on
-/// 127.0.0.1 through the same launcher a pod uses.
+/// 127.0.0.1 through the same launcher a pod uses. A non-finite step under
+/// `failurePolicy.onNaN: rollback` rolls back here as the operator would: the next
+/// attempt resumes from the checkpoint before it, past its samples
+/// ([`crds::rollback::plan`]), up to `maxRollbacks` times in one `trainer run`.
 pub fn run(args: &RunArgs) -> Result<(), Error> {
     let manifest = crds::manifest::from_file(&args.manifest)?;
     let mut cfg =
@@ -145,37 +149,87 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
         cfg.topology.device = RunDevice::Cpu;
     }
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from("runs").join(&cfg.name));
-    write_run_file(&output, &cfg)?;
     let stop = stop_on_signals()?;
-    let init_dir = init_dir_of(&output);
+    loop {
+        write_run_file(&output, &cfg)?;
+        let (result, non_finite) = run_attempt(args, &cfg, &output, stop.clone());
+        let Some((step, samples)) = non_finite else { return result };
+        match crds::rollback::plan(&cfg, &cfg.rollbacks, cfg.attempt, step, samples, 0) {
+            Ok(r) => {
+                tracing::warn!(
+                    "the loss or gradient norm of step {} was not finite: rolling back ({} of {}, \
+                     failurePolicy.onNaN: rollback) as attempt {}",
+                    r.step,
+                    cfg.rollbacks.len() + 1,
+                    cfg.failure.max_rollbacks,
+                    cfg.attempt + 1
+                );
+                cfg.rollbacks.push(r);
+                cfg.attempt += 1;
+            }
+            Err(why) => {
+                if !why.is_empty() {
+                    tracing::error!("the run fails as NaNLoss{why}");
+                }
+                return result;
+            }
+        }
+    }
+}
+
+/// One attempt of `trainer run`, and the failing step and its samples when a step was
+/// not finite.
+fn run_attempt(
+    args: &RunArgs,
+    cfg: &RunConfig,
+    output: &Path,
+    stop: Arc<AtomicBool>,
+) -> (Result<(), Error>, Option<(Option<u64>, Option<FailedSamples>)>) {
+    let init_dir = init_dir_of(output);
     if cfg.topology.world_size > 1 {
         let mut worker = vec![
             "worker".into(),
             "--config".into(),
             output.join(RUN_FILE).into_os_string(),
             "--output".into(),
-            output.clone().into_os_string(),
+            output.to_path_buf().into_os_string(),
             "--init-dir".into(),
             init_dir.into_os_string(),
             "--status-addr".into(),
             args.status_addr.to_string().into(),
         ];
         worker.extend(args.flags.to_args());
+        let port = match crate::dist::free_port() {
+            Ok(port) => port,
+            Err(e) => return (Err(e), None),
+        };
         let spec = LaunchSpec {
             nnodes: 1,
             node_rank: 0,
             nproc_per_node: cfg.topology.world_size,
             master_addr: "127.0.0.1".into(),
-            master_port: crate::dist::free_port()?,
+            master_port: port,
             program: None,
             worker_args: worker,
             termination_log: termination_log(),
             grace: LAUNCH_GRACE,
         };
-        return launch_outcome(launch::launch(&spec, stop)?);
+        return match launch::launch(&spec, stop) {
+            Ok(outcome) => {
+                let nan = outcome.message.as_ref().filter(|m| m.reason == FailureReason::NaNLoss);
+                let non_finite = nan.map(|m| (m.step, m.samples));
+                (launch_outcome(outcome), non_finite)
+            }
+            Err(e) => (Err(e), None),
+        };
     }
-    let opts = args.flags.run_options(output, init_dir, Placement::single());
-    train_and_report(&cfg, opts, Some(args.status_addr), stop)
+    let opts = args.flags.run_options(output.to_path_buf(), init_dir, Placement::single());
+    let result = train_and_report(cfg, opts, Some(args.status_addr), stop);
+    let non_finite = match &result {
+        Err(e) if e.reason() == Some(FailureReason::NaNLoss) => Some((e.step(), e.failed_samples())),
+        _ => None,
+    };
+    (result, non_finite)
 }
 
 /// Where `spec.init` names another run's output: beside this run's `output`, so

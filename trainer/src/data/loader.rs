@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
+use crds::rollback::skip_past;
+use crds::types::Rollback;
 use tch::{Device, Tensor};
 
 use super::mix::Mix;
@@ -14,7 +16,8 @@ use crate::Error;
 /// The global batch layout: every optimizer step consumes `global_sequences` samples
 /// starting at the data position; micro-step `m` of rank `r` reads the `micro_batch`
 /// samples starting at `position + (m·world + r)·micro_batch`, so the ranks' slices of
-/// every global batch are disjoint and together complete.
+/// every global batch are disjoint and together complete. A step never starts inside
+/// the samples a rollback skips ([`crds::rollback::skip_past`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchPlan {
     pub micro_batch: u64,
@@ -48,19 +51,31 @@ pub struct Loader {
     rx: Option<Receiver<Result<MicroBatch, Error>>>,
     thread: Option<JoinHandle<()>>,
     plan: BatchPlan,
+    rollbacks: Arc<[Rollback]>,
     /// The next micro-batch the trainer will ask for: (position, m).
     next: (u64, u32),
 }
 
 impl Loader {
-    /// Starts the thread at `position`, keeping up to `depth` micro-batches ready.
-    pub fn start(mix: Arc<Mix>, plan: BatchPlan, position: u64, device: Device, depth: usize) -> Result<Loader, Error> {
+    /// Starts the thread at the first step at or after `position` (past the samples
+    /// `rollbacks` skip), keeping up to `depth` micro-batches ready.
+    pub fn start(
+        mix: Arc<Mix>,
+        plan: BatchPlan,
+        rollbacks: &[Rollback],
+        position: u64,
+        device: Device,
+        depth: usize,
+    ) -> Result<Loader, Error> {
         let (tx, rx) = sync_channel(depth.max(1));
+        let rollbacks: Arc<[Rollback]> = rollbacks.into();
+        let position = skip_past(&rollbacks, position);
+        let skips = rollbacks.clone();
         let thread = std::thread::Builder::new()
             .name(format!("loader-rank{}", plan.rank))
-            .spawn(move || fill(&mix, plan, position, device, &tx))
+            .spawn(move || fill(&mix, plan, &skips, position, device, &tx))
             .map_err(|e| Error::Io { path: "loader thread".into(), source: e })?;
-        Ok(Loader { rx: Some(rx), thread: Some(thread), plan, next: (position, 0) })
+        Ok(Loader { rx: Some(rx), thread: Some(thread), plan, rollbacks, next: (position, 0) })
     }
 
     /// The next micro-batch, in order: micro-step `m` of the step at `position`.
@@ -82,7 +97,7 @@ impl Loader {
             .map_err(|_| Error::Data { name: "loader".into(), message: "the loader thread stopped".into() })??;
         debug_assert_eq!(batch.first_sample, self.plan.first_sample(position, m));
         self.next = if m + 1 == self.plan.grad_accum {
-            (position + self.plan.global_sequences(), 0)
+            (skip_past(&self.rollbacks, position + self.plan.global_sequences()), 0)
         } else {
             (position, m + 1)
         };
@@ -90,8 +105,16 @@ impl Loader {
     }
 }
 
-fn fill(mix: &Mix, plan: BatchPlan, mut position: u64, device: Device, tx: &SyncSender<Result<MicroBatch, Error>>) {
+fn fill(
+    mix: &Mix,
+    plan: BatchPlan,
+    rollbacks: &[Rollback],
+    mut position: u64,
+    device: Device,
+    tx: &SyncSender<Result<MicroBatch, Error>>,
+) {
     loop {
+        position = skip_past(rollbacks, position);
         for m in 0..plan.grad_accum {
             let first = plan.first_sample(position, m);
             let batch = (|| -> Result<MicroBatch, Error> {
@@ -152,9 +175,18 @@ mod tests {
             Mix::new(vec![SourceTokens { name: "a".into(), weight: 1.0, tokens: tokens.into() }], 16, 7).unwrap(),
         );
         let plan = BatchPlan { micro_batch: 3, grad_accum: 2, world_size: 2, rank: 1 };
-        let mut loader = Loader::start(mix.clone(), plan, 60, Device::Cpu, 3).unwrap();
-        for step in 0..5u64 {
-            let position = 60 + step * plan.global_sequences();
+        // A rollback skipped the third step's global batch: the loader passes over it.
+        let skipped = Rollback {
+            step: 3,
+            attempt: 1,
+            skip_from: 84,
+            skip_to: 96,
+            lr_factor: 0.5,
+            lr_until_step: 5,
+            from_step: Some(2),
+        };
+        let mut loader = Loader::start(mix.clone(), plan, &[skipped], 60, Device::Cpu, 3).unwrap();
+        for position in [60, 72, 96, 108, 120] {
             for m in 0..2 {
                 let b = loader.next(position, m).unwrap();
                 let (x, y, _) = mix.batch_tensors(plan.first_sample(position, m), 3).unwrap();

@@ -56,6 +56,8 @@ pub struct LaunchOutcome {
     /// What the launcher saw of that failure when the worker could not report it:
     /// the NCCL watchdog's line.
     pub cause: Option<String>,
+    /// The failed worker's termination message (or the launcher's, for it).
+    pub message: Option<TerminationMessage>,
 }
 
 /// The exit code a shell would report: the code, or 128 + the signal.
@@ -201,9 +203,13 @@ pub fn launch(spec: &LaunchSpec, stop: Arc<AtomicBool>) -> Result<LaunchOutcome,
     {
         let reason = FailureReason::CollectiveTimeout;
         tracing::error!(rank, code = outcome.exit_code, "the worker was ended by the NCCL watchdog: {line}");
-        text = Some(TerminationMessage { reason, step: None, detail: line.clone() }.to_json().into_bytes());
+        text =
+            Some(TerminationMessage { reason, step: None, detail: line.clone(), samples: None }.to_json().into_bytes());
         outcome.exit_code = reason.exit_code();
         outcome.cause = Some(line);
+    }
+    if outcome.failed_rank.is_some() {
+        outcome.message = text.as_deref().and_then(|t| TerminationMessage::parse(&String::from_utf8_lossy(t)));
     }
     if let (Some(path), Some(text)) = (&spec.termination_log, text) {
         std::fs::write(path, text).map_err(io_err(path))?;
@@ -267,8 +273,8 @@ fn supervise(workers: &mut [Worker], grace: Duration, stop: &AtomicBool) -> Resu
         std::thread::sleep(POLL);
     }
     Ok(match failed {
-        Some((rank, code)) => LaunchOutcome { exit_code: code, failed_rank: Some(rank), cause: None },
-        None => LaunchOutcome { exit_code: 0, failed_rank: None, cause: None },
+        Some((rank, code)) => LaunchOutcome { exit_code: code, failed_rank: Some(rank), cause: None, message: None },
+        None => LaunchOutcome { exit_code: 0, failed_rank: None, cause: None, message: None },
     })
 }
 
@@ -360,26 +366,40 @@ mod tests {
         let (outcome, message) = launch_sh("watchdog", &script);
         let detail = collective_failure(TIMEOUT).unwrap();
         let code = FailureReason::CollectiveTimeout.exit_code();
-        assert_eq!(outcome, LaunchOutcome { exit_code: code, failed_rank: Some(1), cause: Some(detail.clone()) });
         let message = TerminationMessage::parse(&message.expect("a termination message")).unwrap();
-        assert_eq!(message, TerminationMessage { reason: FailureReason::CollectiveTimeout, step: None, detail });
+        let want = TerminationMessage { reason: FailureReason::CollectiveTimeout, step: None, detail, samples: None };
+        assert_eq!(message, want);
+        assert_eq!(
+            outcome,
+            LaunchOutcome {
+                exit_code: code,
+                failed_rank: Some(1),
+                cause: want.detail.clone().into(),
+                message: Some(want)
+            }
+        );
     }
 
     #[test]
     fn any_other_crash_keeps_its_signal_and_leaves_the_log_tail_to_kubernetes() {
         let (outcome, message) = launch_sh("abort", "echo 'CUDA error: an illegal memory access' >&2; kill -ABRT $$");
-        assert_eq!(outcome, LaunchOutcome { exit_code: 134, failed_rank: Some(1), cause: None });
+        assert_eq!(outcome, LaunchOutcome { exit_code: 134, failed_rank: Some(1), cause: None, message: None });
         assert_eq!(message, None, "FallbackToLogsOnError takes the log tail only when the message is empty");
     }
 
     #[test]
     fn a_worker_that_reports_its_own_failure_is_believed() {
-        let own =
-            TerminationMessage { reason: FailureReason::NaNLoss, step: Some(9), detail: "loss NaN".into() }.to_json();
-        let script = format!("echo '{TIMEOUT}' >&2; printf '%s' '{own}' > \"${}\"; exit 86", env::TERMINATION_LOG);
+        let own = TerminationMessage {
+            reason: FailureReason::NaNLoss,
+            step: Some(9),
+            detail: "loss NaN".into(),
+            samples: Some(crds::contract::FailedSamples { from: 64, to: 72, checkpoint: 32 }),
+        };
+        let json = own.to_json();
+        let script = format!("echo '{TIMEOUT}' >&2; printf '%s' '{json}' > \"${}\"; exit 86", env::TERMINATION_LOG);
         let (outcome, message) = launch_sh("own", &script);
-        assert_eq!(outcome, LaunchOutcome { exit_code: 86, failed_rank: Some(1), cause: None });
-        assert_eq!(message.as_deref(), Some(own.as_str()));
+        assert_eq!(outcome, LaunchOutcome { exit_code: 86, failed_rank: Some(1), cause: None, message: Some(own) });
+        assert_eq!(message.as_deref(), Some(json.as_str()));
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct StepContext<'a> {
     pub reducer: Option<&'a GradReducer>,
     /// The optimizer step being computed (1-based).
     pub step: u64,
+    /// The first prompt of its generated batch in the run's prompt order (ranks take
+    /// consecutive shares from it).
+    pub first_prompt: u64,
     /// Multiplies the loss (NaN under fault injection).
     pub scale: f64,
 }
@@ -170,9 +173,9 @@ impl Grpo {
         &self.questions
     }
 
-    /// Prompts handed out after `step` optimizer steps (the checkpoint's data position).
-    pub fn prompts_consumed(&self, step: u64) -> u64 {
-        step.div_ceil(self.g.iterations as u64) * self.g.prompts_per_step as u64
+    /// Prompts of one generated batch, all ranks.
+    pub fn prompts_per_step(&self) -> u64 {
+        self.g.prompts_per_step as u64
     }
 
     /// Whether a run may stop (and checkpoint) after `step`: between generated batches.
@@ -269,7 +272,7 @@ impl Grpo {
         let group = g.generations_per_prompt as usize;
         let tok = ctx.tokenizer;
         let eos = tok.eos_id() as i64;
-        let first = generation * g.prompts_per_step as u64 + ctx.rank as u64 * g.prompts_per_rank as u64;
+        let first = ctx.first_prompt + ctx.rank as u64 * g.prompts_per_rank as u64;
         let records: Vec<_> =
             (0..g.prompts_per_rank as u64).map(|k| self.questions.nth(first + k, self.seed)).collect();
         let max_prompt = self.max_prompt_tokens();

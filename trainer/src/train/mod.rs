@@ -121,7 +121,13 @@ pub struct Trainer {
     tokenizer: Tokenizer,
     step: u64,
     tokens: u64,
+    /// Where the next step's samples start in the run's sample order (before any a
+    /// rollback skips).
     data_position: u64,
+    /// The samples of the step in progress (GRPO: of its generated batch).
+    window: Option<std::ops::Range<u64>>,
+    /// The data position of the newest checkpoint, for a rollback.
+    checkpoint_position: u64,
     resumed_from: Option<u64>,
     /// Changes accepted on resume, carried into every checkpoint.
     history: Vec<crate::checkpoint::ConfigChange>,
@@ -276,6 +282,8 @@ impl Trainer {
             step: 0,
             tokens: 0,
             data_position: 0,
+            window: None,
+            checkpoint_position: 0,
             resumed_from: None,
             history: Vec::new(),
             faults: Faults::from_env(p.rank, cfg.attempt),
@@ -480,6 +488,7 @@ impl Trainer {
             }
             let stopping = self.step == last_step || self.may_stop();
             if checkpoint_due && !stopping {
+                self.checkpoint_position = self.data_position;
                 let (model, optimizer) = (self.checkpoint_model()?, self.opt.checkpoint_state()?);
                 // Training goes on while the background thread writes.
                 let payload = self.payload(model, last_loss, optimizer);

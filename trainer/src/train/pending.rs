@@ -17,6 +17,8 @@ pub(super) struct PendingStep {
     pub values: Tensor,
     pub grpo: Option<GrpoStats>,
     pub tokens_by_source: Vec<(String, u64)>,
+    /// The samples it trained on ([`super::Trainer::step_window`]).
+    pub samples: std::ops::Range<u64>,
     pub started: Instant,
 }
 

@@ -51,7 +51,10 @@ pub(super) fn find_resume(
         }
         found = checkpoint::latest_valid(dir)?;
     }
-    let Some(loaded) = found else { return Ok(None) };
+    let Some(loaded) = found else {
+        log_rollbacks(cfg, 0, rank0);
+        return Ok(None);
+    };
     let fingerprint = resume_fingerprint(cfg);
     let state = &loaded.state;
     if state.config_hash != fingerprint && !state.config_hash.contains("-corpus") && fingerprint.contains("-corpus") {
@@ -73,7 +76,27 @@ pub(super) fn find_resume(
             message: format!("{}: {message}", loaded.dir.display()),
         })?;
     }
+    log_rollbacks(cfg, state.step, rank0);
     Ok(Some(Resume { loaded, spec_warmup }))
+}
+
+/// Records that the rollbacks not resumed from yet resume from the checkpoint of
+/// `step` (0: none), and says what each one does.
+fn log_rollbacks(cfg: &mut RunConfig, step: u64, rank0: bool) {
+    for r in crds::rollback::resumed_at(&mut cfg.rollbacks, step) {
+        if rank0 {
+            tracing::warn!(
+                "rolling back after the non-finite step {} of attempt {}: training again from step {step}, never on \
+                 samples {}..{} of the run's order, at {}× the learning rate through step {}",
+                r.step,
+                r.attempt,
+                r.skip_from,
+                r.skip_to,
+                r.lr_factor,
+                r.lr_until_step
+            );
+        }
+    }
 }
 
 impl Trainer {
@@ -87,6 +110,7 @@ impl Trainer {
             self.step = state.step;
             self.tokens = state.tokens;
             self.data_position = state.data_position;
+            self.checkpoint_position = state.data_position;
             self.resumed_from = Some(self.step);
             self.history = state.history.clone();
             let changes = state.config.as_ref().map(|was| self.cfg.record_differences(was)).unwrap_or_default();

@@ -2,9 +2,11 @@
 //! GRPO), the gradient all-reduce, clipping and AdamW, queued on the device; and the
 //! sync that reads queued steps back.
 
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crds::contract::FailedSamples;
 use crds::presets::H100_PEAK_BF16_FLOPS;
 use tch::{Device, Kind, Tensor};
 
@@ -58,7 +60,9 @@ impl Trainer {
                 .train
                 .clone()
                 .ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
-            self.loader = Some(Loader::start(train, self.batch_plan(), self.data_position, self.device, depth)?);
+            let plan = self.batch_plan();
+            self.loader =
+                Some(Loader::start(train, plan, &self.cfg.rollbacks, self.data_position, self.device, depth)?);
         }
         let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
         // From pinned memory the copies run asynchronously with respect to the host.
@@ -75,7 +79,7 @@ impl Trainer {
     /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
     fn track_sources(&mut self) -> Vec<(String, u64)> {
         let Some(train) = self.train.clone() else { return Vec::new() };
-        let counts = train.counts_at(self.data_position);
+        let mut counts = train.counts_at(self.data_position);
         let seq = self.cfg.batch.seq_len as u64;
         for (s, epoch) in self.epochs(&counts).into_iter().enumerate() {
             if epoch > self.source_epochs[s] {
@@ -90,8 +94,30 @@ impl Trainer {
                 }
             }
         }
+        // Samples a rollback skipped took their place in the order, but were not trained on.
+        for skipped in crds::rollback::skipped_below(&self.cfg.rollbacks, self.data_position) {
+            let (before, after) = (train.counts_at(skipped.start), train.counts_at(skipped.end));
+            for (c, (b, a)) in counts.iter_mut().zip(before.iter().zip(&after)) {
+                *c -= a - b;
+            }
+        }
         let names = train.sources().iter().map(|s| s.name.clone());
         names.zip(counts.iter().map(|c| c * seq)).collect()
+    }
+
+    /// The samples optimizer step `step` trains on: the global batch at the data
+    /// position (past any a rollback skips); for GRPO, its generated batch's prompts,
+    /// which every step of that batch shares.
+    fn step_window(&self, step: u64) -> Range<u64> {
+        let start = |len: u64| {
+            let from = crds::rollback::skip_past(&self.cfg.rollbacks, self.data_position);
+            from..from + len
+        };
+        match (&self.grpo, &self.window) {
+            (None, _) => start(self.cfg.batch.global_sequences),
+            (Some(g), Some(w)) if !g.at_boundary(step - 1) => w.clone(),
+            (Some(g), _) => start(g.prompts_per_step()),
+        }
     }
 
     /// The forward and backward passes of one optimizer step over `grad_accum`
@@ -101,6 +127,11 @@ impl Trainer {
     pub fn compute_gradients(&mut self) -> Result<Tensor, Error> {
         let step = self.step + 1;
         let accum = self.cfg.batch.grad_accum;
+        let window = self.step_window(step);
+        if self.grpo.is_none() {
+            self.data_position = window.start;
+        }
+        self.window = Some(window);
         self.faults.before_step(step, self.opts.placement.rank, self.device)?;
         let (loss, grpo) = if self.grpo.is_some() {
             let (loss, sums, sampling, training) = self.grpo_gradients(step, self.faults.loss_scale(step, 1.0))?;
@@ -148,6 +179,7 @@ impl Trainer {
             group: self.ddp.as_ref().map(|(g, _)| g.as_ref()),
             reducer: self.ddp.as_ref().map(|(_, r)| r),
             step,
+            first_prompt: self.window.as_ref().map_or(0, |w| w.start),
             scale,
         };
         let out = grpo.gradients(&ctx);
@@ -226,8 +258,9 @@ impl Trainer {
     pub(super) fn launch_step(&mut self) -> Result<(), Error> {
         let started = Instant::now();
         let step = self.step + 1;
-        let lr = self.cfg.schedule.lr_at(self.tokens);
+        let lr = self.cfg.lr_at(step, self.tokens);
         let loss = self.compute_gradients()?;
+        let samples = self.window.clone().expect("set by compute_gradients");
         let norm = self.ddp.as_ref().map(|(_, reducer)| reducer.grad_norm()).transpose()?;
         let (grad_norm, _skipped) =
             self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr), norm)?;
@@ -240,10 +273,7 @@ impl Trainer {
             StepScalars::on_device(&loss.f_to_kind(Kind::Float)?, &grad_norm.f_to_device(self.device)?, &stop)?;
         self.step = step;
         self.tokens += self.cfg.batch.tokens_per_step;
-        self.data_position = match &self.grpo {
-            Some(g) => g.prompts_consumed(step),
-            None => self.data_position + self.cfg.batch.global_sequences,
-        };
+        self.data_position = samples.end;
         let tokens_by_source = self.track_sources();
         self.pending.push(PendingStep {
             step,
@@ -252,6 +282,7 @@ impl Trainer {
             values,
             grpo: self.last_grpo.take(),
             tokens_by_source,
+            samples,
             started,
         });
         Ok(())
@@ -281,7 +312,9 @@ impl Trainer {
         for (p, v) in pending.into_iter().zip(bytemuck::cast_slice::<f64, StepScalars>(&values)) {
             let (loss, grad_norm) = (v.loss, v.grad_norm);
             if !loss.is_finite() || !grad_norm.is_finite() {
-                return Err(Error::NonFinite { step: p.step, loss, grad_norm });
+                let samples =
+                    FailedSamples { from: p.samples.start, to: p.samples.end, checkpoint: self.checkpoint_position };
+                return Err(Error::NonFinite { step: p.step, loss, grad_norm, samples: Some(samples) });
             }
             if self.ddp.is_some() {
                 self.stop_agreed = v.stop_votes > 0.0;

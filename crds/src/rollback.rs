@@ -1,0 +1,190 @@
+//! Rollbacks after a non-finite step (`failurePolicy.onNaN: rollback`), pure: the
+//! samples the run's data order passes over, the learning rate's factor at a step, and
+//! how the rollbacks a checkpoint recorded join the ones the operator asks for. The
+//! data order is a function of (seed, position, rollbacks) alone, so a run that rolled
+//! back trains exactly what an uninterrupted run with the same rollbacks would.
+
+use std::ops::Range;
+
+use crate::RunConfig;
+use crate::contract::FailedSamples;
+use crate::types::{OnNaN, Rollback, RollbackSkip};
+
+/// The rollback `cfg`'s failure policy asks for after the non-finite `step` (`None`:
+/// unknown, taken as the one after `trained`) of `attempt`, whose samples were
+/// `samples` (`None`: unknown, nothing is skipped), given the rollbacks `done` so
+/// far; or why the run fails instead (empty under `onNaN: fail`). The operator and
+/// `trainer run` both decide with it.
+pub fn plan(
+    cfg: &RunConfig,
+    done: &[Rollback],
+    attempt: u32,
+    step: Option<u64>,
+    samples: Option<FailedSamples>,
+    trained: u64,
+) -> Result<Rollback, String> {
+    let f = &cfg.failure;
+    if f.on_nan == OnNaN::Fail {
+        return Err(String::new());
+    }
+    if done.len() as u64 >= u64::from(f.max_rollbacks) {
+        return Err(format!(
+            "; no rollbacks left after {} (failurePolicy.maxRollbacks {})",
+            done.len(),
+            f.max_rollbacks
+        ));
+    }
+    let step = step.unwrap_or(trained + 1);
+    let (skip_from, skip_to) = match (samples, f.rollback_skip) {
+        (Some(s), RollbackSkip::FailingStep) => (s.from, s.to),
+        (Some(s), RollbackSkip::SinceCheckpoint) => (s.checkpoint.min(s.from), s.to),
+        (None, _) => (0, 0),
+    };
+    Ok(Rollback {
+        step,
+        attempt,
+        skip_from,
+        skip_to,
+        lr_factor: f.rollback_lr_factor,
+        lr_until_step: step + f.rollback_lr_steps,
+        from_step: None,
+    })
+}
+
+/// Where a batch that would start at global sample `position` starts: past every
+/// skipped range that holds it.
+pub fn skip_past(rollbacks: &[Rollback], mut position: u64) -> u64 {
+    while let Some(r) = rollbacks.iter().find(|r| r.skip_from <= position && position < r.skip_to) {
+        position = r.skip_to;
+    }
+    position
+}
+
+/// The skipped samples below `position`, as disjoint ranges in order.
+pub fn skipped_below(rollbacks: &[Rollback], position: u64) -> Vec<Range<u64>> {
+    let mut ranges: Vec<Range<u64>> =
+        rollbacks.iter().map(|r| r.skip_from..r.skip_to.min(position)).filter(|r| !r.is_empty()).collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// The learning rate's factor at optimizer step `step` (1-based): the product of the
+/// factors of the rollbacks whose window, after the checkpoint rolled back to through
+/// `lr_until_step`, holds it. A rollback the trainer has not resumed from yet applies
+/// nowhere.
+pub fn lr_factor_at(rollbacks: &[Rollback], step: u64) -> f64 {
+    rollbacks
+        .iter()
+        .filter(|r| r.from_step.is_some_and(|from| from < step) && step <= r.lr_until_step)
+        .map(|r| r.lr_factor)
+        .product()
+}
+
+/// Whether `a` and `b` are the same rollback (one non-finite step of one attempt).
+fn same(a: &Rollback, b: &Rollback) -> bool {
+    (a.step, a.attempt) == (b.step, b.attempt)
+}
+
+/// The rollbacks a run resuming a checkpoint goes on with: every one the checkpoint
+/// `recorded` (as recorded, with the step it resumed from), then those of `wanted` it
+/// has not seen, oldest attempt first.
+pub fn merge(wanted: &[Rollback], recorded: &[Rollback]) -> Vec<Rollback> {
+    let mut out = recorded.to_vec();
+    out.extend(wanted.iter().filter(|w| !recorded.iter().any(|r| same(r, w))).cloned());
+    out.sort_by_key(|r| (r.attempt, r.step));
+    out
+}
+
+/// Records that the run resumed from the checkpoint of `step` (0: none) for every
+/// rollback that has not resumed yet; returns those.
+pub fn resumed_at(rollbacks: &mut [Rollback], step: u64) -> Vec<Rollback> {
+    let mut started = Vec::new();
+    for r in rollbacks.iter_mut().filter(|r| r.from_step.is_none()) {
+        r.from_step = Some(step);
+        started.push(r.clone());
+    }
+    started
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rb(step: u64, attempt: u32, skip: Range<u64>, until: u64, from: Option<u64>) -> Rollback {
+        Rollback {
+            step,
+            attempt,
+            skip_from: skip.start,
+            skip_to: skip.end,
+            lr_factor: 0.5,
+            lr_until_step: until,
+            from_step: from,
+        }
+    }
+
+    #[test]
+    fn positions_skip_past_every_range_they_fall_in() {
+        // Two rollbacks whose ranges touch, and one apart.
+        let rs = [rb(13, 1, 96..104, 20, Some(10)), rb(14, 2, 104..112, 22, Some(10)), rb(30, 3, 200..208, 40, None)];
+        let cases =
+            [(0, 0), (95, 95), (96, 112), (100, 112), (104, 112), (111, 112), (112, 112), (200, 208), (208, 208)];
+        for (position, want) in cases {
+            assert_eq!(skip_past(&rs, position), want, "position {position}");
+        }
+        assert_eq!(skip_past(&[], 7), 7);
+    }
+
+    #[test]
+    fn skipped_ranges_below_a_position_are_disjoint_and_clipped() {
+        let rs = [rb(30, 3, 200..208, 40, None), rb(13, 1, 96..104, 20, Some(10)), rb(14, 2, 100..112, 22, None)];
+        let cases: [(u64, Vec<Range<u64>>); 4] =
+            [(96, vec![]), (100, vec![96..100]), (150, vec![96..112]), (300, vec![96..112, 200..208])];
+        for (position, want) in cases {
+            assert_eq!(skipped_below(&rs, position), want, "below {position}");
+        }
+    }
+
+    #[test]
+    fn the_factor_holds_from_the_checkpoint_through_its_last_step() {
+        let mut second = rb(18, 2, 0..0, 24, Some(16));
+        second.lr_factor = 0.25;
+        let rs = [rb(13, 1, 0..0, 20, Some(10)), second, rb(40, 3, 0..0, 50, None)];
+        let cases = [
+            (10, 1.0),   // the checkpoint's own step was trained before the rollback
+            (11, 0.5),   // the first step trained again
+            (13, 0.5),   // the failing step
+            (16, 0.5),   // the second rollback's checkpoint step
+            (17, 0.125), // both
+            (20, 0.125), // the first one's last step
+            (21, 0.25),  // the second alone
+            (24, 0.25),  // its last
+            (25, 1.0),   // back to the schedule
+            (45, 1.0),   // a rollback not resumed from yet
+        ];
+        for (step, want) in cases {
+            assert_eq!(lr_factor_at(&rs, step), want, "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_checkpoints_record_wins_and_new_rollbacks_join_it() {
+        let recorded = [rb(13, 1, 96..104, 20, Some(10))];
+        let wanted = [rb(13, 1, 96..104, 20, None), rb(18, 2, 136..144, 24, None)];
+        let mut merged = merge(&wanted, &recorded);
+        assert_eq!(merged, [recorded[0].clone(), wanted[1].clone()]);
+        // The operator's status lost nothing the checkpoint knows, and the reverse.
+        assert_eq!(merge(&[], &recorded), recorded);
+        assert_eq!(merge(&wanted[1..], &recorded), merged);
+        let started = resumed_at(&mut merged, 16);
+        assert_eq!(started, [rb(18, 2, 136..144, 24, Some(16))]);
+        assert_eq!(merged[0].from_step, Some(10), "a rollback resumed earlier keeps its step");
+        assert!(resumed_at(&mut merged, 20).is_empty());
+    }
+}
