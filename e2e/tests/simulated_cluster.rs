@@ -166,12 +166,17 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
 }
 
 /// NaN loss, a host OOM and a full checkpoint claim end their runs at once with their
-/// own reasons.
+/// own reasons; with `onNaN: rollback` the NaN run rolls back past the failing step's
+/// samples and succeeds as the run given that rollback from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     let sim = Sim::new("failures").await;
     let nan = format!("{SPEC}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"3\"}}\n");
     sim.apply("nan", &nan);
+    let rollback = format!(
+        "{SPEC}  failurePolicy: {{onNaN: rollback}}\n  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"12\"}}\n    - {{name: TRAINER_INJECT_ATTEMPT, value: \"1\"}}\n"
+    );
+    sim.apply("rollback", &rollback);
     sim.apply("oom", SPEC);
     // Rank 0, which writes the checkpoints, finds the claim full at the checkpoint of step 8.
     let full = format!(
@@ -227,7 +232,62 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
         let phases = sim.phases_through(run, RunPhase::Failed).await;
         assert!(!phases.contains(&RunPhase::Restarting), "{run}: {phases:?}");
     }
-    // The surviving rank learns of its peer's death at its next collective, then exits.
+
+    // NaN at step 12 of attempt 1 (16 sequences a step, a checkpoint every 8): attempt 2
+    // resumes from step 8, never trains on 176..192, and trains steps 9-20 at half the rate.
+    let s = sim.wait_phase("rollback", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (2, 0));
+    let rollbacks = s.effective.map(|e| e.rollbacks).unwrap_or_default();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    let r = &rollbacks[0];
+    assert_eq!((r.step, r.attempt, r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step), (12, 1, 176, 192, 0.5, 20));
+    sim.expect_event("rollback", "Warning", "NaNRollback").await;
+    let (rolled, reason, _) = sim.condition("rollback", "RolledBack");
+    assert_eq!((rolled.as_str(), reason.as_str()), ("True", "NaNRollback"));
+    sim.expect_metric(r#"trainingrun_rollbacks{name="rollback",namespace="ml"} 1"#).await;
+    let losses = sim.step_losses("rollback");
+    assert_eq!(losses.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    // The uninterrupted run given the same rollback (as its checkpoints record it, from
+    // step 8), on one process: the losses agree.
+    let dir = sim.checkpoint_dir("rollback");
+    let latest = std::fs::read_to_string(dir.join("latest")).unwrap();
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(latest.trim()).join("state.json")).unwrap()).unwrap();
+    let recorded: Vec<crds::types::Rollback> = serde_json::from_value(state["config"]["rollbacks"].clone()).unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].from_step, Some(8), "the trainer records the checkpoint it rolled back to");
+    let one_node = SPEC.replace("nodes: 2", "nodes: 1");
+    let manifest = format!(
+        "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {{name: rollback}}\nspec:\n{one_node}"
+    );
+    let mut cfg = crds::resolve(&crds::manifest::from_yaml(&manifest, "one node").unwrap()).unwrap();
+    cfg.rollbacks = recorded;
+    let reference = dir.parent().unwrap().join("rollback-reference");
+    std::fs::create_dir_all(&reference).unwrap();
+    std::fs::write(reference.join("run.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
+    let out = std::process::Command::new(common::sim::trainer_bin())
+        .args(["worker", "--no-sample", "--config"])
+        .arg(reference.join("run.json"))
+        .arg("--output")
+        .arg(&reference)
+        .arg("--init-dir")
+        .arg(&reference)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(reference.join("metrics.jsonl")).unwrap();
+    let expected: Vec<f64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["kind"] == "step")
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(expected.len(), 40);
+    let worst = losses.iter().zip(&expected).map(|(a, b)| (a.1 - b).abs() / b.abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-5, "the rolled-back run differs from the run that skipped from the start by {worst:e}");
+
+    // The failed runs' surviving ranks learned of its peer's death at its next collective, then exits.
     let start = Instant::now();
     while !sim.cluster.running().is_empty() && start.elapsed() < MINUTES(1) {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -3,7 +3,8 @@
 //! without counting; anything else restarts it and counts toward maxRestarts.
 
 use crds::RunConfig;
-use crds::contract::{ExitReport, FailedSamples, FailureReason, RunReason, TrainerStatus};
+use crds::contract::{ExitReport, FailureReason, RunReason, TrainerStatus};
+use crds::rollback::NonFinite;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -32,14 +33,6 @@ pub enum Verdict {
     /// Pods are missing or not yet running; `stuck` says why, once it has lasted
     /// longer than the pending timeout.
     Pending { stuck: Option<(String, String)> },
-}
-
-/// Where a non-finite step was, as its trainer reported it (nothing when its pods
-/// are gone).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NonFinite {
-    pub step: Option<u64>,
-    pub samples: Option<FailedSamples>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -288,7 +281,7 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
             return Verdict::DeviceOutOfMemory { message: f.message.clone() };
         }
         if let Some(at) = &f.non_finite {
-            return Verdict::NonFinite { message: f.message.clone(), at: at.clone() };
+            return Verdict::NonFinite { message: f.message.clone(), at: *at };
         }
         return Verdict::Failed { reason: f.reason.clone(), message: f.message.clone() };
     }

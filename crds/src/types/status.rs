@@ -20,7 +20,8 @@ pub struct TrainingRunStatus {
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Accepted, Running, Restarting, Succeeded, Failed, Stalled, Suspended.
+    /// Accepted, Running, Restarting, Succeeded, Failed, Stalled, Suspended; with
+    /// GRPO, NoLearningSignal; with failurePolicy.onNaN: rollback, RolledBack.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -10,8 +10,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Decision, Outcome, next_attempt};
-use crate::failure::NonFinite;
 use crate::status::Cond;
+use crds::rollback::NonFinite;
 
 /// A trainer's step was not finite: a rollback recorded in `status.effective.rollbacks`
 /// and a new attempt, or the run fails as NaNLoss.
@@ -26,7 +26,7 @@ pub(super) fn non_finite(
 ) -> Outcome {
     let done = new.effective.as_ref().map_or(&[][..], |e| &e.rollbacks[..]);
     let trained = new.progress.as_ref().map_or(0, |p| p.step);
-    match crds::rollback::plan(cfg, done, new.attempt, at.step, at.samples, trained) {
+    match crds::rollback::plan(cfg, done, new.attempt, *at, trained) {
         Ok(r) => {
             let n = done.len() + 1;
             let skipped = match (at.samples, cfg.failure.rollback_skip) {
@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn the_policy_decides_what_a_rollback_skips_and_lowers() {
         let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 1536, to: 1664, checkpoint: 1280 }) };
-        let earlier = plan(&config("    onNaN: rollback\n"), &[], 1, at.step, at.samples, 12).unwrap();
+        let earlier = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
         struct Case {
             policy: &'static str,
             done: usize,
@@ -111,26 +111,26 @@ mod tests {
             want: Result<(u64, u64, f64, u64), &'static str>,
         }
         let cases = [
-            Case { policy: "    maxRestarts: 3\n", done: 0, at: at.clone(), want: Err("") },
+            Case { policy: "    maxRestarts: 3\n", done: 0, at, want: Err("") },
             // The defaults: the failing step's batch, half the rate for one checkpoint interval (100).
-            Case { policy: "    onNaN: rollback\n", done: 0, at: at.clone(), want: Ok((1536, 1664, 0.5, 113)) },
+            Case { policy: "    onNaN: rollback\n", done: 0, at, want: Ok((1536, 1664, 0.5, 113)) },
             Case {
                 policy: "    onNaN: rollback\n    rollbackSkip: sinceCheckpoint\n    rollbackLrFactor: 0.25\n    rollbackLrSteps: 5\n",
                 done: 0,
-                at: at.clone(),
+                at,
                 want: Ok((1280, 1664, 0.25, 18)),
             },
-            Case { policy: "    onNaN: rollback\n", done: 1, at: at.clone(), want: Ok((1536, 1664, 0.5, 113)) },
+            Case { policy: "    onNaN: rollback\n", done: 1, at, want: Ok((1536, 1664, 0.5, 113)) },
             Case {
                 policy: "    onNaN: rollback\n",
                 done: 2,
-                at: at.clone(),
+                at,
                 want: Err("; no rollbacks left after 2 (failurePolicy.maxRollbacks 2)"),
             },
             Case {
                 policy: "    onNaN: rollback\n    maxRollbacks: 0\n",
                 done: 0,
-                at: at.clone(),
+                at,
                 want: Err("; no rollbacks left after 0 (failurePolicy.maxRollbacks 0)"),
             },
             // Pods gone: the step from status, nothing skipped.
@@ -138,7 +138,7 @@ mod tests {
         ];
         for c in cases {
             let done = vec![earlier.clone(); c.done];
-            let got = plan(&config(c.policy), &done, 2, c.at.step, c.at.samples, 12)
+            let got = plan(&config(c.policy), &done, 2, c.at, 12)
                 .map(|r| (r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step));
             assert_eq!(got, c.want.map_err(String::from), "{}", c.policy);
         }
@@ -151,7 +151,7 @@ mod tests {
         let c = rolled_back(&s, 2);
         assert_eq!((c.status, c.reason.as_str()), (false, "NotRolledBack"));
         let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 96, to: 104, checkpoint: 80 }) };
-        let r = plan(&config("    onNaN: rollback\n"), &[], 1, at.step, at.samples, 12).unwrap();
+        let r = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
         s.effective.get_or_insert_default().rollbacks.push(r);
         let c = rolled_back(&s, 2);
         assert_eq!((c.status, c.reason.as_str()), (true, "NaNRollback"));

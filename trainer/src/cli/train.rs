@@ -9,7 +9,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crds::config::{Device as RunDevice, RunConfig};
-use crds::contract::{FailedSamples, FailureReason};
+use crds::contract::FailureReason;
+use crds::rollback::NonFinite;
 
 use crate::dist::Placement;
 use crate::dist::launch::{self, LaunchSpec};
@@ -153,8 +154,8 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
     loop {
         write_run_file(&output, &cfg)?;
         let (result, non_finite) = run_attempt(args, &cfg, &output, stop.clone());
-        let Some((step, samples)) = non_finite else { return result };
-        match crds::rollback::plan(&cfg, &cfg.rollbacks, cfg.attempt, step, samples, 0) {
+        let Some(at) = non_finite else { return result };
+        match crds::rollback::plan(&cfg, &cfg.rollbacks, cfg.attempt, at, 0) {
             Ok(r) => {
                 tracing::warn!(
                     "the loss or gradient norm of step {} was not finite: rolling back ({} of {}, \
@@ -184,7 +185,7 @@ fn run_attempt(
     cfg: &RunConfig,
     output: &Path,
     stop: Arc<AtomicBool>,
-) -> (Result<(), Error>, Option<(Option<u64>, Option<FailedSamples>)>) {
+) -> (Result<(), Error>, Option<NonFinite>) {
     let init_dir = init_dir_of(output);
     if cfg.topology.world_size > 1 {
         let mut worker = vec![
@@ -217,7 +218,7 @@ fn run_attempt(
         return match launch::launch(&spec, stop) {
             Ok(outcome) => {
                 let nan = outcome.message.as_ref().filter(|m| m.reason == FailureReason::NaNLoss);
-                let non_finite = nan.map(|m| (m.step, m.samples));
+                let non_finite = nan.map(|m| NonFinite { step: m.step, samples: m.samples });
                 (launch_outcome(outcome), non_finite)
             }
             Err(e) => (Err(e), None),
@@ -226,7 +227,9 @@ fn run_attempt(
     let opts = args.flags.run_options(output.to_path_buf(), init_dir, Placement::single());
     let result = train_and_report(cfg, opts, Some(args.status_addr), stop);
     let non_finite = match &result {
-        Err(e) if e.reason() == Some(FailureReason::NaNLoss) => Some((e.step(), e.failed_samples())),
+        Err(e) if e.reason() == Some(FailureReason::NaNLoss) => {
+            Some(NonFinite { step: e.step(), samples: e.failed_samples() })
+        }
         _ => None,
     };
     (result, non_finite)
