@@ -28,6 +28,7 @@ fn build_shim(lib: &Path, cuda: bool) {
         .file("csrc/shim.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/memory.cpp")
+        .file("csrc/timing.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(gloo_include())
@@ -58,7 +59,7 @@ fn build_shim(lib: &Path, cuda: bool) {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/memory.cpp", "csrc/guarded.h"] {
+    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/memory.cpp", "csrc/timing.cpp", "csrc/guarded.h"] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=GLOO_INCLUDE_DIR");

@@ -293,10 +293,22 @@ pub struct ResolvedFailure {
     pub rollback_lr_steps: u64,
     #[serde(default)]
     pub rollback_skip: RollbackSkip,
+    #[serde(default = "default_straggler_factor")]
+    pub straggler_factor: f64,
+    #[serde(default = "default_straggler_readings")]
+    pub straggler_readings: u32,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn default_straggler_factor() -> f64 {
+    1.3
+}
+
+fn default_straggler_readings() -> u32 {
+    3
 }
 
 impl RunConfig {
@@ -331,6 +343,8 @@ impl RunConfig {
             rollback_lr_factor: 1.0,
             rollback_lr_steps: 0,
             rollback_skip: RollbackSkip::FailingStep,
+            straggler_factor: 0.0,
+            straggler_readings: 0,
         };
         // Rollbacks are history the checkpoints carry forward: see `continue_from`.
         c.rollbacks = Vec::new();

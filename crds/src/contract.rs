@@ -236,11 +236,16 @@ pub enum RunReason {
     NaNRollback,
     /// RolledBack=False: the run never rolled back.
     NotRolledBack,
+    /// Straggler=True: one rank's work per step stays over failurePolicy.stragglerFactor
+    /// × the median rank's.
+    Straggler,
+    /// Straggler=False: the ranks keep pace (and the event when a straggler recovers).
+    NoStraggler,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 37] = [
+    pub const OPERATOR: [RunReason; 39] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -278,6 +283,8 @@ impl RunReason {
         RunReason::LearningSignal,
         RunReason::NaNRollback,
         RunReason::NotRolledBack,
+        RunReason::Straggler,
+        RunReason::NoStraggler,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -325,6 +332,8 @@ impl RunReason {
             RunReason::LearningSignal => "LearningSignal",
             RunReason::NaNRollback => "NaNRollback",
             RunReason::NotRolledBack => "NotRolledBack",
+            RunReason::Straggler => "Straggler",
+            RunReason::NoStraggler => "NoStraggler",
         }
     }
 
@@ -455,6 +464,23 @@ pub struct TrainerStatus {
     /// mix's exact counts.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tokens_by_source: std::collections::BTreeMap<String, u64>,
+    /// Every rank's time per step before the collectives, over the last sync interval
+    /// (several ranks): what finds a straggler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankTiming>,
+}
+
+/// One rank's seconds per optimizer step, averaged over a sync interval, measured
+/// before the collectives (after them every rank looks as slow as the slowest).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankTiming {
+    pub rank: u32,
+    /// Its own work: forward and backward (and GRPO's sampling), up to the wait for
+    /// the gradient all-reduce.
+    pub compute_seconds: f64,
+    /// Waiting for the data loader.
+    pub data_wait_seconds: f64,
 }
 
 #[cfg(test)]
@@ -519,6 +545,7 @@ mod tests {
             metrics: RunMetrics { loss: Some(3.5), tokens_per_second: Some(4096), ..Default::default() },
             last_checkpoint: None,
             tokens_by_source: Default::default(),
+            ranks: Vec::new(),
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["loss"], 3.5);
@@ -546,6 +573,7 @@ mod tests {
             metrics: RunMetrics { loss: Some(1.5), ..Default::default() },
             last_checkpoint: None,
             tokens_by_source: Default::default(),
+            ranks: Vec::new(),
         };
         let json = serde_json::to_string(&done).unwrap();
         assert_eq!(ExitReport::parse(&json), Some(ExitReport::Success(Box::new(done))));

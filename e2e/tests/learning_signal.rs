@@ -39,6 +39,7 @@ fn report(h: &Harness, step: u64, silent: u64, flat: f64) {
         },
         last_checkpoint: None,
         tokens_by_source: Default::default(),
+        ranks: Vec::new(),
     });
 }
 

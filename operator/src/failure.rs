@@ -587,6 +587,7 @@ pub(crate) mod tests {
             metrics: crds::types::RunMetrics { loss: Some(0.64), ..Default::default() },
             last_checkpoint: None,
             tokens_by_source: Default::default(),
+            ranks: Vec::new(),
         };
         let pods = [exited(0, 0, "Completed", &serde_json::to_string(&done).unwrap()), exited(1, 0, "Completed", "")];
         let v = verdict(&job(json!([{"type": "Complete", "status": "True"}])), &pods);

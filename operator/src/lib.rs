@@ -15,6 +15,7 @@ pub mod resources;
 pub mod settings;
 pub mod stall;
 pub mod status;
+pub mod straggler;
 pub mod validate;
 
 /// Field manager of every server-side apply, and the event reporter.

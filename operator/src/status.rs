@@ -11,6 +11,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const CONDITION_TYPES: [&str; 7] =
     ["Accepted", "Running", "Restarting", "Succeeded", "Failed", "Stalled", "Suspended"];
 
+/// The conditions of failure policies, after those, on the runs they apply to: GRPO's
+/// NoLearningSignal, RolledBack under `onNaN: rollback`, Straggler with several ranks.
+pub const POLICY_CONDITION_TYPES: [&str; 3] = [NO_LEARNING_SIGNAL, ROLLED_BACK, STRAGGLER];
+pub const NO_LEARNING_SIGNAL: &str = "NoLearningSignal";
+pub const ROLLED_BACK: &str = "RolledBack";
+pub const STRAGGLER: &str = "Straggler";
+
 /// One condition as the pipeline decided it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cond {
@@ -163,6 +170,7 @@ mod tests {
                 time: None,
             }),
             tokens_by_source: Default::default(),
+            ranks: Vec::new(),
         };
         apply_report(&mut s, &cfg, &report);
         let p = s.progress.clone().unwrap();

@@ -280,6 +280,25 @@ fn two_processes_resume_after_a_stop_with_the_same_loss_sequence() {
     );
 }
 
+/// A rank slowed by 200 ms a step (`TRAINER_INJECT_SLOW_STEP_MS` on rank 1) shows as
+/// slow in every rank's step times, which rank 0 gathers at each sync and reports: the
+/// others' compute stays what it was, though their steps wait for it in the all-reduce.
+#[test]
+fn a_slow_rank_stands_out_in_the_gathered_step_times() {
+    let slow = [("TRAINER_INJECT_SLOW_STEP_MS", "200"), ("TRAINER_INJECT_RANK", "1")];
+    let (out, log) = common::run_logged(&scratch("slow-rank"), &manifest_text_for_processes(), &slow);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let Some(crds::contract::ExitReport::Success(report)) = crds::contract::ExitReport::parse(&log.unwrap_or_default())
+    else {
+        panic!("no final report")
+    };
+    let ranks = &report.ranks;
+    assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1], "{ranks:?}");
+    let (fast, slow) = (ranks[0].compute_seconds, ranks[1].compute_seconds);
+    assert!(slow >= 0.2 && slow - fast >= 0.15, "rank 1 sleeps 200 ms a step: {ranks:?}");
+    assert!(ranks.iter().all(|r| r.data_wait_seconds >= 0.0 && r.data_wait_seconds < 0.2), "{ranks:?}");
+}
+
 /// Two CPU ranks, 8 steps, checkpoints every 4.
 fn manifest_text_for_processes() -> String {
     manifest_yaml(2, 4, 1024, "8192")

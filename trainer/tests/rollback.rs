@@ -16,7 +16,7 @@ use trainer::telemetry::server::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{manifest_yaml, max_rel_loss_diff, scratch, trainer_bin};
+use common::{manifest_yaml, max_rel_loss_diff, scratch};
 
 /// One rank, 16 sequences of 64 tokens a step, 12 steps, a checkpoint every 4, NaN
 /// rollback with the lowered rate for 3 steps past the failing one.
@@ -33,19 +33,9 @@ fn config(yaml: &str) -> RunConfig {
 
 /// `trainer run` of `yaml` into `dir/out` with `env`: exit code, termination message, stderr.
 fn run_bin(dir: &Path, yaml: &str, env: &[(&str, &str)]) -> (i32, Option<TerminationMessage>, String) {
-    let manifest = dir.join("run.yaml");
-    std::fs::write(&manifest, yaml).unwrap();
-    let log = dir.join("termination-log");
-    let out = trainer_bin()
-        .args(["run", "--no-sample", "-o"])
-        .arg(dir.join("out"))
-        .arg(&manifest)
-        .env("TRAINER_TERMINATION_LOG", &log)
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let msg = std::fs::read_to_string(&log).ok().and_then(|t| TerminationMessage::parse(&t));
+    let env: Vec<(&str, &str)> = [("RUST_LOG", "info")].into_iter().chain(env.iter().copied()).collect();
+    let (out, log) = common::run_logged(dir, yaml, &env);
+    let msg = log.and_then(|t| TerminationMessage::parse(&t));
     (out.status.code().unwrap_or(-1), msg, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

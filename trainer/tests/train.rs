@@ -178,19 +178,8 @@ fn the_metrics_log_is_continuous_across_a_resume() {
 
 /// Runs `trainer run` on `yaml` with extra env; returns (exit code, termination message).
 fn run_bin(name: &str, yaml: &str, env: &[(&str, &str)]) -> (i32, Option<TerminationMessage>, String) {
-    let dir = scratch(name);
-    let manifest = dir.join("run.yaml");
-    std::fs::write(&manifest, yaml).unwrap();
-    let log = dir.join("termination-log");
-    let out = trainer_bin()
-        .args(["run", "--no-sample", "-o"])
-        .arg(dir.join("out"))
-        .arg(&manifest)
-        .env("TRAINER_TERMINATION_LOG", &log)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let msg = std::fs::read_to_string(&log).ok().and_then(|t| TerminationMessage::parse(&t));
+    let (out, log) = common::run_logged(&scratch(name), yaml, env);
+    let msg = log.and_then(|t| TerminationMessage::parse(&t));
     (out.status.code().unwrap_or(-1), msg, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

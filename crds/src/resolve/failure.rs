@@ -1,6 +1,6 @@
 //! `spec.failurePolicy`.
 
-use super::Errors;
+use super::errors::Errors;
 use crate::config::*;
 use crate::types::*;
 
@@ -24,6 +24,12 @@ pub(super) fn resolve_failure(e: &mut Errors, f: &FailurePolicy, checkpoint_ever
     if !(factor > 0.0 && factor <= 1.0) {
         e.add("spec.failurePolicy.rollbackLrFactor", format!("{factor} is not in (0, 1]"));
     }
+    if f.straggler_factor.is_nan() || f.straggler_factor <= 1.0 {
+        e.add("spec.failurePolicy.stragglerFactor", format!("{} is not above 1", f.straggler_factor));
+    }
+    if f.straggler_readings == 0 {
+        e.add("spec.failurePolicy.stragglerReadings", "must be at least 1");
+    }
     Some(ResolvedFailure {
         max_restarts: f.max_restarts,
         stall_timeout_seconds: stall?,
@@ -34,5 +40,7 @@ pub(super) fn resolve_failure(e: &mut Errors, f: &FailurePolicy, checkpoint_ever
         rollback_lr_factor: factor,
         rollback_lr_steps: u64::from(f.rollback_lr_steps.unwrap_or(checkpoint_every)),
         rollback_skip: f.rollback_skip,
+        straggler_factor: f.straggler_factor,
+        straggler_readings: f.straggler_readings,
     })
 }

@@ -1,6 +1,6 @@
 //! `spec.grpo`.
 
-use super::Errors;
+use super::errors::Errors;
 use super::sources::parse_location;
 use crate::config::*;
 use crate::contract::EMBEDDED_QUESTION_SETS;

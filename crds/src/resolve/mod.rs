@@ -1,83 +1,22 @@
 //! `resolve`: TrainingRun spec → RunConfig. Every rule the CRD's CEL enforces is
 //! checked here too, so `trainer run` on a laptop rejects what the API server would.
 
-use std::fmt;
-
 use crate::config::*;
 use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
-use crate::quantity::{TokenQuantity, format_tokens};
+use crate::quantity::format_tokens;
 use crate::types::*;
 
+mod errors;
 mod failure;
 mod grpo;
 mod sources;
 
+use errors::{Errors, check_name};
+pub use errors::{FieldError, InvalidSpec, MAX_NAME_LEN};
 use failure::resolve_failure;
 use grpo::resolve_grpo;
 pub use sources::parse_location_str;
 use sources::{parse_location, resolve_checkpoint, resolve_data, resolve_init};
-
-/// Longest TrainingRun name: children append suffixes such as `-a12-3` and pod
-/// hostnames must stay within 63 characters.
-pub const MAX_NAME_LEN: usize = 48;
-
-/// One problem with a spec, named by its field path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-/// Every problem found in a spec.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidSpec(pub Vec<FieldError>);
-
-impl fmt::Display for InvalidSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.0.iter().map(|e| e.to_string()).collect();
-        f.write_str(&parts.join("; "))
-    }
-}
-
-impl std::error::Error for InvalidSpec {}
-
-impl InvalidSpec {
-    /// Whether some error names `field` (exactly, or a sub-field of it).
-    pub fn names(&self, field: &str) -> bool {
-        self.0.iter().any(|e| {
-            e.field == field || e.field.starts_with(&format!("{field}.")) || e.field.starts_with(&format!("{field}["))
-        })
-    }
-}
-
-#[derive(Default)]
-struct Errors(Vec<FieldError>);
-
-impl Errors {
-    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(FieldError { field: field.into(), message: message.into() });
-    }
-
-    fn tokens(&mut self, field: &str, q: &TokenQuantity) -> Option<u64> {
-        q.value().map_err(|e| self.add(field, e.to_string())).ok()
-    }
-
-    fn positive(&mut self, field: &str, v: Option<u32>) -> Option<u32> {
-        match v {
-            Some(0) => {
-                self.add(field, "must be at least 1");
-                None
-            }
-            v => v,
-        }
-    }
-}
 
 /// Resolves a TrainingRun into the exact configuration the trainer runs; with
 /// `spec.topology.gpuMemory`, only if its plan ([`crate::plan`]) fits the GPUs.
@@ -181,25 +120,6 @@ pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
         data_sized_for: None,
         rollbacks: Vec::new(),
     })
-}
-
-fn check_name(e: &mut Errors, field: &str, name: &str) {
-    if name.is_empty() {
-        e.add(field, "is required");
-        return;
-    }
-    let ok = name.len() <= MAX_NAME_LEN
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if !ok {
-        e.add(
-            field,
-            format!(
-                "{name:?} must be a DNS label of at most {MAX_NAME_LEN} characters: lowercase letters, digits and '-', starting with a letter"
-            ),
-        );
-    }
 }
 
 fn check_label_value(e: &mut Errors, field: &str, v: &str) {

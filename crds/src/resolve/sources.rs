@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Errors, check_name};
+use super::errors::{Errors, check_name};
 use crate::config::*;
 use crate::contract::{CHECKPOINT_MOUNT, EMBEDDED_SOURCES};
 use crate::types::*;

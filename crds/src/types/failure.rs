@@ -55,6 +55,16 @@ pub struct FailurePolicy {
     /// rolled back to through that step.
     #[serde(default)]
     pub rollback_skip: RollbackSkip,
+    /// A rank whose own work per step (before the gradient all-reduce) takes more than
+    /// this many times the median rank's is a straggler; above 1.
+    #[serde(default = "default_straggler_factor")]
+    #[x_kube(validation = Rule::new("self > 1.0").message("stragglerFactor must be above 1"))]
+    pub straggler_factor: f64,
+    /// Readings of rank 0's status in a row (each at a new step) that find the same
+    /// straggler before the Straggler condition is set. Report only: nothing restarts.
+    #[serde(default = "default_straggler_readings")]
+    #[x_kube(validation = Rule::new("self >= 1").message("stragglerReadings must be at least 1"))]
+    pub straggler_readings: u32,
 }
 
 fn default_max_restarts() -> u32 {
@@ -69,6 +79,12 @@ fn default_max_rollbacks() -> u32 {
 fn default_rollback_lr_factor() -> f64 {
     0.5
 }
+fn default_straggler_factor() -> f64 {
+    1.3
+}
+fn default_straggler_readings() -> u32 {
+    3
+}
 
 impl Default for FailurePolicy {
     fn default() -> Self {
@@ -82,6 +98,8 @@ impl Default for FailurePolicy {
             rollback_lr_factor: default_rollback_lr_factor(),
             rollback_lr_steps: None,
             rollback_skip: RollbackSkip::default(),
+            straggler_factor: default_straggler_factor(),
+            straggler_readings: default_straggler_readings(),
         }
     }
 }

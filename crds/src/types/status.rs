@@ -21,7 +21,8 @@ pub struct TrainingRunStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Accepted, Running, Restarting, Succeeded, Failed, Stalled, Suspended; with
-    /// GRPO, NoLearningSignal; with failurePolicy.onNaN: rollback, RolledBack.
+    /// GRPO, NoLearningSignal; with failurePolicy.onNaN: rollback, RolledBack; with
+    /// several ranks, Straggler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -57,6 +58,10 @@ pub struct TrainingRunStatus {
     /// Settings a failure policy changed from the spec's; the run's attempts use them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective: Option<EffectiveSettings>,
+    /// The rank whose work per step is slowest, while it is over
+    /// failurePolicy.stragglerFactor × the median rank's (several ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub straggler: Option<Straggler>,
     /// Topology for display, nodes x GPUs per node, e.g. "4x2".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
@@ -194,6 +199,28 @@ pub struct CheckpointRef {
     /// When it was completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<String>,
+}
+
+/// A rank slower than the others, from rank 0's per-rank step times.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Straggler {
+    /// Its global rank.
+    pub rank: u32,
+    /// Its pod, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The node of its pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Its compute seconds per step.
+    pub compute_seconds: f64,
+    /// The median rank's.
+    pub median_seconds: f64,
+    /// Readings in a row, up to the last, that found it over the factor.
+    pub readings: u32,
+    /// The step of the last reading: a reading counts once per new step.
+    pub step: u64,
 }
 
 /// Settings a failure policy changed from the spec's.

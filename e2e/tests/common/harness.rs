@@ -72,6 +72,7 @@ impl Rank0 {
                 time: Some("2026-01-01T00:30:00Z".into()),
             }),
             tokens_by_source: Default::default(),
+            ranks: Vec::new(),
         });
     }
 }
@@ -191,6 +192,9 @@ impl Harness {
                 "spec": j["spec"]["template"]["spec"],
                 "status": {"phase": phase},
             });
+            let mut pod = pod;
+            // The scheduler's choice.
+            pod["spec"]["nodeName"] = json!(format!("node-{i}"));
             self.fake.insert(pod);
         }
     }

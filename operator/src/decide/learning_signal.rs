@@ -3,7 +3,7 @@
 use crds::contract::RunReason;
 use crds::types::TrainingRunStatus;
 
-use crate::status::Cond;
+use crate::status::{Cond, NO_LEARNING_SIGNAL};
 
 /// GRPO's NoLearningSignal condition: True once `no_signal_steps` steps in a row had
 /// at least 90% of their prompt groups with equal rewards.
@@ -12,7 +12,7 @@ pub(super) fn learning_signal(new: &TrainingRunStatus, no_signal_steps: u32) -> 
     let streak = m.and_then(|m| m.no_signal_steps).unwrap_or(0);
     if streak < u64::from(no_signal_steps.max(1)) {
         return Cond {
-            type_: "NoLearningSignal",
+            type_: NO_LEARNING_SIGNAL,
             status: false,
             reason: RunReason::LearningSignal.into(),
             message: String::new(),
@@ -20,7 +20,7 @@ pub(super) fn learning_signal(new: &TrainingRunStatus, no_signal_steps: u32) -> 
     }
     let frac = m.and_then(|m| m.frac_reward_zero_std).unwrap_or(1.0);
     Cond {
-        type_: "NoLearningSignal",
+        type_: NO_LEARNING_SIGNAL,
         status: true,
         reason: RunReason::NoLearningSignal.into(),
         message: format!(

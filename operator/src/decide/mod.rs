@@ -19,6 +19,7 @@ use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR, job_name};
 use crate::settings::Settings;
 use crate::stall;
 use crate::status::{self, Cond};
+use crate::straggler;
 
 mod learning_signal;
 mod out_of_memory;
@@ -32,6 +33,8 @@ struct Policies {
     /// RolledBack, out of this many rollbacks (`onNaN: rollback`, or a run that has
     /// rolled back).
     max_rollbacks: Option<u32>,
+    /// Several ranks: Straggler after this many readings in a row.
+    straggler_readings: Option<u32>,
 }
 
 impl Policies {
@@ -40,6 +43,7 @@ impl Policies {
         Policies {
             no_signal_steps: cfg.grpo.as_ref().map(|g| g.no_signal_steps),
             max_rollbacks: (cfg.failure.on_nan == OnNaN::Rollback || rolled_back).then_some(cfg.failure.max_rollbacks),
+            straggler_readings: (cfg.topology.world_size > 1).then_some(cfg.failure.straggler_readings),
         }
     }
 }
@@ -338,6 +342,9 @@ pub fn decide(
                         let old_step = old.progress.as_ref().map_or(0, |p| p.step);
                         if let Some(t) = &obs.trainer {
                             status::apply_report(&mut new, cfg, t);
+                            let f = cfg.failure.straggler_factor;
+                            new.straggler = straggler::track(old.straggler.as_ref(), &t.ranks, t.step, f)
+                                .map(|s| straggler::placed(s, &pods, cfg.topology.procs_per_node));
                         }
                         let p = new.progress.as_mut().expect("set above");
                         let last = old.progress.as_ref().and_then(|p| p.last_progress_time.as_ref()).map(|t| t.0);
@@ -395,6 +402,7 @@ pub fn decide(
 /// Job, goes with its pods. Returns the new attempt.
 fn next_attempt(new: &mut TrainingRunStatus, d: &mut Decision, job: &str) -> u32 {
     new.attempt += 1;
+    new.straggler = None;
     d.delete_jobs.push(job.to_string());
     new.attempt
 }
@@ -528,9 +536,13 @@ fn finish(
     ];
     let signal = policies.no_signal_steps.map(|n| learning_signal::learning_signal(&new, n));
     let rolled_back = policies.max_rollbacks.map(|max| rollback::rolled_back(&new, max));
-    let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).chain(rolled_back).collect();
+    if !is(RunPhase::Running) {
+        new.straggler = None;
+    }
+    let slow = policies.straggler_readings.map(|n| straggler::condition(new.straggler.as_ref(), n));
+    let conds: Vec<Cond> = conds.into_iter().chain(signal.clone()).chain(rolled_back).chain(slow.clone()).collect();
     new.conditions = status::conditions(&old.conditions, &conds, run.metadata.generation, now);
-    let was_silent = status::condition(old, "NoLearningSignal").is_some_and(|c| c.status == "True");
+    let was_silent = status::condition(old, status::NO_LEARNING_SIGNAL).is_some_and(|c| c.status == "True");
     match signal {
         Some(c) if c.status && !was_silent => {
             d.notes.push(Note { warning: true, reason: c.reason.clone(), message: c.message.clone() })
@@ -539,6 +551,19 @@ fn finish(
             warning: false,
             reason: c.reason.clone(),
             message: "the rewards vary within prompt groups again".into(),
+        }),
+        _ => {}
+    }
+
+    let was_slow = status::condition(old, status::STRAGGLER).filter(|c| c.status == "True");
+    match (&slow, was_slow) {
+        (Some(c), None) if c.status => {
+            d.notes.push(Note { warning: true, reason: c.reason.clone(), message: c.message.clone() })
+        }
+        (Some(c), Some(was)) if !c.status && is(RunPhase::Running) => d.notes.push(Note {
+            warning: false,
+            reason: RunReason::NoStraggler.into(),
+            message: format!("the ranks keep pace again (was: {})", was.message),
         }),
         _ => {}
     }

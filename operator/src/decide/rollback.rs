@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Decision, Outcome, next_attempt};
-use crate::status::Cond;
+use crate::status::{Cond, ROLLED_BACK};
 use crds::rollback::NonFinite;
 
 /// A trainer's step was not finite: a rollback recorded in `status.effective.rollbacks`
@@ -65,7 +65,7 @@ pub(super) fn rolled_back(new: &TrainingRunStatus, max_rollbacks: u32) -> Cond {
     let done = new.effective.as_ref().map_or(&[][..], |e| &e.rollbacks[..]);
     if done.is_empty() {
         return Cond {
-            type_: "RolledBack",
+            type_: ROLLED_BACK,
             status: false,
             reason: RunReason::NotRolledBack.into(),
             message: String::new(),
@@ -81,7 +81,7 @@ pub(super) fn rolled_back(new: &TrainingRunStatus, max_rollbacks: u32) -> Cond {
         })
         .collect();
     Cond {
-        type_: "RolledBack",
+        type_: ROLLED_BACK,
         status: true,
         reason: RunReason::NaNRollback.into(),
         message: format!("{} of {max_rollbacks} rollbacks after non-finite steps: {}", done.len(), each.join("; ")),

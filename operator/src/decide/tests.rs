@@ -47,7 +47,8 @@ fn first_decision_creates_the_job_and_writes_every_condition() {
     assert_eq!(s.topology.as_deref(), Some("2x4"));
     assert_eq!(s.progress.as_ref().unwrap().display.as_deref(), Some("0.0%"));
     let types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
-    assert_eq!(types, status::CONDITION_TYPES);
+    let two_by_four = [&status::CONDITION_TYPES[..], &["Straggler"]].concat();
+    assert_eq!(types, two_by_four, "8 ranks: Straggler too");
     assert!(s.conditions.iter().all(|c| c.observed_generation == Some(1)));
     assert_eq!(cond(&r, "Accepted"), ("True".into(), "Accepted".into()));
     // Once the Job exists, deciding again on the same world asks for nothing
@@ -193,6 +194,7 @@ fn stall_is_reported_once_then_clears() {
         metrics: Default::default(),
         last_checkpoint: None,
         tokens_by_source: Default::default(),
+        ranks: Vec::new(),
     };
     let obs = |step| Observed {
         jobs: vec![attempt_job(1, json!([]))],

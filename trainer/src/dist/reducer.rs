@@ -26,7 +26,7 @@ use torch_sys::C_tensor;
 use super::group::{ProcessGroup, ReduceOp};
 use super::shard::{ShardLayout, cache_line_alignment};
 use crate::Error;
-use crate::ffi::{ptrs, take_message};
+use crate::ffi::{StreamMark, ptrs, take_message};
 
 mod raw {
     use super::*;
@@ -96,6 +96,11 @@ pub struct GradReducer {
     raw: NonNull<c_void>,
     n_buckets: usize,
     scattering: bool,
+    /// Where the parameters (and so the backward pass) live.
+    device: Device,
+    /// Where this rank's own work of the last accumulation ended: marked as
+    /// [`Self::finish`] starts to wait for the buckets, before any peer can slow it.
+    compute_end: std::sync::Mutex<Option<StreamMark>>,
     // The shim keeps a raw pointer to the group: it must outlive the reducer.
     _group: Arc<ProcessGroup>,
 }
@@ -188,6 +193,8 @@ impl GradReducer {
             raw: NonNull::new(out).expect("the shim returns a reducer"),
             n_buckets: bucket_len.len(),
             scattering: shard_grads.is_some(),
+            device: params.first().map_or(Device::Cpu, Tensor::device),
+            compute_end: std::sync::Mutex::new(None),
             _group: group,
         })
     }
@@ -230,6 +237,13 @@ impl GradReducer {
         self.n_buckets
     }
 
+    /// Where this rank's own work ended in the last [`Self::finish`] (once): the end of
+    /// its compute, before the wait for its peers. Under zero2, which waits at every
+    /// micro-step, the earlier micro-steps' waits fall before it.
+    pub fn take_compute_end(&self) -> Option<StreamMark> {
+        self.compute_end.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Arms the reducer: the next backward pass's gradients are synchronized.
     pub fn prepare(&self) -> Result<(), Error> {
         self.arm(true)
@@ -246,6 +260,7 @@ impl GradReducer {
     /// After the armed backward: waits for every bucket and leaves each parameter's
     /// gradient averaged over the ranks (scattering: this rank's shards of the average).
     pub fn finish(&self) -> Result<(), Error> {
+        *self.compute_end.lock().unwrap_or_else(|e| e.into_inner()) = Some(StreamMark::now(self.device)?);
         // SAFETY: a live reducer.
         let err = unsafe { raw::shim_reducer_finish(self.raw.as_ptr()) };
         take_message(err).map_or(Ok(()), |m| Err(self.error(m)))

@@ -95,9 +95,11 @@ mod raw {
 
 mod memory;
 mod message;
+mod timing;
 
 pub use memory::*;
 pub(crate) use message::{check, ptrs, take_message};
+pub use timing::StreamMark;
 
 /// `torch.autograd.backward(roots, grads)`: backpropagates `grads[i]` from `roots[i]`
 /// (a leaf too) in one engine pass, so a parameter reached from several roots gets a

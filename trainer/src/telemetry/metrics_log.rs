@@ -429,7 +429,9 @@ impl Sink for MetricsLog {
             Event::Accuracy { step, tokens, score, .. } => self.accuracy(step, tokens, score),
             Event::Checkpoint(checkpoint) => self.checkpoint(checkpoint),
             Event::Sample { step, tokens, prompt, text } => self.sample(step, tokens, Some(prompt), text),
-            Event::Started(_) | Event::Phase(_) | Event::NonFinite { .. } | Event::Failure(_) => Ok(()),
+            Event::Started(_) | Event::Phase(_) | Event::Ranks(_) | Event::NonFinite { .. } | Event::Failure(_) => {
+                Ok(())
+            }
         }
     }
 }

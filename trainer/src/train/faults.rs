@@ -15,6 +15,8 @@ pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
 pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
 /// Writing the checkpoint of this step, or of any later one, finds the disk full (ENOSPC).
 pub const INJECT_DISK_FULL_ENV: &str = "TRAINER_INJECT_DISK_FULL_AT_STEP";
+/// Every step sleeps this many milliseconds before its forward pass: a straggler.
+pub const INJECT_SLOW_ENV: &str = "TRAINER_INJECT_SLOW_STEP_MS";
 /// The injections above apply only to this global rank (default: all).
 pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
 /// The injections above apply only to this gang attempt (default: all).
@@ -27,6 +29,7 @@ pub struct Faults {
     oom: Option<u64>,
     kill: Option<u64>,
     disk_full: Option<u64>,
+    slow_ms: Option<u64>,
 }
 
 impl Faults {
@@ -41,12 +44,16 @@ impl Faults {
             oom: injected(INJECT_OOM_ENV, rank),
             kill: injected(INJECT_KILL_ENV, rank),
             disk_full: injected(INJECT_DISK_FULL_ENV, rank),
+            slow_ms: injected(INJECT_SLOW_ENV, rank),
         }
     }
 
     /// Before step `step`'s first forward pass: a real allocation failure through
-    /// libtorch's allocator, or SIGKILL.
+    /// libtorch's allocator, SIGKILL, or a delay.
     pub fn before_step(&self, step: u64, rank: u32, device: Device) -> Result<(), Error> {
+        if let Some(ms) = self.slow_ms {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         if self.oom == Some(step) {
             let _ = Tensor::f_empty([1 << 40], (Kind::Float, device))?;
         }

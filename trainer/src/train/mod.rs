@@ -10,6 +10,7 @@ pub mod precision;
 pub mod report;
 pub mod restore;
 pub mod step;
+mod timing;
 pub mod units;
 
 use std::path::{Path, PathBuf};
@@ -145,6 +146,14 @@ pub struct Trainer {
     stop_flags: Option<Tensor>,
     /// Steps queued since the last sync, oldest first.
     pending: Vec<PendingStep>,
+    /// Seconds the step in progress has waited for the data loader.
+    data_wait: f64,
+    /// The step in progress's marks before the collectives, until it is queued.
+    step_timing: Option<timing::StepTiming>,
+    /// This rank's step times since the last sync (several ranks).
+    rank_totals: timing::RankTotals,
+    /// Every rank's step times, gathered at the last sync, until they are reported.
+    rank_timings: Option<Vec<crds::contract::RankTiming>>,
     sync_every: u64,
 }
 
@@ -293,6 +302,10 @@ impl Trainer {
             stop_agreed: false,
             stop_flags: None,
             pending: Vec::new(),
+            data_wait: 0.0,
+            step_timing: None,
+            rank_totals: timing::RankTotals::default(),
+            rank_timings: None,
             sync_every: match (cfg.grpo.is_some(), opts_sync_every) {
                 // A GRPO step reads its rewards on the host anyway.
                 (true, _) => 1,
@@ -476,6 +489,9 @@ impl Trainer {
                 losses.push((report.step, report.loss));
                 last_loss = Some(report.loss);
                 sinks.emit(Event::Step(&report))?;
+            }
+            if let Some(ranks) = self.rank_timings.take() {
+                sinks.emit(Event::Ranks(&ranks))?;
             }
             if eval_due {
                 sinks.emit(Event::Phase(TrainerPhase::Evaluating))?;

@@ -19,6 +19,8 @@ pub(super) struct PendingStep {
     pub tokens_by_source: Vec<(String, u64)>,
     /// The samples it trained on ([`super::Trainer::step_window`]).
     pub samples: std::ops::Range<u64>,
+    /// Its marks before the collectives (several ranks).
+    pub timing: Option<super::timing::StepTiming>,
     pub started: Instant,
 }
 

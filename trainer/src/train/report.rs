@@ -107,6 +107,8 @@ pub enum Event<'a> {
         prompt: &'a str,
         text: &'a str,
     },
+    /// Every rank's time per step before the collectives, over the last sync interval.
+    Ranks(&'a [crds::contract::RankTiming]),
     /// A step's loss or gradient norm was NaN or infinite (the step is not reported).
     NonFinite {
         step: u64,

@@ -12,11 +12,13 @@ use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
 use super::pending::{PendingStep, StepScalars};
+use super::timing::StepTiming;
 use super::units::Sharded;
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
 use crate::data::loader::{BatchPlan, Loader};
 use crate::dist::ReduceOp;
+use crate::ffi::StreamMark;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
 use crate::model::{Residency, Resident};
@@ -64,7 +66,9 @@ impl Trainer {
             self.loader =
                 Some(Loader::start(train, plan, &self.cfg.rollbacks, self.data_position, self.device, depth)?);
         }
+        let waited = Instant::now();
         let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
+        self.data_wait += waited.elapsed().as_secs_f64();
         // From pinned memory the copies run asynchronously with respect to the host.
         let to = |t: &Tensor| t.f_to_device_(self.device, Kind::Int64, self.device.is_cuda(), false);
         Ok((to(&b.inputs)?, to(&b.targets)?))
@@ -132,6 +136,8 @@ impl Trainer {
             self.data_position = window.start;
         }
         self.window = Some(window);
+        let start = if self.ddp.is_some() { Some(StreamMark::now(self.device)?) } else { None };
+        self.data_wait = 0.0;
         self.faults.before_step(step, self.opts.placement.rank, self.device)?;
         let (loss, grpo) = if self.grpo.is_some() {
             let (loss, sums, sampling, training) = self.grpo_gradients(step, self.faults.loss_scale(step, 1.0))?;
@@ -139,10 +145,12 @@ impl Trainer {
         } else {
             (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
         };
-        let Some((group, _)) = &self.ddp else {
+        let Some((group, reducer)) = &self.ddp else {
             self.last_grpo = grpo.map(|(sums, s, t)| self.signal(GrpoStats::from_sums(&sums, s, t)));
             return Ok(loss);
         };
+        self.step_timing =
+            start.map(|start| StepTiming { start, end: reducer.take_compute_end(), data_wait: self.data_wait });
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
         // in the same all-reduce: one f32 tensor laid out as [`StepTotals`].
         let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
@@ -283,6 +291,7 @@ impl Trainer {
             grpo: self.last_grpo.take(),
             tokens_by_source,
             samples,
+            timing: self.step_timing.take(),
             started,
         });
         Ok(())
@@ -300,6 +309,10 @@ impl Trainer {
             Ok(Vec::<f64>::try_from(all.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?.f_reshape([-1])?)?)
         };
         let values = read().map_err(|e| e.at_step(first_step))?;
+        // The read completed every queued step's work, and so its timing marks.
+        for t in pending.iter().filter_map(|p| p.timing.as_ref()) {
+            self.rank_totals.add(t)?;
+        }
         let seconds = started.elapsed().as_secs_f64();
         let tokens_per_second = (pending.len() as u64 * self.cfg.batch.tokens_per_step) as f64 / seconds;
         let mfu = self.device.is_cuda().then(|| {
@@ -331,6 +344,9 @@ impl Trainer {
                 gpu_memory,
                 tokens_by_source: p.tokens_by_source,
             });
+        }
+        if let Some((group, _)) = &self.ddp {
+            self.rank_timings = Some(self.rank_totals.gather(group, self.device)?);
         }
         Ok(reports)
     }

@@ -115,6 +115,23 @@ pub fn run(manifest: &Path, out: &Path, extra: &[&str]) -> std::process::Output 
     trainer_bin().args(["run", "--no-sample", "-o"]).arg(out).arg(manifest).args(extra).output().unwrap()
 }
 
+/// `trainer run --no-sample -o <dir>/out <dir>/run.yaml` of `yaml`, with `env`, to its
+/// end: what it printed and the text of its termination log (`<dir>/termination-log`).
+pub fn run_logged(dir: &Path, yaml: &str, env: &[(&str, &str)]) -> (std::process::Output, Option<String>) {
+    let manifest = dir.join("run.yaml");
+    std::fs::write(&manifest, yaml).unwrap();
+    let log = dir.join("termination-log");
+    let out = trainer_bin()
+        .args(["run", "--no-sample", "-o"])
+        .arg(dir.join("out"))
+        .arg(&manifest)
+        .env("TRAINER_TERMINATION_LOG", &log)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (out, std::fs::read_to_string(&log).ok())
+}
+
 /// Largest |a − b| / max(|a|, |b|) over two loss sequences of the same steps.
 pub fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
