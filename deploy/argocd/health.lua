@@ -71,6 +71,13 @@ if phase == "Running" and silent ~= nil and silent.status == "True" then
   hs.message = silent.message
   return hs
 end
+-- A straggling rank: every step of the gang waits for it.
+local straggler = condition(status, "Straggler")
+if phase == "Running" and straggler ~= nil and straggler.status == "True" then
+  hs.status = "Degraded"
+  hs.message = straggler.message
+  return hs
+end
 local stalled = condition(status, "Stalled")
 if phase == "Running" and stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"

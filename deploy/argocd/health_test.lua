@@ -134,6 +134,48 @@ local fixtures = {
     message = "for 20 steps in a row",
   },
   {
+    name = "a run with a straggling rank",
+    obj = {
+      metadata = { generation = 1 },
+      status = {
+        observedGeneration = 1,
+        phase = "Running",
+        reason = "Training",
+        conditions = { cond("Straggler", "True", "Straggler", "rank 1 (llm-a1-1-x on node gpu-7) takes 2.25× the other ranks' median work per step") },
+      },
+    },
+    status = "Degraded",
+    message = "rank 1 (llm-a1-1-x on node gpu-7)",
+  },
+  {
+    name = "a run whose ranks keep pace",
+    obj = {
+      metadata = { generation = 1 },
+      status = {
+        observedGeneration = 1,
+        phase = "Running",
+        reason = "Training",
+        conditions = { cond("Straggler", "False", "NoStraggler") },
+      },
+    },
+    status = "Progressing",
+    message = "Running",
+  },
+  {
+    name = "restarting after a NaN, rolled back",
+    obj = {
+      metadata = { generation = 1 },
+      status = {
+        observedGeneration = 1,
+        phase = "Restarting",
+        reason = "NaNRollback",
+        conditions = { cond("RolledBack", "True", "NaNRollback", "1 of 2 rollbacks after non-finite steps") },
+      },
+    },
+    status = "Progressing",
+    message = "Restarting: NaNRollback",
+  },
+  {
     name = "restarting at a new size",
     obj = { metadata = { generation = 2 }, status = { observedGeneration = 2, phase = "Restarting", reason = "Resized" } },
     status = "Progressing",
