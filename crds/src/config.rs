@@ -293,22 +293,14 @@ pub struct ResolvedFailure {
     pub rollback_lr_steps: u64,
     #[serde(default)]
     pub rollback_skip: RollbackSkip,
-    #[serde(default = "default_straggler_factor")]
+    #[serde(default = "crate::types::default_straggler_factor")]
     pub straggler_factor: f64,
-    #[serde(default = "default_straggler_readings")]
+    #[serde(default = "crate::types::default_straggler_readings")]
     pub straggler_readings: u32,
 }
 
 fn one() -> f64 {
     1.0
-}
-
-fn default_straggler_factor() -> f64 {
-    1.3
-}
-
-fn default_straggler_readings() -> u32 {
-    3
 }
 
 impl RunConfig {

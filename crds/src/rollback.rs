@@ -118,6 +118,62 @@ pub fn resumed_at(rollbacks: &mut [Rollback], step: u64) -> Vec<Rollback> {
 mod tests {
     use super::*;
 
+    /// A 2-node run checkpointing every 100 steps, under failure policy `policy`.
+    fn config(policy: &str) -> RunConfig {
+        let yaml = format!(
+            "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {{name: llm}}\nspec:\n  \
+             model: {{preset: tiny}}\n  tokens: 64M\n  data:\n    mix: [{{name: web, weight: 1.0, uri: \"embedded:textbook\"}}]\n  \
+             topology: {{nodes: 2, gpusPerNode: 4}}\n  batch: {{globalTokens: 262144, microBatch: 8, seqLength: 1024}}\n  \
+             checkpoint: {{everySteps: 100}}\n  failurePolicy:\n{policy}"
+        );
+        crate::resolve(&crate::manifest::from_yaml(&yaml, "test").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_policy_decides_what_a_rollback_skips_and_lowers() {
+        let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 1536, to: 1664, checkpoint: 1280 }) };
+        let earlier = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
+        struct Case {
+            policy: &'static str,
+            done: usize,
+            at: NonFinite,
+            want: Result<(u64, u64, f64, u64), &'static str>,
+        }
+        let cases = [
+            Case { policy: "    maxRestarts: 3\n", done: 0, at, want: Err("") },
+            // The defaults: the failing step's batch, half the rate for one checkpoint interval (100).
+            Case { policy: "    onNaN: rollback\n", done: 0, at, want: Ok((1536, 1664, 0.5, 113)) },
+            Case {
+                policy: "    onNaN: rollback\n    rollbackSkip: sinceCheckpoint\n    rollbackLrFactor: 0.25\n    rollbackLrSteps: 5\n",
+                done: 0,
+                at,
+                want: Ok((1280, 1664, 0.25, 18)),
+            },
+            Case { policy: "    onNaN: rollback\n", done: 1, at, want: Ok((1536, 1664, 0.5, 113)) },
+            Case {
+                policy: "    onNaN: rollback\n",
+                done: 2,
+                at,
+                want: Err("; no rollbacks left after 2 (failurePolicy.maxRollbacks 2)"),
+            },
+            Case {
+                policy: "    onNaN: rollback\n    maxRollbacks: 0\n",
+                done: 0,
+                at,
+                want: Err("; no rollbacks left after 0 (failurePolicy.maxRollbacks 0)"),
+            },
+            // Pods gone: the step from status, nothing skipped.
+            Case { policy: "    onNaN: rollback\n", done: 0, at: NonFinite::default(), want: Ok((0, 0, 0.5, 113)) },
+        ];
+        for c in cases {
+            let done = vec![earlier.clone(); c.done];
+            let got = plan(&config(c.policy), &done, 2, c.at, 12)
+                .map(|r| (r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step));
+            assert_eq!(got, c.want.map_err(String::from), "{}", c.policy);
+        }
+        assert_eq!((earlier.step, earlier.attempt, earlier.from_step), (13, 1, None));
+    }
+
     fn rb(step: u64, attempt: u32, skip: Range<u64>, until: u64, from: Option<u64>) -> Rollback {
         Rollback {
             step,

@@ -64,25 +64,15 @@ if accepted ~= nil and accepted.status == "False" and accepted.reason == "Change
   hs.message = accepted.message
   return hs
 end
--- GRPO steps that teach nothing: the GPUs are busy and the policy does not move.
-local silent = condition(status, "NoLearningSignal")
-if phase == "Running" and silent ~= nil and silent.status == "True" then
-  hs.status = "Degraded"
-  hs.message = silent.message
-  return hs
-end
--- A straggling rank: every step of the gang waits for it.
-local straggler = condition(status, "Straggler")
-if phase == "Running" and straggler ~= nil and straggler.status == "True" then
-  hs.status = "Degraded"
-  hs.message = straggler.message
-  return hs
-end
-local stalled = condition(status, "Stalled")
-if phase == "Running" and stalled ~= nil and stalled.status == "True" then
-  hs.status = "Degraded"
-  hs.message = (stalled.message ~= nil and stalled.message ~= "" and stalled.message) or "No training progress"
-  return hs
+-- A running run that wastes its GPUs, in the words of the condition that says so:
+-- GRPO steps that teach nothing, a straggling rank every step waits for, or no step at all.
+for _, type_ in ipairs({ "NoLearningSignal", "Straggler", "Stalled" }) do
+  local c = condition(status, type_)
+  if phase == "Running" and c ~= nil and c.status == "True" then
+    hs.status = "Degraded"
+    hs.message = (c.message ~= nil and c.message ~= "" and c.message) or ("Running with " .. type_)
+    return hs
+  end
 end
 hs.message = tostring(phase or "Pending") .. progress(status)
 if status.reason ~= nil and status.reason ~= "" then

@@ -16,11 +16,9 @@ use trainer::telemetry::server::SharedStatus;
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{manifest_yaml, max_rel_loss_diff, run, run_until_step, scratch, sigterm, step_losses, trainer_bin};
-
-fn config(yaml: &str) -> RunConfig {
-    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
-}
+use common::{
+    config, manifest_yaml, max_rel_loss_diff, run, run_until_step, scratch, sigterm, step_losses, trainer_bin,
+};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -1,20 +1,13 @@
 //! Runs that change while they train: a resume on another world size, and a resume
 //! with another token budget, against the runs planned that way from the start.
 
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-
 use crds::config::RunConfig;
 use crds::contract::FailureReason;
-use trainer::checkpoint::TrainState;
-use trainer::telemetry;
-use trainer::telemetry::metrics_log::{self, Record};
-use trainer::telemetry::server::SharedStatus;
-use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{manifest_yaml, max_rel_loss_diff, run, scratch, step_losses, trainer_bin};
+use common::{
+    last_state, manifest_yaml, max_rel_loss_diff, run, scratch, step_losses, step_rates, train_in_process, trainer_bin,
+};
 
 /// One rank, 16 sequences of 64 tokens a step (accumulation 4), `steps` steps, under
 /// `schedule`.
@@ -23,39 +16,6 @@ fn budget_config(schedule: &str, steps: u64) -> RunConfig {
         .replace("warmupTokens: \"1K\"}", &format!("warmupTokens: \"1K\", schedule: {schedule}}}"))
         .replace("everySteps: 4, keepLast: 3", "everySteps: 2, keepLast: 3");
     crds::resolve(&crds::manifest::from_yaml(&yaml, "test manifest").unwrap()).unwrap()
-}
-
-/// Trains `cfg` in this process into `dir` (resuming what is there), to its end or
-/// `stop_after` steps.
-fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Result<(), trainer::Error> {
-    let opts = RunOptions {
-        output_dir: dir.to_path_buf(),
-        stop_after_steps: stop_after,
-        tty: Some(false),
-        sample: false,
-        init_dir: dir.to_path_buf(),
-        placement: trainer::dist::Placement::single(),
-        sync_every: None,
-    };
-    let trainer = Trainer::new(cfg, opts)?;
-    telemetry::run(trainer, &SharedStatus::from_config(cfg), Arc::new(AtomicBool::new(false))).map(|_| ())
-}
-
-/// (step, loss, lr) of every step in `dir`'s metrics.jsonl.
-fn steps(dir: &Path) -> Vec<(u64, f64, f64)> {
-    metrics_log::read(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some((s.step, s.loss, s.lr)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn last_state(dir: &Path) -> TrainState {
-    let latest = std::fs::read_to_string(dir.join(trainer::checkpoint::LATEST_FILE)).unwrap();
-    serde_json::from_str(&std::fs::read_to_string(dir.join(latest.trim()).join("state.json")).unwrap()).unwrap()
 }
 
 /// A budget grown from 8 to 12 steps after step 5: constant and wsd (whose decay had
@@ -69,15 +29,15 @@ fn a_changed_budget_continues_the_run() {
     for schedule in ["constant", "wsd", "cosine"] {
         let dir = scratch(&format!("budget-{schedule}"));
         let (small, large) = (budget_config(schedule, 8), budget_config(schedule, 12));
-        train(&small, &dir.join("grown"), Some(5)).unwrap();
-        train(&large, &dir.join("grown"), None).unwrap();
-        let grown = steps(&dir.join("grown"));
+        train_in_process(&small, &dir.join("grown"), Some(5)).unwrap();
+        train_in_process(&large, &dir.join("grown"), None).unwrap();
+        let grown = step_rates(&dir.join("grown"));
         assert_eq!(grown.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=12).collect::<Vec<_>>(), "{schedule}");
         // Planned at 12 steps, on the data the grown run kept (sized for its 8 steps).
         let mut planned_cfg = large.clone();
         planned_cfg.data_sized_for = Some(small.data_size());
-        train(&planned_cfg, &dir.join("planned"), None).unwrap();
-        let planned = steps(&dir.join("planned"));
+        train_in_process(&planned_cfg, &dir.join("planned"), None).unwrap();
+        let planned = step_rates(&dir.join("planned"));
         let lrs = |s: &[(u64, f64, f64)]| s.iter().map(|s| s.2).collect::<Vec<f64>>();
         let losses = |s: &[(u64, f64, f64)]| s.iter().map(|s| s.1).collect::<Vec<f64>>();
         let state = last_state(&dir.join("grown"));
@@ -99,9 +59,9 @@ fn a_changed_budget_continues_the_run() {
             if schedule == "constant" {
                 // Grown after it finished: it trains on as the planned run did.
                 let after = dir.join("after");
-                train(&small, &after, None).unwrap();
-                train(&large, &after, None).unwrap();
-                let diff = max_rel_loss_diff(&losses(&steps(&after)), &losses(&planned));
+                train_in_process(&small, &after, None).unwrap();
+                train_in_process(&large, &after, None).unwrap();
+                let diff = max_rel_loss_diff(&losses(&step_rates(&after)), &losses(&planned));
                 assert!(diff < 1e-6, "grown after the end: losses differ from the planned run's by {diff:e}");
             }
             continue;
@@ -122,14 +82,14 @@ fn a_changed_budget_continues_the_run() {
 
         // Shrunk to 6 steps at step 5; then below the 6 trained.
         let shrunk = dir.join("shrunk");
-        train(&small, &shrunk, Some(5)).unwrap();
-        train(&budget_config(schedule, 6), &shrunk, None).unwrap();
+        train_in_process(&small, &shrunk, Some(5)).unwrap();
+        train_in_process(&budget_config(schedule, 6), &shrunk, None).unwrap();
         let s = last_state(&shrunk);
         assert_eq!(s.step, 6);
-        let rates = lrs(&steps(&shrunk));
+        let rates = lrs(&step_rates(&shrunk));
         assert!(close(rates[5], was.lr_at(5 * 1024)));
         assert!(close(s.config.unwrap().schedule.lr_at(6 * 1024), small.schedule.min_lr));
-        let err = train(&budget_config(schedule, 4), &shrunk, None).unwrap_err();
+        let err = train_in_process(&budget_config(schedule, 4), &shrunk, None).unwrap_err();
         assert_eq!(err.reason(), Some(FailureReason::InvalidConfig), "{err}");
         assert!(err.to_string().contains("spec.tokens") && err.to_string().contains("6144 already trained"), "{err}");
     }

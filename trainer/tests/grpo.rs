@@ -4,14 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crds::config::RunConfig;
 use crds::contract::{ExitReport, FailureReason, TerminationMessage};
 use trainer::dist::Placement;
 use trainer::telemetry::metrics_log::{self, Record};
 use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{scratch, trainer_bin};
+use common::{config, scratch, trainer_bin};
 
 fn run(manifest: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = trainer_bin();
@@ -85,10 +84,6 @@ fn with_base(name: &str) -> PathBuf {
     std::fs::write(dir.join("base.yaml"), BASE).unwrap();
     ok(&run(&dir.join("base.yaml"), &dir.join("base"), &[], &[]));
     dir
-}
-
-fn config(yaml: &str) -> RunConfig {
-    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
 }
 
 /// (step, loss, reward, kl) of every step record.
@@ -294,11 +289,7 @@ fn nan_in_a_grpo_step_fails_with_nan_loss() {
         &[("TRAINER_INJECT_NAN_AT_STEP", "3"), ("TRAINER_INJECT_ATTEMPT", "1")],
     );
     ok(&out);
-    let latest = std::fs::read_to_string(dir.join("rolled").join(trainer::checkpoint::LATEST_FILE)).unwrap();
-    let state: trainer::checkpoint::TrainState = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("rolled").join(latest.trim()).join("state.json")).unwrap(),
-    )
-    .unwrap();
+    let state = common::last_state(&dir.join("rolled"));
     let r = &state.config.as_ref().unwrap().rollbacks;
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!((r[0].step, r[0].skip_from, r[0].skip_to, r[0].from_step), (3, 8, 12, Some(2)));

@@ -3,20 +3,12 @@
 //! the result is the run that never saw those samples.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
-use crds::config::RunConfig;
 use crds::contract::{FailedSamples, FailureReason, TerminationMessage};
 use crds::types::Rollback;
-use trainer::checkpoint::TrainState;
-use trainer::telemetry;
-use trainer::telemetry::metrics_log::{self, Record};
-use trainer::telemetry::server::SharedStatus;
-use trainer::train::{RunOptions, Trainer};
 
 mod common;
-use common::{manifest_yaml, max_rel_loss_diff, scratch};
+use common::{config, last_state, manifest_yaml, max_rel_loss_diff, scratch, step_rates, train_in_process};
 
 /// One rank, 16 sequences of 64 tokens a step, 12 steps, a checkpoint every 4, NaN
 /// rollback with the lowered rate for 3 steps past the failing one.
@@ -27,48 +19,12 @@ fn manifest(max_rollbacks: u32) -> String {
     )
 }
 
-fn config(yaml: &str) -> RunConfig {
-    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
-}
-
 /// `trainer run` of `yaml` into `dir/out` with `env`: exit code, termination message, stderr.
 fn run_bin(dir: &Path, yaml: &str, env: &[(&str, &str)]) -> (i32, Option<TerminationMessage>, String) {
     let env: Vec<(&str, &str)> = [("RUST_LOG", "info")].into_iter().chain(env.iter().copied()).collect();
     let (out, log) = common::run_logged(dir, yaml, &env);
     let msg = log.and_then(|t| TerminationMessage::parse(&t));
     (out.status.code().unwrap_or(-1), msg, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-/// Trains `cfg` in this process into `dir`, uninterrupted.
-fn train(cfg: &RunConfig, dir: &Path) {
-    let opts = RunOptions {
-        output_dir: dir.to_path_buf(),
-        stop_after_steps: None,
-        tty: Some(false),
-        sample: false,
-        init_dir: dir.to_path_buf(),
-        placement: trainer::dist::Placement::single(),
-        sync_every: None,
-    };
-    let trainer = Trainer::new(cfg, opts).unwrap();
-    telemetry::run(trainer, &SharedStatus::from_config(cfg), Arc::new(AtomicBool::new(false))).unwrap();
-}
-
-/// (step, loss, lr) of every step in `dir`'s metrics.jsonl.
-fn steps(dir: &Path) -> Vec<(u64, f64, f64)> {
-    metrics_log::read(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some((s.step, s.loss, s.lr)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn last_state(dir: &Path) -> TrainState {
-    let latest = std::fs::read_to_string(dir.join(trainer::checkpoint::LATEST_FILE)).unwrap();
-    serde_json::from_str(&std::fs::read_to_string(dir.join(latest.trim()).join("state.json")).unwrap()).unwrap()
 }
 
 /// NaN at step 7 of attempt 1: attempt 2 resumes from the checkpoint of step 4, never
@@ -95,16 +51,16 @@ fn a_nan_rolls_back_past_its_samples_and_trains_as_the_run_that_skipped_them() {
     let state = last_state(&dir.join("out"));
     assert_eq!(state.config.as_ref().unwrap().rollbacks, std::slice::from_ref(&want), "the checkpoint records it");
     assert_eq!(state.data_position, 12 * 16 + 16, "12 steps of 16 sequences, and the 16 skipped");
-    let rolled = steps(&dir.join("out"));
+    let rolled = step_rates(&dir.join("out"));
     assert_eq!(rolled.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=12).collect::<Vec<_>>());
 
     // The run that was given the rollback from the start, and the one without it.
     let mut skipping = config(&yaml);
     skipping.rollbacks = vec![want];
-    train(&skipping, &dir.join("skipping"));
-    let skipped = steps(&dir.join("skipping"));
-    train(&config(&yaml), &dir.join("plain"));
-    let plain = steps(&dir.join("plain"));
+    train_in_process(&skipping, &dir.join("skipping"), None).unwrap();
+    let skipped = step_rates(&dir.join("skipping"));
+    train_in_process(&config(&yaml), &dir.join("plain"), None).unwrap();
+    let plain = step_rates(&dir.join("plain"));
 
     let losses = |s: &[(u64, f64, f64)]| s.iter().map(|s| s.1).collect::<Vec<_>>();
     let diff = max_rel_loss_diff(&losses(&rolled), &losses(&skipped));

@@ -13,7 +13,7 @@ use trainer::telemetry::server::SharedStatus;
 use trainer::train::{Outcome, RunOptions, Trainer};
 
 mod common;
-use common::{run_until_step, scratch, sigterm, trainer_bin};
+use common::{config, run_until_step, scratch, sigterm, trainer_bin};
 
 /// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
 const MANIFEST: &str = r#"
@@ -35,10 +35,6 @@ spec:
   precision: f32
   checkpoint: {everySteps: 4, keepLast: 3}
 "#;
-
-fn config(yaml: &str) -> RunConfig {
-    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
-}
 
 fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
     train_syncing(cfg, dir, stop_after, None)

@@ -79,10 +79,10 @@ fn default_max_rollbacks() -> u32 {
 fn default_rollback_lr_factor() -> f64 {
     0.5
 }
-fn default_straggler_factor() -> f64 {
+pub(crate) fn default_straggler_factor() -> f64 {
     1.3
 }
-fn default_straggler_readings() -> u32 {
+pub(crate) fn default_straggler_readings() -> u32 {
     3
 }
 

@@ -101,51 +101,6 @@ mod tests {
     }
 
     #[test]
-    fn the_policy_decides_what_a_rollback_skips_and_lowers() {
-        let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 1536, to: 1664, checkpoint: 1280 }) };
-        let earlier = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
-        struct Case {
-            policy: &'static str,
-            done: usize,
-            at: NonFinite,
-            want: Result<(u64, u64, f64, u64), &'static str>,
-        }
-        let cases = [
-            Case { policy: "    maxRestarts: 3\n", done: 0, at, want: Err("") },
-            // The defaults: the failing step's batch, half the rate for one checkpoint interval (100).
-            Case { policy: "    onNaN: rollback\n", done: 0, at, want: Ok((1536, 1664, 0.5, 113)) },
-            Case {
-                policy: "    onNaN: rollback\n    rollbackSkip: sinceCheckpoint\n    rollbackLrFactor: 0.25\n    rollbackLrSteps: 5\n",
-                done: 0,
-                at,
-                want: Ok((1280, 1664, 0.25, 18)),
-            },
-            Case { policy: "    onNaN: rollback\n", done: 1, at, want: Ok((1536, 1664, 0.5, 113)) },
-            Case {
-                policy: "    onNaN: rollback\n",
-                done: 2,
-                at,
-                want: Err("; no rollbacks left after 2 (failurePolicy.maxRollbacks 2)"),
-            },
-            Case {
-                policy: "    onNaN: rollback\n    maxRollbacks: 0\n",
-                done: 0,
-                at,
-                want: Err("; no rollbacks left after 0 (failurePolicy.maxRollbacks 0)"),
-            },
-            // Pods gone: the step from status, nothing skipped.
-            Case { policy: "    onNaN: rollback\n", done: 0, at: NonFinite::default(), want: Ok((0, 0, 0.5, 113)) },
-        ];
-        for c in cases {
-            let done = vec![earlier.clone(); c.done];
-            let got = plan(&config(c.policy), &done, 2, c.at, 12)
-                .map(|r| (r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step));
-            assert_eq!(got, c.want.map_err(String::from), "{}", c.policy);
-        }
-        assert_eq!((earlier.step, earlier.attempt, earlier.from_step), (13, 1, None));
-    }
-
-    #[test]
     fn the_condition_lists_every_rollback() {
         let mut s = TrainingRunStatus::default();
         let c = rolled_back(&s, 2);

@@ -132,6 +132,47 @@ pub fn run_logged(dir: &Path, yaml: &str, env: &[(&str, &str)]) -> (std::process
     (out, std::fs::read_to_string(&log).ok())
 }
 
+/// A manifest's text, resolved.
+pub fn config(yaml: &str) -> crds::RunConfig {
+    crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
+}
+
+/// Trains `cfg` as one process in this one into `dir` (resuming what is there), to
+/// its end or `stop_after` steps.
+pub fn train_in_process(cfg: &crds::RunConfig, dir: &Path, stop_after: Option<u64>) -> Result<(), trainer::Error> {
+    let opts = trainer::train::RunOptions {
+        output_dir: dir.to_path_buf(),
+        stop_after_steps: stop_after,
+        tty: Some(false),
+        sample: false,
+        init_dir: dir.to_path_buf(),
+        placement: trainer::dist::Placement::single(),
+        sync_every: None,
+    };
+    let trainer = trainer::train::Trainer::new(cfg, opts)?;
+    let status = trainer::telemetry::server::SharedStatus::from_config(cfg);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    trainer::telemetry::run(trainer, &status, stop).map(|_| ())
+}
+
+/// (step, loss, lr) of every step in `dir`'s metrics.jsonl.
+pub fn step_rates(dir: &Path) -> Vec<(u64, f64, f64)> {
+    trainer::telemetry::metrics_log::read(&dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            trainer::telemetry::metrics_log::Record::Step(s) => Some((s.step, s.loss, s.lr)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `state.json` of the newest checkpoint in `dir`.
+pub fn last_state(dir: &Path) -> trainer::checkpoint::TrainState {
+    let latest = std::fs::read_to_string(dir.join(trainer::checkpoint::LATEST_FILE)).unwrap();
+    serde_json::from_str(&std::fs::read_to_string(dir.join(latest.trim()).join("state.json")).unwrap()).unwrap()
+}
+
 /// Largest |a − b| / max(|a|, |b|) over two loss sequences of the same steps.
 pub fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
