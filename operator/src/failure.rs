@@ -28,6 +28,9 @@ pub enum Verdict {
     NonFinite { message: String, at: NonFinite },
     /// Restart the gang from the last checkpoint; `counts` toward maxRestarts.
     Restart { reason: String, message: String, counts: bool },
+    /// A rank reported a collective timeout and the pods that could name its cause
+    /// are still exiting: wait a few seconds for them before restarting.
+    AwaitingCause { message: String },
     /// Every node's pod is running.
     Running,
     /// Pods are missing or not yet running; `stuck` says why, once it has lasted
@@ -290,6 +293,14 @@ pub fn classify(job: &Job, pods: &[Pod], cfg: &RunConfig, now: Timestamp, settin
     }
     if let Some(f) = first(Kind::Retriable) {
         let f = cause_of(f, &failures);
+        if awaiting_cause(f, pods, now) {
+            return Verdict::AwaitingCause {
+                message: format!(
+                    "{}; waiting up to {SYMPTOM_WINDOW_SECS}s for the other pods' exit to name the cause",
+                    f.message
+                ),
+            };
+        }
         return Verdict::Restart { reason: f.reason.clone(), message: f.message.clone(), counts: true };
     }
     if let Some(c) = job_condition(job, "Failed").or_else(|| job_condition(job, "FailureTarget")) {
@@ -352,6 +363,17 @@ fn cause_of<'f>(first: &'f PodFailure, failures: &'f [PodFailure]) -> &'f PodFai
         _ => false,
     };
     failures.iter().find(|f| f.kind == Kind::Retriable && f.reason != first.reason && near(f.at)).unwrap_or(first)
+}
+
+/// Whether `f` is a collective timeout with no cause in sight yet, while other pods
+/// are still exiting: the rank that broke the collective is often the last to leave
+/// (a launcher stops its workers before it exits), so its fatal reason would be lost
+/// to a restart. Bounded by the symptom window, so a hung peer still restarts.
+fn awaiting_cause(f: &PodFailure, pods: &[Pod], now: Timestamp) -> bool {
+    let exiting = pods.iter().any(|p| terminated(p).is_none() && !matches!(phase(p), "Succeeded" | "Failed"));
+    f.reason == FailureReason::CollectiveTimeout.as_str()
+        && exiting
+        && f.at.is_some_and(|at| now <= at || seconds_between(at, now) <= SYMPTOM_WINDOW_SECS)
 }
 
 /// "… failed with exit code 86 …" → 86.
@@ -542,6 +564,42 @@ pub(crate) mod tests {
         let pods = [waiting("2026-01-01T01:00:00Z"), killed("2026-01-01T01:05:00Z")];
         let Verdict::Restart { reason, .. } = verdict(&job(json!([])), &pods) else { panic!() };
         assert_eq!(reason, "CollectiveTimeout");
+
+        // The timeout exits first while its cause is still on its way out (now is 02:00:00).
+        let full = crds::contract::TerminationMessage {
+            reason: FailureReason::StorageFull,
+            step: Some(8),
+            detail: "No space left on device".into(),
+            samples: None,
+        };
+        let cause = at(exited(1, 89, "Error", &full.to_json()), "2026-01-01T02:00:00Z");
+        let cases: [(&str, &str, Option<Pod>, &str); 4] = [
+            ("peer still exiting", "2026-01-01T01:59:58Z", Some(running(1)), "AwaitingCause"),
+            ("peer hung past the window", "2026-01-01T01:59:40Z", Some(running(1)), "Restart"),
+            ("peer exited fatally", "2026-01-01T01:59:59Z", Some(cause), "Failed"),
+            ("no peer left", "2026-01-01T01:59:59Z", None, "Restart"),
+        ];
+        for (name, finished, peer, want) in cases {
+            let pods: Vec<Pod> = [Some(waiting(finished)), peer].into_iter().flatten().collect();
+            let v = verdict(&job(json!([])), &pods);
+            let got = match &v {
+                Verdict::AwaitingCause { message } => {
+                    assert!(message.contains("CollectiveTimeout") && message.contains("name the cause"), "{message}");
+                    "AwaitingCause"
+                }
+                Verdict::Restart { reason, .. } => {
+                    assert_eq!(reason, "CollectiveTimeout", "{name}");
+                    "Restart"
+                }
+                Verdict::Failed { reason, message } => {
+                    assert_eq!(reason, "StorageFull", "{name}");
+                    assert!(message.contains("StorageFull at step 8"), "{message}");
+                    "Failed"
+                }
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(got, want, "{name}: {v:?}");
+        }
     }
 
     #[test]

@@ -337,6 +337,7 @@ pub fn decide(
                     Verdict::Restart { reason, message, counts } => {
                         restart(&mut new, &mut d, cfg, &current_name, &reason, &message, counts, now)
                     }
+                    Verdict::AwaitingCause { message } => Outcome::new(RunPhase::Running, RunReason::Training, message),
                     Verdict::Running => {
                         let was_running = old.phase == Some(RunPhase::Running) && old.attempt == attempt;
                         let old_step = old.progress.as_ref().map_or(0, |p| p.step);
