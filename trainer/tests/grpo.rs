@@ -144,6 +144,9 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
         .filter_map(|r| if let Record::Step(s) = r { s.grpo.map(|g| g.unparsed_fraction) } else { None })
         .collect();
     assert!(mean(&unparsed[unparsed.len() - 20..]) < 0.1, "{unparsed:?}");
+    common::check_tensorboard(&dir.join("tiny-local"));
+    let heldout = common::check_tensorboard(&dir.join("tiny-grpo-local"))["tags"].to_string();
+    assert!(heldout.contains("heldout/greedy") && heldout.contains("heldout/logLikelihood"), "{heldout}");
 
     let Some(ExitReport::Success(status)) = ExitReport::parse(&std::fs::read_to_string(&report).unwrap()) else {
         panic!("the final report is a status document")
@@ -179,6 +182,11 @@ fn grpo_on_two_ranks_resumes_exactly() {
     assert_eq!(steps(&out.join("metrics.jsonl")).len(), 4, "a stop waits for the batch's last step");
     ok(&run(&manifest, &out, &[], &[]));
     assert_eq!(steps(&out.join("metrics.jsonl")), full);
+    let summary = common::check_tensorboard(&out);
+    assert_eq!(summary["configs"], serde_json::json!([0, 4]), "{summary}");
+    for tag in ["grpo/reward", "grpo/kl", "grpo/clipFraction", "grpo/completionLength", "grpo/accuracy"] {
+        assert!(summary["tags"].to_string().contains(tag), "{tag} missing from {summary}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

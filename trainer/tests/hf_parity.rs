@@ -3,7 +3,6 @@
 //! project's CUDA venv (`scripts/test.sh` installs both).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
 
 use crds::presets::{Arch, ModelConfig, preset};
@@ -12,15 +11,8 @@ use tch::{Device, Kind, Tensor};
 use trainer::export::export_hf;
 use trainer::model::Model;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("TRAINER_TEST_PYTHON") {
-        return p.into();
-    }
-    let home = std::env::var("HOME").expect("HOME is set");
-    let p = PathBuf::from(home).join(".cache/puretransformer/venv-cuda/bin/python");
-    assert!(p.exists(), "{} is missing: run scripts/test.sh, or set TRAINER_TEST_PYTHON", p.display());
-    p
-}
+mod common;
+use common::python;
 
 fn config(arch: Arch, tied: bool) -> ModelConfig {
     let mut cfg = ModelConfig::from(preset("nano").expect("nano preset"));

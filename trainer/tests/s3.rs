@@ -227,6 +227,21 @@ fn checkpoints_are_mirrored_and_an_empty_directory_resumes_from_s3() {
             assert!(keys.contains(&format!("runs/mirrored/{step}/{file}")), "{step}/{file} not mirrored: {keys:?}");
         }
     }
+    // The logs follow the checkpoints: after the last one, every step is in S3.
+    let log = String::from_utf8(s3.get_bytes("ckpt", "runs/mirrored/metrics.jsonl").unwrap()).unwrap();
+    assert_eq!(log.matches("\"kind\":\"step\"").count(), 12, "{log}");
+    let events: Vec<&String> =
+        keys.iter().filter(|k| k.starts_with("runs/mirrored/tensorboard/events.out.tfevents.")).collect();
+    assert_eq!(events.len(), 1, "{keys:?}");
+    let local = std::fs::read_dir(server.root.join("full/tensorboard")).unwrap().next().unwrap().unwrap().path();
+    let mirrored = s3.get_bytes("ckpt", events[0]).unwrap();
+    let (local_events, _) = trainer::telemetry::tensorboard::record::read(&std::fs::read(local).unwrap());
+    let (mirrored_events, _) = trainer::telemetry::tensorboard::record::read(&mirrored);
+    assert!(
+        mirrored_events.len() > 12 && local_events.starts_with(&mirrored_events),
+        "{} events",
+        mirrored_events.len()
+    );
     // A fresh bucket prefix: stop at step 6 (mirrored checkpoints 4 and 6), then resume
     // on an empty directory: the run restores step 6 from S3 and repeats the losses.
     for (k, _) in s3.list("ckpt", "runs/mirrored/").unwrap() {

@@ -155,12 +155,20 @@ fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
     assert_eq!([first.losses, second.losses].concat(), every.losses);
 }
 
+/// Stopped after step 5 (which checkpoints it) and resumed: metrics.jsonl and TensorBoard's
+/// event files each show steps 1-12 once, and agree value for value.
 #[test]
-fn the_metrics_log_is_continuous_across_a_resume() {
+fn the_metrics_log_and_tensorboard_are_continuous_across_a_resume() {
     let cfg = config(MANIFEST);
     let dir = scratch("log");
     train(&cfg, &dir, Some(5));
     train(&cfg, &dir, None);
+    let summary = common::check_tensorboard(&dir);
+    assert_eq!(summary["configs"], serde_json::json!([0, 5]), "{summary}");
+    let tags = summary["tags"].to_string();
+    for tag in ["train/loss", "train/grad_norm", "val/loss/textbook", "val/perplexity/mcq", "data/tokens/arithmetic"] {
+        assert!(tags.contains(tag), "{tag} missing from {tags}");
+    }
     let records = trainer::telemetry::metrics_log::read(&dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = records
         .iter()

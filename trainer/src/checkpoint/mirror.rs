@@ -2,7 +2,9 @@
 //! checkpoint directory to a background thread that uploads it, `state.json` last, so
 //! training never waits on the network and a reader never sees a half-mirrored step.
 //! A run whose checkpoint directory holds no valid checkpoint resumes from the newest
-//! complete one in S3.
+//! complete one in S3. After each checkpoint the run's logs follow it, `metrics.jsonl`
+//! and TensorBoard's `tensorboard/` under the same prefix, so `tensorboard --logdir
+//! s3://<bucket>/<prefix>/tensorboard` watches a run without its volume.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Sender, channel};
@@ -50,6 +52,11 @@ impl Mirror {
                     });
                     if let Err(e) = &last {
                         tracing::error!("mirroring {} failed: {e}", dir.display());
+                    } else if let Some(run_dir) = dir.parent()
+                        && let Err(e) = put_logs(&s3, run_dir, &bucket, &prefix)
+                    {
+                        // The logs are a convenience: the checkpoint is mirrored.
+                        tracing::warn!("mirroring the logs of {} failed: {e}", run_dir.display());
                     }
                 }
                 last
@@ -88,6 +95,21 @@ impl Drop for Mirror {
             tracing::error!("checkpoint mirror: {e}");
         }
     }
+}
+
+/// Uploads `metrics.jsonl` and the TensorBoard event files of `run_dir` under
+/// `prefix`, each file whole (they are small, and an event file rewritten by a resume
+/// replaces the old one).
+fn put_logs(s3: &S3, run_dir: &Path, bucket: &str, prefix: &str) -> Result<(), Error> {
+    let log = run_dir.join(super::METRICS_LOG_FILE);
+    if log.is_file() {
+        s3.put_file(bucket, &storage::join(prefix, super::METRICS_LOG_FILE), &log)?;
+    }
+    let tb = run_dir.join(super::TENSORBOARD_DIR);
+    if tb.is_dir() {
+        s3.put_dir(&tb, bucket, &storage::join(prefix, super::TENSORBOARD_DIR), "")?;
+    }
+    Ok(())
 }
 
 /// Downloads the newest complete checkpoint under the mirror's prefix into `dir`

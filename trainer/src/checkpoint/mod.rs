@@ -7,6 +7,8 @@
 //! <dir>/step-00000100/optimizer.safetensors
 //! <dir>/step-00000100/state.json             TrainState, with the size and sha256 of each file
 //! <dir>/latest                               "step-00000100": a hint, never trusted blindly
+//! <dir>/metrics.jsonl                        the run's log (`crate::telemetry::metrics_log`)
+//! <dir>/tensorboard/events.out.tfevents.*    TensorBoard's (`crate::telemetry::tensorboard`)
 //! ```
 //!
 //! A write goes to `<dir>/.tmp-step-<step>-<pid>/`, every file and the directory are
@@ -54,6 +56,11 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
 /// Name of the newest complete checkpoint directory, inside the checkpoint directory.
 pub const LATEST_FILE: &str = "latest";
+
+/// The run's JSONL log, beside the checkpoints.
+pub const METRICS_LOG_FILE: &str = "metrics.jsonl";
+/// TensorBoard's event files, beside the checkpoints.
+pub const TENSORBOARD_DIR: &str = "tensorboard";
 
 const TMP_PREFIX: &str = ".tmp-";
 pub const STEP_PREFIX: &str = "step-";

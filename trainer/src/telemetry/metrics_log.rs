@@ -18,7 +18,7 @@ use crate::train::report::{Event, Sink, StepReport, unix_now};
 use crate::{Error, io_err};
 
 /// File name of the log inside the checkpoint directory.
-pub const FILE_NAME: &str = "metrics.jsonl";
+pub const FILE_NAME: &str = crate::checkpoint::METRICS_LOG_FILE;
 
 /// One line of the log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

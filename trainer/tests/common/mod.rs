@@ -178,3 +178,26 @@ pub fn max_rel_loss_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-30)).fold(0.0, f64::max)
 }
+
+/// The Python with torch, transformers and tensorboard: `TRAINER_TEST_PYTHON`, else
+/// the project's CUDA venv (`scripts/test.sh` installs both).
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TRAINER_TEST_PYTHON") {
+        return p.into();
+    }
+    let home = std::env::var("HOME").expect("HOME is set");
+    let p = PathBuf::from(home).join(".cache/puretransformer/venv-cuda/bin/python");
+    assert!(p.exists(), "{} is missing: run scripts/test.sh, or set TRAINER_TEST_PYTHON", p.display());
+    p
+}
+
+/// Reads `run`'s TensorBoard event files with TensorBoard's own reader and checks
+/// every scalar against its metrics.jsonl (`scripts/check-tensorboard.py`); returns
+/// the checker's summary.
+pub fn check_tensorboard(run: &Path) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/check-tensorboard.py");
+    let out = Command::new(python()).arg(script).arg(run).output().expect("python runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "TensorBoard's reader disagrees with metrics.jsonl in {}:\n{stderr}", run.display());
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
