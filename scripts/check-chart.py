@@ -22,12 +22,13 @@ SNAPSHOT = CHART / "tests/snapshot.yaml"
 K8S_VERSION = "1.33"
 NAMESPACE = "trainingrun-system"
 # Prometheus Operator kinds: not in the Kubernetes schemas; checked by hand below.
-MONITORING = {"ServiceMonitor", "PrometheusRule"}
+MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 CONFIGS = {
     "defaults": {},
     "everything": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "trainerMetrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
         "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
         "grafanaDashboard": {"enabled": True},
         "networkPolicy": {"enabled": True, "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
@@ -78,6 +79,8 @@ def check_objects(name, rendered):
         if obj["kind"] in MONITORING:
             if obj.get("apiVersion") != "monitoring.coreos.com/v1" or not obj.get("spec"):
                 fail(f"{name}: {path}: {obj['kind']} needs apiVersion monitoring.coreos.com/v1 and a spec")
+            if obj["kind"] == "PodMonitor":
+                check_pod_monitor(name, obj["spec"])
             continue
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -90,6 +93,23 @@ def check_objects(name, rendered):
             if obj["spec"]["groups"] != shipped:
                 fail(f"{name}: the PrometheusRule's groups differ from files/alerts.yaml")
     return kinds
+
+
+def check_pod_monitor(name, spec):
+    # Field names of the Prometheus Operator's PodMonitor (monitoring.coreos.com/v1);
+    # the label and port values are tested against the operator's constants in Rust.
+    allowed = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
+    if set(spec) - allowed:
+        fail(f"{name}: PodMonitor spec has unknown fields {sorted(set(spec) - allowed)}")
+    ns = spec.get("namespaceSelector", {})
+    if not (ns.get("any") is True or ns.get("matchNames")):
+        fail(f"{name}: the PodMonitor must select the runs' namespaces")
+    for ep in spec.get("podMetricsEndpoints", []):
+        if set(ep) - {"port", "path", "interval", "relabelings"}:
+            fail(f"{name}: PodMonitor endpoint has unknown fields {sorted(set(ep) - {'port', 'path', 'interval', 'relabelings'})}")
+        for r in ep.get("relabelings", []):
+            if set(r) - {"sourceLabels", "targetLabel", "action", "regex", "replacement"}:
+                fail(f"{name}: PodMonitor relabeling has unknown fields {sorted(r)}")
 
 
 def check_security(name, deploy):
@@ -111,7 +131,7 @@ def main():
     expected_kinds = {
         "defaults": {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment"},
         "everything": {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
-                       "ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"},
+                       "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"},
         "one-namespace": {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment"},
     }
     rendered_everything = None
@@ -128,6 +148,11 @@ def main():
             roles = [o for _, o in objects(rendered) if o["kind"] == "Role" and o["metadata"].get("namespace") == "ml"]
             if not roles:
                 fail("one-namespace: watchNamespace must turn the TrainingRun permissions into a Role in that namespace")
+    # With one watched namespace, the trainers are scraped there only.
+    pm = [o for _, o in objects(render({"watchNamespace": "ml", "trainerMetrics": {"podMonitor": {"enabled": True}}}))
+          if o["kind"] == "PodMonitor"]
+    if len(pm) != 1 or pm[0]["spec"]["namespaceSelector"] != {"matchNames": ["ml"]}:
+        fail("watchNamespace must limit the trainers' PodMonitor to that namespace")
     # values.schema.json is enforced.
     bad = helm.lint(str(CHART), {"replicas": 0, "logFormat": "xml"}, strict=True, namespace=NAMESPACE)
     if not bad.get("errors"):

@@ -183,7 +183,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), pvc).await?;
         if let Some(operator_ns) = &s.network_policy {
             let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
-            apply::ensure(&policies, resources::network_policy(&inputs, operator_ns)).await?;
+            let scraper = s.scrape_namespace.as_deref();
+            apply::ensure(&policies, resources::network_policy(&inputs, operator_ns, scraper)).await?;
         }
     }
 

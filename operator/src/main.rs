@@ -64,6 +64,10 @@ struct Args {
     /// pods and, on the status port, from the operator's pods.
     #[arg(long, env = "NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     network_policy: bool,
+    /// With --network-policy: the namespace whose pods (Prometheus) may also reach the
+    /// trainers' status port, to scrape their /metrics.
+    #[arg(long, env = "SCRAPE_NAMESPACE")]
+    scrape_namespace: Option<String>,
     /// Name of the leader-election Lease.
     #[arg(long, env = "LEASE_NAME", default_value = "trainingrun-operator")]
     lease_name: String,
@@ -127,6 +131,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
         pending_timeout: args.pending_timeout,
         concurrency: args.concurrency,
         network_policy: args.network_policy.then(|| args.lease_namespace.clone()),
+        scrape_namespace: args.scrape_namespace.filter(|n| !n.is_empty()),
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::new()?);

@@ -28,6 +28,9 @@ pub struct Settings {
     /// Give every run a NetworkPolicy admitting only its own pods and, on the status
     /// port, the operator's pods in this namespace.
     pub network_policy: Option<String>,
+    /// With `network_policy`: a namespace (Prometheus') whose pods may also reach the
+    /// status port, to scrape the trainers' `/metrics`.
+    pub scrape_namespace: Option<String>,
 }
 
 pub const DEFAULT_STATUS_URL: &str = "http://{job}-0.{service}.{namespace}.svc:{port}/status";
@@ -45,6 +48,7 @@ impl Default for Settings {
             status_timeout: Duration::from_secs(5),
             concurrency: 16,
             network_policy: None,
+            scrape_namespace: None,
         }
     }
 }

@@ -192,6 +192,10 @@ fn pull_policy(p: PullPolicy) -> String {
 /// The Job of the current attempt (`cfg.attempt`). `suspend` is the Job's initial
 /// suspension: the run's `spec.suspend`, or true for a Kueue-queued run, which
 /// Kueue un-suspends on admission.
+/// The trainer container's port of `/status`, `/metrics` and `/healthz`: the readiness
+/// probe and the chart's PodMonitor name it.
+pub const STATUS_PORT_NAME: &str = "status";
+
 pub fn job(i: &Inputs, suspend: bool) -> Job {
     let name = i.name();
     let spec = &i.run.spec;
@@ -221,11 +225,11 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
         image_pull_policy: spec.image_pull_policy.map(pull_policy),
         command: Some(vec!["trainer".into(), "launch".into()]),
         env: Some(environment(i)),
-        ports: Some(vec![port("rendezvous", RENDEZVOUS_PORT), port("status", STATUS_PORT)]),
+        ports: Some(vec![port("rendezvous", RENDEZVOUS_PORT), port(STATUS_PORT_NAME, STATUS_PORT)]),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),
-                port: IntOrString::String("status".into()),
+                port: IntOrString::String(STATUS_PORT_NAME.into()),
                 ..Default::default()
             }),
             period_seconds: Some(10),
@@ -348,6 +352,7 @@ pub fn suspension(live: &Job, suspend: bool, queued: bool) -> Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::RUN_LABEL;
     use crate::resources::testing::{GPU_SPEC, GRPO_SPEC, run};
     use crds::TrainingRun;
 
@@ -587,5 +592,27 @@ mod tests {
         assert_eq!(s.metadata.annotations, None);
         assert_eq!(s.metadata.labels.unwrap()[QUEUE_LABEL], "team-a");
         assert_eq!(suspension(&suspended, true, true).spec.unwrap().suspend, Some(true));
+    }
+
+    /// The chart's PodMonitor selects what this Job's pods carry: the run label, node
+    /// rank 0's completion index, and the status port by name.
+    #[test]
+    fn the_charts_pod_monitor_names_the_trainer_pods_labels_and_port() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/trainingrun-operator/templates/podmonitor.yaml");
+        let template = std::fs::read_to_string(path).unwrap();
+        let sanitized: String = RUN_LABEL.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        for needle in [
+            format!("key: {RUN_LABEL}"),
+            format!("[__meta_kubernetes_pod_label_{sanitized}]"),
+            "batch.kubernetes.io/job-completion-index: \"0\"".to_string(),
+            format!("port: {STATUS_PORT_NAME}"),
+            "path: /metrics".to_string(),
+        ] {
+            assert!(template.contains(&needle), "{path} lacks {needle:?}");
+        }
+        let r = run(GPU_SPEC);
+        let cfg = crds::resolve(&r).unwrap();
+        let pod = job(&Inputs { run: &r, cfg: &cfg, trainer_image: "img" }, false).spec.unwrap().template;
+        assert!(pod.metadata.unwrap().labels.unwrap().contains_key(RUN_LABEL));
     }
 }

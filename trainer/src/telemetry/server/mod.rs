@@ -473,6 +473,15 @@ mod tests {
             assert!(text.contains(&format!("# HELP {family} ")), "no HELP for {family}");
             assert!(text.contains(&format!("# TYPE {family} ")), "no TYPE for {family}");
         }
+        // Every trainer series the chart's Grafana dashboard plots is one this exposes.
+        let dashboard = include_str!("../../../../charts/trainingrun-operator/files/dashboard.json");
+        let mut plotted = 0;
+        for (at, _) in dashboard.match_indices("trainer_") {
+            let name: String = dashboard[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            assert!(text.contains(&format!("# TYPE {name} ")), "the dashboard plots {name}, which /metrics lacks");
+            plotted += 1;
+        }
+        assert!(plotted >= 4, "the dashboard plots the trainers' own series");
     }
 
     #[test]
