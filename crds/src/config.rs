@@ -210,6 +210,9 @@ pub struct ResolvedCheckpoint {
     pub dir: String,
     pub every_steps: u32,
     pub keep_last: u32,
+    /// Checkpoints with the lowest validation loss kept besides the newest.
+    #[serde(default)]
+    pub keep_best: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<ResolvedS3>,
 }
@@ -361,7 +364,7 @@ impl RunConfig {
         c.parallelism = Parallelism::Ddp;
         // When to checkpoint and evaluate, and how many checkpoints to keep, change
         // nothing that is trained.
-        (c.checkpoint.every_steps, c.checkpoint.keep_last) = (0, 0);
+        (c.checkpoint.every_steps, c.checkpoint.keep_last, c.checkpoint.keep_best) = (0, 0, 0);
         if let Some(d) = &mut c.data {
             (d.eval_every_steps, d.eval_tokens) = (0, 0);
         }

@@ -460,6 +460,9 @@ pub struct TrainerStatus {
     pub metrics: RunMetrics,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,
+    /// The kept checkpoint with the lowest validation loss (`checkpoint.keepBest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_checkpoint: Option<CheckpointRef>,
     /// Tokens trained on from each data source so far, by mix entry name: the weighted
     /// mix's exact counts.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -544,6 +547,7 @@ mod tests {
             total_tokens: 819200,
             metrics: RunMetrics { loss: Some(3.5), tokens_per_second: Some(4096), ..Default::default() },
             last_checkpoint: None,
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         };
@@ -572,6 +576,7 @@ mod tests {
             total_tokens: 800,
             metrics: RunMetrics { loss: Some(1.5), ..Default::default() },
             last_checkpoint: None,
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         };

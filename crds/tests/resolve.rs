@@ -389,6 +389,37 @@ fn checkpoint_rules() {
 }
 
 #[test]
+fn keep_best_needs_validation_at_every_checkpoint() {
+    // (checkpoint every, validation every, phase grpo, the error's words or None)
+    let cases: [(u32, u32, bool, Option<&str>); 6] = [
+        (1000, 1000, false, None),
+        (1000, 250, false, None),
+        (1000, 300, false, Some("validation runs every 300 steps and checkpoints every 1000")),
+        (1000, 0, false, Some("set spec.data.validation.everySteps above 0")),
+        (250, 1000, false, Some("make spec.data.validation.everySteps divide spec.checkpoint.everySteps")),
+        (1000, 1000, true, Some("a grpo run does not measure")),
+    ];
+    for (checkpoint, validation, grpo, error) in cases {
+        let mut r = if grpo { grpo_run() } else { run() };
+        r.spec.checkpoint.every_steps = checkpoint;
+        r.spec.checkpoint.keep_best = 3;
+        if let Some(d) = &mut r.spec.data {
+            d.validation.every_steps = validation;
+        }
+        match error {
+            None => assert_eq!(ok(&r).checkpoint.keep_best, 3),
+            Some(words) => {
+                fails(&r, "spec.checkpoint.keepBest", words);
+            }
+        }
+    }
+    // keepBest changes nothing that is trained: a resume may change it.
+    let (a, mut b) = (ok(&run()), run());
+    b.spec.checkpoint.keep_best = 2;
+    assert_eq!(a.resume_view(), ok(&b).resume_view());
+}
+
+#[test]
 fn topology_rules() {
     let mut r = run();
     r.spec.topology.nodes = 0;

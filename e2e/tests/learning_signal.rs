@@ -38,6 +38,7 @@ fn report(h: &Harness, step: u64, silent: u64, flat: f64) {
             ..Default::default()
         },
         last_checkpoint: None,
+        best_checkpoint: None,
         tokens_by_source: Default::default(),
         ranks: Vec::new(),
     });

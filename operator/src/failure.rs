@@ -113,11 +113,15 @@ fn hint(reason: FailureReason, cfg: &RunConfig) -> String {
         FailureReason::CollectiveTimeout => {
             "a peer died or the network failed; restarting from the last checkpoint".into()
         }
-        FailureReason::StorageFull => format!(
-            "a restart would fill it again: free space on it, raise spec.checkpoint.size (when its storage class \
-             allows expansion) or lower spec.checkpoint.keepLast (now {}), then recreate the run",
-            cfg.checkpoint.keep_last
-        ),
+        FailureReason::StorageFull => {
+            let c = &cfg.checkpoint;
+            let best = if c.keep_best > 0 { format!(" or keepBest (now {})", c.keep_best) } else { String::new() };
+            format!(
+                "a restart would fill it again: free space on it, raise spec.checkpoint.size (when its storage \
+                 class allows expansion) or lower spec.checkpoint.keepLast (now {}){best}, then recreate the run",
+                c.keep_last
+            )
+        }
     }
 }
 
@@ -644,6 +648,7 @@ pub(crate) mod tests {
             total_tokens: 1000,
             metrics: crds::types::RunMetrics { loss: Some(0.64), ..Default::default() },
             last_checkpoint: None,
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         };

@@ -93,6 +93,9 @@ pub fn apply_report(status: &mut TrainingRunStatus, cfg: &RunConfig, t: &Trainer
         .map(|tps| p.total_tokens.saturating_sub(t.tokens).div_ceil(tps));
     p.eta = p.eta_seconds.map(short_duration);
     status.metrics = Some(t.metrics.clone());
+    if t.best_checkpoint.is_some() {
+        status.best_checkpoint = t.best_checkpoint.clone();
+    }
     if t.last_checkpoint.is_some() {
         status.last_checkpoint = t.last_checkpoint.clone();
     }
@@ -168,6 +171,13 @@ mod tests {
                 tokens: 1,
                 uri: "/checkpoints/step-00000050".into(),
                 time: None,
+                val_loss: Some(3.5),
+            }),
+            best_checkpoint: Some(crds::types::CheckpointRef {
+                step: 40,
+                uri: "/checkpoints/step-00000040".into(),
+                val_loss: Some(3.25),
+                ..Default::default()
             }),
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
@@ -178,6 +188,8 @@ mod tests {
         assert_eq!(p.eta_seconds, Some((total - total / 4).div_ceil(1000)));
         assert_eq!(s.metrics.unwrap().loss, Some(2.5));
         assert_eq!(s.last_checkpoint.unwrap().step, 50);
+        let best = s.best_checkpoint.unwrap();
+        assert_eq!((best.step, best.val_loss), (40, Some(3.25)));
         assert_eq!(short_duration(3 * 3600 + 12 * 60 + 5), "3h12m");
         assert_eq!(short_duration(245), "4m05s");
         assert_eq!(short_duration(2 * 86400 + 3 * 3600), "2d3h");

@@ -1,5 +1,7 @@
-//! `trainer export --hf DIR`: a Hugging Face `config.json` and `model.safetensors`
-//! that `transformers` loads with `from_pretrained`.
+//! `trainer export --hf DIR`: what `transformers` needs to use the model without the
+//! run: `config.json` and `model.safetensors` (`from_pretrained`), and with the run's
+//! tokenizer `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json` and
+//! `generation_config.json` (`AutoTokenizer`, `pipeline("text-generation")`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,6 +10,7 @@ use crds::presets::{Arch, ModelConfig};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
+use crate::data::tokenizer::Tokenizer;
 use crate::{Error, io_err};
 
 /// GPT-2's Conv1D layers store weights `(d_in, d_out)`; ours are `(d_out, d_in)`.
@@ -17,8 +20,9 @@ fn is_gpt2_conv1d(name: &str) -> bool {
         && [".attn.c_attn.", ".attn.c_proj.", ".mlp.c_fc.", ".mlp.c_proj."].iter().any(|l| name.contains(l))
 }
 
-/// The `config.json` of the matching `transformers` class.
-pub fn hf_config(cfg: &ModelConfig, dtype: Kind) -> Result<Value, Error> {
+/// The `config.json` of the matching `transformers` class; `eos` is the end-of-text
+/// token id, which is also the start and padding token.
+pub fn hf_config(cfg: &ModelConfig, dtype: Kind, eos: u32) -> Result<Value, Error> {
     let torch_dtype = match dtype {
         Kind::BFloat16 => "bfloat16",
         Kind::Half => "float16",
@@ -48,8 +52,8 @@ pub fn hf_config(cfg: &ModelConfig, dtype: Kind) -> Result<Value, Error> {
                 "mlp_bias": false,
                 "use_sliding_window": false,
                 "tie_word_embeddings": cfg.tied_embeddings,
-                "bos_token_id": 0,
-                "eos_token_id": 0,
+                "bos_token_id": eos,
+                "eos_token_id": eos,
                 "torch_dtype": torch_dtype,
             })
         }
@@ -77,16 +81,23 @@ pub fn hf_config(cfg: &ModelConfig, dtype: Kind) -> Result<Value, Error> {
                 "attn_pdrop": 0.0,
                 "scale_attn_weights": true,
                 "tie_word_embeddings": cfg.tied_embeddings,
-                "bos_token_id": 0,
-                "eos_token_id": 0,
+                "bos_token_id": eos,
+                "eos_token_id": eos,
                 "torch_dtype": torch_dtype,
             })
         }
     })
 }
 
-/// Writes `dir/config.json` and `dir/model.safetensors` from the model's weights.
-pub fn export_hf(cfg: &ModelConfig, weights: &HashMap<String, Tensor>, dir: &Path) -> Result<(), Error> {
+/// Writes `dir/config.json` and `dir/model.safetensors` from the model's weights and,
+/// given the run's tokenizer, its files ([`write_tokenizer`]); without one the
+/// end-of-text id is 0, the embedded tokenizer's.
+pub fn export_hf(
+    cfg: &ModelConfig,
+    weights: &HashMap<String, Tensor>,
+    tokenizer: Option<&Tokenizer>,
+    dir: &Path,
+) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let mut names: Vec<&String> = weights.keys().collect();
     names.sort();
@@ -100,9 +111,59 @@ pub fn export_hf(cfg: &ModelConfig, weights: &HashMap<String, Tensor>, dir: &Pat
             Ok((name.clone(), t.f_contiguous()?))
         })
         .collect::<Result<Vec<_>, tch::TchError>>()?;
-    let config = serde_json::to_string_pretty(&hf_config(cfg, dtype)?).expect("config serializes");
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, config + "\n").map_err(io_err(&config_path))?;
+    let eos = tokenizer.map_or(0, Tokenizer::eos_id);
+    write_json(dir, "config.json", &hf_config(cfg, dtype, eos)?)?;
     Tensor::write_safetensors(&tensors, dir.join("model.safetensors"))?;
+    if let Some(t) = tokenizer {
+        write_tokenizer(cfg, t, dir)?;
+    }
     Ok(())
+}
+
+/// The tokenizer's files for `transformers`: `tokenizer.json` as the run encodes (no
+/// special tokens added to a text), the fast tokenizer's `tokenizer_config.json` and
+/// `special_tokens_map.json` with the end-of-text token as BOS, EOS and padding, and a
+/// greedy `generation_config.json` that stops at it.
+pub fn write_tokenizer(cfg: &ModelConfig, tokenizer: &Tokenizer, dir: &Path) -> Result<(), Error> {
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.to_json()?).map_err(io_err(&path))?;
+    let (eos, eos_id) = (tokenizer.eos_token(), tokenizer.eos_id());
+    write_json(
+        dir,
+        "tokenizer_config.json",
+        &json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": eos,
+            "eos_token": eos,
+            "pad_token": eos,
+            "model_max_length": cfg.max_seq_len,
+            "add_bos_token": false,
+            "add_eos_token": false,
+            "clean_up_tokenization_spaces": false,
+            "added_tokens_decoder": {
+                eos_id.to_string(): {
+                    "content": eos, "lstrip": false, "normalized": false, "rstrip": false,
+                    "single_word": false, "special": true
+                }
+            },
+        }),
+    )?;
+    write_json(dir, "special_tokens_map.json", &json!({"bos_token": eos, "eos_token": eos, "pad_token": eos}))?;
+    write_json(
+        dir,
+        "generation_config.json",
+        &json!({
+            "bos_token_id": eos_id,
+            "eos_token_id": eos_id,
+            "pad_token_id": eos_id,
+            "do_sample": false,
+            "max_length": cfg.max_seq_len,
+        }),
+    )
+}
+
+fn write_json(dir: &Path, name: &str, value: &Value) -> Result<(), Error> {
+    let path = dir.join(name);
+    let text = serde_json::to_string_pretty(value).expect("JSON values serialize") + "\n";
+    std::fs::write(&path, text).map_err(io_err(&path))
 }

@@ -208,7 +208,14 @@ mod tests {
             log.step(&report).unwrap();
             if step % 50 == 0 {
                 log.eval(step, step * 4096, 2.3 + 6.0 / (1.0 + step as f64 / 10.0), &[]).unwrap();
-                log.checkpoint(&CheckpointRef { step, tokens: step * 4096, uri: "c".into(), time: None }).unwrap();
+                log.checkpoint(&CheckpointRef {
+                    step,
+                    tokens: step * 4096,
+                    uri: "c".into(),
+                    time: None,
+                    val_loss: None,
+                })
+                .unwrap();
             }
         }
         log.path().to_path_buf()

@@ -84,6 +84,11 @@ fn real_text_prepares_into_shards_and_trains() {
     assert_eq!(status.tokens_by_source.get("licenses"), Some(&status.tokens), "{status:?}");
     assert!(status.metrics.val_loss.unwrap().is_finite());
 
+    // Exported with the tokenizer `prepare` trained, transformers continues a prompt as
+    // the trainer does.
+    let hf = common::check_hf_export(&[&dir.join("out")], "This License", 16);
+    assert_eq!(hf[0]["class"], "LlamaForCausalLM", "{hf:?}");
+
     // The same shards with another tokenizer are refused, naming the source.
     std::fs::write(&run, manifest(&data, "embedded").replace("vocabSize: 1024", "vocabSize: 8192")).unwrap();
     let o = trainer().args(["run", "--no-sample", "-o"]).arg(dir.join("other")).arg(&run).output().unwrap();

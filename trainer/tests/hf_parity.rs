@@ -58,7 +58,7 @@ fn transformers_reproduces_the_logits_of_every_family() {
         let logits = tch::no_grad(|| model.logits(&ids)).unwrap();
         let dir = root.join(name);
         let weights: HashMap<String, Tensor> = vs.variables();
-        export_hf(&cfg, &weights, &dir).unwrap();
+        export_hf(&cfg, &weights, None, &dir).unwrap();
         Tensor::write_safetensors(&[("input_ids", ids), ("logits", logits)], dir.join("parity.safetensors")).unwrap();
         dirs.push(dir);
     }

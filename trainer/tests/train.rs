@@ -348,6 +348,65 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("nope"));
 }
 
+/// `checkpoint.keepBest`: the checkpoint of lowest validation loss is kept beside the
+/// newest, named by `best`, in the final status, and exported by `--best`.
+#[test]
+fn keep_best_is_reported_and_exported() {
+    let dir = scratch("best");
+    let yaml = MANIFEST
+        .replace("checkpoint: {everySteps: 4, keepLast: 3}", "checkpoint: {everySteps: 4, keepLast: 1, keepBest: 1}");
+    let (run, log) = common::run_logged(&dir, &yaml, &[]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = dir.join("out");
+    let records = trainer::telemetry::metrics_log::read(&out.join("metrics.jsonl")).unwrap();
+    let evals: Vec<(u64, f64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            trainer::telemetry::metrics_log::Record::Eval(e) if e.step % 4 == 0 => Some((e.step, e.val_loss)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 8, 12]);
+    let (best_step, best_loss) = evals.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    let best = trainer::checkpoint::best(&out).expect("a best pointer");
+    assert_eq!((best.step, best.val_loss), (best_step, Some(best_loss)));
+    let kept: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    let mut want = vec![format!("step-{best_step:08}"), "step-00000012".to_string()];
+    want.dedup();
+    let mut kept_sorted = kept.clone();
+    kept_sorted.sort();
+    assert_eq!(kept_sorted, want, "the newest and the best");
+    let Some(crds::contract::ExitReport::Success(status)) = crds::contract::ExitReport::parse(&log.unwrap()) else {
+        panic!("the final status")
+    };
+    assert_eq!(status.best_checkpoint.map(|b| b.step), Some(best_step));
+
+    let hf = dir.join("hf");
+    let export = trainer_bin().arg("export").arg(&out).arg("--best").arg("--hf").arg(&hf).output().unwrap();
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    assert!(String::from_utf8_lossy(&export.stdout).contains(&format!("the best checkpoint: step {best_step}")));
+    let exported = tch::Tensor::read_safetensors(hf.join("model.safetensors")).unwrap();
+    let saved = tch::Tensor::read_safetensors(out.join(format!("step-{best_step:08}/model.safetensors"))).unwrap();
+    assert_eq!(exported.len(), saved.len());
+    for (name, t) in &saved {
+        let e = &exported.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(e.equal(t), "{name} differs from the best checkpoint's");
+    }
+
+    // A run without keepBest has no best to export, and says how to get one.
+    let plain = scratch("no-best");
+    let (run, _) = common::run_logged(&plain, &MANIFEST.replace("\"6144\"", "\"1024\""), &[]);
+    assert!(run.status.success());
+    let export =
+        trainer_bin().arg("export").arg(plain.join("out")).arg("--best").arg("--hf").arg(&hf).output().unwrap();
+    assert!(!export.status.success());
+    assert!(String::from_utf8_lossy(&export.stderr).contains("spec.checkpoint.keepBest"));
+}
+
 #[test]
 fn the_bench_refuses_flags_it_cannot_honour_naming_the_flag() {
     for (flag, message) in [

@@ -16,7 +16,7 @@ pub use errors::{FieldError, InvalidSpec, MAX_NAME_LEN};
 use failure::resolve_failure;
 use grpo::resolve_grpo;
 pub use sources::parse_location_str;
-use sources::{parse_location, resolve_checkpoint, resolve_data, resolve_init};
+use sources::{check_keep_best, parse_location, resolve_checkpoint, resolve_data, resolve_init};
 
 /// Resolves a TrainingRun into the exact configuration the trainer runs; with
 /// `spec.topology.gpuMemory`, only if its plan ([`crate::plan`]) fits the GPUs.
@@ -50,6 +50,7 @@ pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
     let data = resolve_data(&mut e, spec);
     let tokenizer = resolve_tokenizer(&mut e, &spec.model, model.as_ref());
     let checkpoint = resolve_checkpoint(&mut e, &spec.checkpoint, spec.topology.nodes);
+    check_keep_best(&mut e, spec, data.as_ref());
     let init_from = resolve_init(&mut e, spec, &name);
     let grpo = resolve_grpo(&mut e, spec, topology.as_ref(), batch.as_ref());
     let failure = resolve_failure(&mut e, &spec.failure_policy, spec.checkpoint.every_steps);

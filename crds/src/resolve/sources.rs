@@ -124,8 +124,35 @@ pub(super) fn resolve_checkpoint(e: &mut Errors, c: &CheckpointSpec, nodes: u32)
         dir: CHECKPOINT_MOUNT.into(),
         every_steps: c.every_steps,
         keep_last: c.keep_last,
+        keep_best: c.keep_best,
         s3,
     })
+}
+
+/// `checkpoint.keepBest` ranks checkpoints by the validation loss measured at their
+/// step: validation must run at every checkpoint.
+pub(super) fn check_keep_best(e: &mut Errors, spec: &TrainingRunSpec, data: Option<&ResolvedData>) {
+    let c = &spec.checkpoint;
+    if c.keep_best == 0 {
+        return;
+    }
+    let field = "spec.checkpoint.keepBest";
+    if spec.phase == Phase::Grpo {
+        e.add(field, "ranks checkpoints by validation loss, which a grpo run does not measure; set it to 0");
+        return;
+    }
+    match data.map(|d| d.eval_every_steps).filter(|&n| n > 0) {
+        None => e.add(field, "ranks checkpoints by validation loss, which this run does not measure: set spec.data.validation.everySteps above 0"),
+        Some(n) if !c.every_steps.is_multiple_of(n) => e.add(
+            field,
+            format!(
+                "ranks checkpoints by the validation loss at their step, but validation runs every {n} steps and \
+                 checkpoints every {}: make spec.data.validation.everySteps divide spec.checkpoint.everySteps",
+                c.every_steps
+            ),
+        ),
+        Some(_) => {}
+    }
 }
 
 pub(super) fn resolve_init(e: &mut Errors, spec: &TrainingRunSpec, own_name: &str) -> Option<ResolvedInit> {

@@ -549,6 +549,14 @@ pub struct CheckpointSpec {
     #[serde(default = "default_keep_last")]
     #[x_kube(validation = Rule::new("self >= 1").message("keepLast must be at least 1"))]
     pub keep_last: u32,
+    /// Also keep the this many checkpoints with the lowest validation loss (the mix's,
+    /// measured at the checkpoint's step), besides the newest keepLast: rotation never
+    /// deletes them. The lowest is `best` beside `latest` in the checkpoint directory
+    /// and `status.bestCheckpoint`; resuming still starts from the newest. Needs
+    /// validation at every checkpoint (data.validation.everySteps dividing everySteps)
+    /// and phase pretrain. 0 keeps none. May change while the run trains.
+    #[serde(default)]
+    pub keep_best: u32,
     /// Keep the checkpoint PVC when the TrainingRun is deleted.
     #[serde(default)]
     pub retain_on_delete: bool,
@@ -582,6 +590,7 @@ impl Default for CheckpointSpec {
         CheckpointSpec {
             every_steps: default_every_steps(),
             keep_last: default_keep_last(),
+            keep_best: 0,
             retain_on_delete: false,
             size: default_pvc_size(),
             storage_class_name: None,

@@ -35,6 +35,10 @@ pub struct TrainingRunStatus {
     /// The newest complete checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,
+    /// The kept checkpoint with the lowest validation loss (`spec.checkpoint.keepBest`):
+    /// what `trainer export --best` exports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_checkpoint: Option<CheckpointRef>,
     /// Gang restarts so far (disruptions excluded).
     #[serde(default)]
     pub restarts: u32,
@@ -199,6 +203,9 @@ pub struct CheckpointRef {
     /// When it was completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<String>,
+    /// The mix's validation loss at the checkpoint's step, when validation ran there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
 }
 
 /// A rank slower than the others, from rank 0's per-rank step times.

@@ -70,7 +70,9 @@ impl Rank0 {
                 tokens: step / 10 * 10 * 8192,
                 uri: format!("/checkpoints/step-{:08}", step / 10 * 10),
                 time: Some("2026-01-01T00:30:00Z".into()),
+                val_loss: None,
             }),
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         });

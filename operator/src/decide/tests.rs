@@ -193,6 +193,7 @@ fn stall_is_reported_once_then_clears() {
         total_tokens: 244 * 262144,
         metrics: Default::default(),
         last_checkpoint: None,
+        best_checkpoint: None,
         tokens_by_source: Default::default(),
         ranks: Vec::new(),
     };

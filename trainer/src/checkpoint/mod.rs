@@ -7,6 +7,7 @@
 //! <dir>/step-00000100/optimizer.safetensors
 //! <dir>/step-00000100/state.json             TrainState, with the size and sha256 of each file
 //! <dir>/latest                               "step-00000100": a hint, never trusted blindly
+//! <dir>/best                                 the kept checkpoint of lowest validation loss (keepBest)
 //! <dir>/metrics.jsonl                        the run's log (`crate::telemetry::metrics_log`)
 //! <dir>/tensorboard/events.out.tfevents.*    TensorBoard's (`crate::telemetry::tensorboard`)
 //! ```
@@ -56,6 +57,9 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
 /// Name of the newest complete checkpoint directory, inside the checkpoint directory.
 pub const LATEST_FILE: &str = "latest";
+/// Name of the kept checkpoint directory with the lowest validation loss
+/// (`checkpoint.keepBest`), inside the checkpoint directory.
+pub const BEST_FILE: &str = "best";
 
 /// The run's JSONL log, beside the checkpoints.
 pub const METRICS_LOG_FILE: &str = "metrics.jsonl";
@@ -99,6 +103,10 @@ pub struct TrainState {
     /// Training loss at the checkpoint's step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
+    /// The mix's validation loss at the checkpoint's step, when validation ran there:
+    /// what `keepBest` ranks by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
     /// When the checkpoint was written (RFC 3339); set by the writer.
     #[serde(default)]
     pub time: String,
@@ -166,15 +174,23 @@ impl std::fmt::Debug for Loaded {
     }
 }
 
+/// How many checkpoints rotation keeps: the newest `last` (at least 1: the one just
+/// written) and the `best` of lowest validation loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    pub last: usize,
+    pub best: usize,
+}
+
 /// Writes checkpoints into one directory, synchronously or on a background thread, and
-/// keeps the newest `keep_last` of them.
+/// keeps the newest `keep_last` of them and the `keep_best` of lowest validation loss.
 ///
 /// At most one write is in flight: a save waits for the previous background write
 /// first. Dropping the checkpointer waits for a pending write (logging its error, as
 /// there is no caller left to return it to); call [`Checkpointer::wait`] to get it.
 pub struct Checkpointer {
     dir: PathBuf,
-    keep_last: usize,
+    keep: Retention,
     pending: Option<JoinHandle<Result<CheckpointRef>>>,
 }
 
@@ -184,12 +200,19 @@ impl Checkpointer {
     pub fn new(dir: impl Into<PathBuf>, keep_last: u32) -> Result<Self> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(Checkpointer { dir, keep_last: keep_last.max(1) as usize, pending: None })
+        Ok(Checkpointer { dir, keep: Retention { last: keep_last.max(1) as usize, best: 0 }, pending: None })
+    }
+
+    /// Also keeps the `keep_best` checkpoints of lowest validation loss, and points
+    /// [`BEST_FILE`] at the lowest.
+    pub fn keeping_best(mut self, keep_best: u32) -> Self {
+        self.keep.best = keep_best as usize;
+        self
     }
 
     /// A checkpointer for the run's resolved checkpoint settings.
     pub fn from_config(config: &ResolvedCheckpoint) -> Result<Self> {
-        Self::new(&config.dir, config.keep_last)
+        Ok(Self::new(&config.dir, config.keep_last)?.keeping_best(config.keep_best))
     }
 
     /// The checkpoint directory.
@@ -204,7 +227,7 @@ impl Checkpointer {
         let model = to_cpu(&self.dir, &payload.model, false)?;
         let optimizer = to_cpu(&self.dir, &payload.optimizer, false)?;
         let bytes = payload_bytes(&model, &optimizer);
-        write_checkpoint(&self.dir, self.keep_last, model, optimizer, payload.state)
+        write_checkpoint(&self.dir, self.keep, model, optimizer, payload.state)
             .map_err(|e| space::explain(e, &self.dir, bytes))
     }
 
@@ -219,12 +242,12 @@ impl Checkpointer {
         let previous = self.wait()?;
         let model = to_cpu(&self.dir, &payload.model, true)?;
         let optimizer = to_cpu(&self.dir, &payload.optimizer, true)?;
-        let (dir, keep_last, state) = (self.dir.clone(), self.keep_last, payload.state);
+        let (dir, keep, state) = (self.dir.clone(), self.keep, payload.state);
         let bytes = payload_bytes(&model, &optimizer);
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || {
-                write_checkpoint(&dir, keep_last, model, optimizer, state).map_err(|e| space::explain(e, &dir, bytes))
+                write_checkpoint(&dir, keep, model, optimizer, state).map_err(|e| space::explain(e, &dir, bytes))
             })
             .map_err(io_err(&self.dir))?;
         self.pending = Some(handle);
@@ -573,7 +596,7 @@ fn remove_path(path: &Path) -> io::Result<()> {
 
 fn write_checkpoint(
     dir: &Path,
-    keep_last: usize,
+    keep: Retention,
     model: Vec<(String, Tensor)>,
     optimizer: Vec<(String, Tensor)>,
     mut state: TrainState,
@@ -625,8 +648,13 @@ fn write_checkpoint(
     drop(latest_tmp);
 
     // The checkpoint is durable; a failure to prune is reported but does not undo it.
-    if let Err(e) = prune(dir, keep_last, state.step) {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not prune old checkpoints");
+    match prune(dir, keep, state.step) {
+        Ok(best) => {
+            if let Err(e) = point_best(dir, best) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not update the best checkpoint pointer");
+            }
+        }
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not prune old checkpoints"),
     }
     tracing::info!(checkpoint = %final_dir.display(), step = state.step, "checkpoint written");
     // A mirror (S3) hooks in here: after the local checkpoint is complete and durable.
@@ -635,39 +663,72 @@ fn write_checkpoint(
         tokens: state.tokens,
         uri: final_dir.to_string_lossy().into_owned(),
         time: Some(state.time),
+        val_loss: state.val_loss,
     })
 }
 
-/// Keeps the checkpoint of step `written` and the newest `keep_last - 1` older ones
-/// whose files are all present with their recorded sizes; removes other `step-*`
-/// directories and `.tmp-*` debris. Newer steps than `written` belong to a timeline
-/// abandoned by a resume from an older checkpoint, and would otherwise be taken for the
-/// newest on the next resume.
-fn prune(dir: &Path, keep_last: usize, written: u64) -> Result<()> {
-    let mut kept = 1;
-    let mut doomed = Vec::new();
-    for (step, path) in step_dirs(dir).map_err(io_err(dir))?.into_iter().rev() {
-        if step == written {
-            continue;
+/// Points [`BEST_FILE`] at the checkpoint of `step`, or removes it when none is best.
+fn point_best(dir: &Path, step: Option<u64>) -> Result<()> {
+    let best = dir.join(BEST_FILE);
+    let Some(step) = step else { return remove_path(&best).map_err(io_err(&best)) };
+    let tmp = LiveTmp::claim(dir.join(format!("{TMP_PREFIX}{BEST_FILE}-{}", std::process::id())))?;
+    write_file(&tmp.0, format!("{}\n", step_dir_name(step)).as_bytes())?;
+    fs::rename(&tmp.0, &best).map_err(io_err(&best))?;
+    fsync_dir(dir)
+}
+
+/// The checkpoint [`BEST_FILE`] names in `dir`, with its step and validation loss;
+/// `None` without one (no `keepBest`, or no validation yet).
+pub fn best(dir: &Path) -> Option<CheckpointRef> {
+    let name = fs::read_to_string(dir.join(BEST_FILE)).ok()?;
+    let path = dir.join(name.trim());
+    parse_step_dir(name.trim())?;
+    let state = read_state(&path).ok()?;
+    Some(CheckpointRef {
+        step: state.step,
+        tokens: state.tokens,
+        uri: path.to_string_lossy().into_owned(),
+        time: Some(state.time),
+        val_loss: state.val_loss,
+    })
+}
+
+/// Keeps the checkpoint of step `written`, the newest `keep.last - 1` older ones and the
+/// `keep.best` of lowest validation loss (ties: the earlier), of those whose files are
+/// all present with their recorded sizes; removes other `step-*` directories and
+/// `.tmp-*` debris. Newer steps than `written` belong to a timeline abandoned by a
+/// resume from an older checkpoint, and would otherwise be taken for the newest on the
+/// next resume. Returns the step of the best kept, when `keep.best` asks for one.
+fn prune(dir: &Path, keep: Retention, written: u64) -> Result<Option<u64>> {
+    let steps = step_dirs(dir).map_err(io_err(dir))?;
+    let mut kept = BTreeSet::from([written]);
+    let mut ranked = Vec::new();
+    for (step, path) in steps.iter().rev().filter(|(step, _)| *step <= written) {
+        let Some(state) = complete_state(path) else { continue };
+        if *step < written && kept.len() < keep.last {
+            kept.insert(*step);
         }
-        if step < written && kept < keep_last && looks_complete(&path) {
-            kept += 1;
-        } else {
-            doomed.push(path);
+        if let Some(v) = state.val_loss.filter(|v| v.is_finite()) {
+            ranked.push((v, *step));
         }
     }
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    kept.extend(ranked.iter().take(keep.best).map(|(_, step)| *step));
+    let mut doomed: Vec<PathBuf> =
+        steps.into_iter().filter(|(step, _)| !kept.contains(step)).map(|(_, path)| path).collect();
     doomed.extend(tmp_entries(dir).map_err(io_err(dir))?.into_iter().filter(|p| !is_live(p)));
     for path in doomed {
         tracing::info!(path = %path.display(), "removing old checkpoint");
         remove_path(&path).map_err(io_err(&path))?;
     }
-    Ok(())
+    Ok(if keep.best > 0 { ranked.first().map(|(_, step)| *step) } else { None })
 }
 
-/// Cheap check without hashing: `state.json` parses and every file has its recorded size.
-fn looks_complete(dir: &Path) -> bool {
-    let Ok(state) = read_state(dir) else { return false };
-    state.files.iter().all(|(name, d)| fs::metadata(dir.join(name)).is_ok_and(|m| m.len() == d.bytes))
+/// Cheap check without hashing: `state.json` parses and every file has its recorded
+/// size. The state, when so.
+fn complete_state(dir: &Path) -> Option<TrainState> {
+    let state = read_state(dir).ok()?;
+    state.files.iter().all(|(name, d)| fs::metadata(dir.join(name)).is_ok_and(|m| m.len() == d.bytes)).then_some(state)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {

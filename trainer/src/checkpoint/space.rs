@@ -38,13 +38,15 @@ pub fn checkpoints_bytes(dir: &Path) -> io::Result<u64> {
     Ok(total)
 }
 
-/// Fails, naming the numbers, unless the file system of `dir` holds `keep_last + 1`
-/// checkpoints of about `estimate` bytes each (the newest `keep_last` and the one being
-/// written), counting the room of the checkpoints already there as free.
-pub fn preflight(dir: &Path, keep_last: u32, estimate: u64) -> Result<(), Error> {
+/// Fails, naming the numbers, unless the file system of `dir` holds `keep_last +
+/// keep_best + 1` checkpoints of about `estimate` bytes each (the newest `keep_last`,
+/// the `keep_best` of lowest validation loss and the one being written), counting the
+/// room of the checkpoints already there as free.
+pub fn preflight(dir: &Path, keep_last: u32, keep_best: u32, estimate: u64) -> Result<(), Error> {
     let io = |e| Error::Io { path: dir.to_path_buf(), source: e };
     let (free, existing) = (available(dir).map_err(io)?, checkpoints_bytes(dir).map_err(io)?);
-    let copies = u64::from(keep_last.max(1)) + 1;
+    let copies = u64::from(keep_last.max(1)) + u64::from(keep_best) + 1;
+    let best = if keep_best > 0 { format!(", keepBest {keep_best}") } else { String::new() };
     let needed = copies * estimate;
     if free + existing >= needed {
         return Ok(());
@@ -52,7 +54,7 @@ pub fn preflight(dir: &Path, keep_last: u32, estimate: u64) -> Result<(), Error>
     Err(Error::StorageFull {
         path: dir.to_path_buf(),
         message: format!(
-            "{copies} checkpoints (keepLast {keep_last} and the one being written) of about {} each need {}, but \
+            "{copies} checkpoints (keepLast {keep_last}{best} and the one being written) of about {} each need {}, but \
              {} is free{}",
             ByteSize::b(estimate),
             ByteSize::b(needed),
@@ -97,8 +99,9 @@ mod tests {
     fn the_preflight_counts_existing_checkpoints_as_room() {
         let dir = TempDir::new("space");
         let free = available(&dir.0).unwrap();
-        preflight(&dir.0, 2, free / 4).unwrap();
-        let err = preflight(&dir.0, 2, free / 2).unwrap_err();
+        preflight(&dir.0, 2, 0, free / 4).unwrap();
+        assert!(preflight(&dir.0, 2, 2, free / 4).is_err(), "keepBest's checkpoints need room too");
+        let err = preflight(&dir.0, 2, 0, free / 2).unwrap_err();
         assert_eq!(err.reason(), Some(crds::contract::FailureReason::StorageFull));
         let text = err.to_string();
         assert!(text.contains("3 checkpoints (keepLast 2") && text.contains("is free"), "{text}");
@@ -110,8 +113,8 @@ mod tests {
         assert_eq!(checkpoints_bytes(&dir.0).unwrap(), 1 << 30);
         let free = available(&dir.0).unwrap();
         let estimate = (free + (512 << 20)) / 3;
-        preflight(&dir.0, 2, estimate).unwrap();
+        preflight(&dir.0, 2, 0, estimate).unwrap();
         std::fs::remove_dir_all(&step).unwrap();
-        assert!(preflight(&dir.0, 2, estimate).is_err(), "without the checkpoint there is no room");
+        assert!(preflight(&dir.0, 2, 0, estimate).is_err(), "without the checkpoint there is no room");
     }
 }

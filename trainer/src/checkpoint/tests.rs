@@ -40,6 +40,7 @@ fn state(step: u64) -> TrainState {
         attempt: 1,
         preset: "tiny".into(),
         loss: Some(3.25),
+        val_loss: None,
         time: String::new(),
         files: BTreeMap::new(),
     }
@@ -167,6 +168,51 @@ fn keep_last_prunes_and_latest_follows() -> Result<()> {
     assert_eq!(names(&tmp.0), ["latest", "step-00000002"]);
     let loaded = latest_valid(&tmp.0)?.unwrap();
     assert_same_tensors(&again.model, &loaded.model);
+    Ok(())
+}
+
+/// Interleaved good and bad validation losses: the newest two and the best two stay,
+/// `best` names the lowest, and a resume still starts from the newest.
+#[test]
+fn keep_best_keeps_the_lowest_validation_losses_through_rotation() -> Result<()> {
+    let tmp = TempDir::new("best");
+    let mut ckpt = Checkpointer::new(&tmp.0, 2)?.keeping_best(2);
+    struct Case {
+        step: u64,
+        val_loss: Option<f64>,
+        kept: &'static [u64],
+        best: Option<u64>,
+    }
+    let case = |step, val_loss, kept, best| Case { step, val_loss, kept, best };
+    let timeline = [
+        case(1, None, &[1], None),
+        case(2, Some(4.0), &[1, 2], Some(2)),
+        case(3, Some(3.0), &[2, 3], Some(3)),
+        case(4, Some(5.0), &[2, 3, 4], Some(3)),
+        case(5, Some(3.5), &[3, 4, 5], Some(3)),
+        case(6, Some(f64::NAN), &[3, 5, 6], Some(3)),
+        case(7, Some(2.0), &[3, 6, 7], Some(7)),
+        case(8, Some(6.0), &[3, 7, 8], Some(7)),
+    ];
+    for c in &timeline {
+        let mut p = payload(c.step, c.step as f32)?;
+        p.state.val_loss = c.val_loss;
+        let written = ckpt.save(p)?;
+        assert_eq!(written.val_loss.map(f64::to_bits), c.val_loss.map(f64::to_bits));
+        let on_disk: Vec<u64> = step_dirs(&tmp.0).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(on_disk, c.kept, "after step {}", c.step);
+        let best = best(&tmp.0);
+        assert_eq!(best.as_ref().map(|b| b.step), c.best, "after step {}", c.step);
+        if let Some(b) = best {
+            assert!(Path::new(&b.uri).ends_with(step_dir_name(b.step)), "{b:?}");
+            assert_eq!(b.val_loss, timeline.iter().find(|t| t.step == b.step).unwrap().val_loss);
+        }
+        assert_eq!(latest_valid(&tmp.0)?.unwrap().state.step, c.step, "resume starts from the newest");
+    }
+    // Without keepBest, rotation is keepLast alone and the pointer goes.
+    let mut plain = Checkpointer::new(&tmp.0, 2)?;
+    plain.save(payload(9, 9.0)?)?;
+    assert_eq!(names(&tmp.0), ["latest", "step-00000008", "step-00000009"]);
     Ok(())
 }
 

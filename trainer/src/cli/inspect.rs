@@ -172,9 +172,29 @@ pub fn generate(args: &GenerateArgs) -> Result<(), Error> {
     Ok(())
 }
 
-pub fn export(checkpoint: &Path, hf: &Path) -> Result<(), Error> {
+pub fn export(checkpoint: &Path, hf: &Path, best: bool) -> Result<(), Error> {
+    let best_dir;
+    let checkpoint = if best {
+        let b = crate::checkpoint::best(checkpoint).ok_or_else(|| Error::Checkpoint {
+            path: checkpoint.join(crate::checkpoint::BEST_FILE),
+            message: "--best: this run directory has no best checkpoint; spec.checkpoint.keepBest (with \
+                      validation at every checkpoint) keeps one"
+                .into(),
+        })?;
+        let loss = b.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4}"));
+        println!("the best checkpoint: step {}{loss}", b.step);
+        best_dir = PathBuf::from(b.uri);
+        &best_dir
+    } else {
+        checkpoint
+    };
     let (cfg, vs, _model) = load_model(checkpoint)?;
-    crate::export::export_hf(&cfg.model, &vs.variables(), hf)?;
-    println!("wrote {} (config.json, model.safetensors)", hf.display());
+    let tokenizer = sources::load_tokenizer(&cfg)?;
+    crate::export::export_hf(&cfg.model, &vs.variables(), Some(&tokenizer), hf)?;
+    println!(
+        "wrote {} (config.json, model.safetensors, generation_config.json and the run's tokenizer: tokenizer.json, \
+         tokenizer_config.json, special_tokens_map.json)",
+        hf.display()
+    );
     Ok(())
 }

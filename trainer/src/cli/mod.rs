@@ -81,6 +81,10 @@ pub enum Command {
         /// Output directory for config.json and model.safetensors.
         #[arg(long)]
         hf: PathBuf,
+        /// Export the run's checkpoint of lowest validation loss (`best`, kept by
+        /// spec.checkpoint.keepBest) rather than its newest.
+        #[arg(long)]
+        best: bool,
     },
     /// Time the training step like `torch_reference.py` and print the same JSON fields.
     ///
@@ -143,7 +147,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::Prepare(args) => prepare::prepare(args),
         Command::Eval(args) => inspect::eval(&args),
         Command::Generate(args) => inspect::generate(&args),
-        Command::Export { checkpoint, hf } => inspect::export(&checkpoint, &hf),
+        Command::Export { checkpoint, hf, best } => inspect::export(&checkpoint, &hf, best),
         Command::Bench(args) => bench::step(args),
         Command::BenchKernels(a) => bench::kernels(a),
         Command::BenchData(a) => bench::data(a),

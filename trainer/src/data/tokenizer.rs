@@ -135,6 +135,11 @@ impl Tokenizer {
         self.eos
     }
 
+    /// The end-of-text token's text, e.g. `<|endoftext|>`.
+    pub fn eos_token(&self) -> String {
+        self.inner.id_to_token(self.eos).unwrap_or_else(|| EOS.to_string())
+    }
+
     /// Number of tokens, special tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -187,6 +187,9 @@ pub struct CheckpointRecord {
     pub tokens: u64,
     /// Where the checkpoint is.
     pub uri: String,
+    /// The mix's validation loss at its step, when validation ran there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
     /// Unix time, seconds.
     pub time: f64,
 }
@@ -403,6 +406,7 @@ impl MetricsLog {
             step: checkpoint.step,
             tokens: checkpoint.tokens,
             uri: checkpoint.uri.clone(),
+            val_loss: checkpoint.val_loss,
             time: unix_now(),
         };
         self.append(&Record::Checkpoint(record))
@@ -429,9 +433,12 @@ impl Sink for MetricsLog {
             Event::Accuracy { step, tokens, score, .. } => self.accuracy(step, tokens, score),
             Event::Checkpoint(checkpoint) => self.checkpoint(checkpoint),
             Event::Sample { step, tokens, prompt, text } => self.sample(step, tokens, Some(prompt), text),
-            Event::Started(_) | Event::Phase(_) | Event::Ranks(_) | Event::NonFinite { .. } | Event::Failure(_) => {
-                Ok(())
-            }
+            Event::Started(_)
+            | Event::Phase(_)
+            | Event::Best(_)
+            | Event::Ranks(_)
+            | Event::NonFinite { .. }
+            | Event::Failure(_) => Ok(()),
         }
     }
 }
@@ -473,6 +480,7 @@ mod tests {
                     tokens: s * 1024,
                     uri: format!("/ckpt/step-{s}"),
                     time: None,
+                    val_loss: Some(2.0),
                 })
                 .unwrap();
             }

@@ -261,7 +261,7 @@ impl Sink for Progress {
             Event::Sample { step, prompt, text, .. } => {
                 self.println(format!("sample after {step} steps:\n{prompt} {text}"))
             }
-            Event::Phase(_) | Event::Checkpoint(_) | Event::Ranks(_) | Event::NonFinite { .. } | Event::Failure(_) => {}
+            Event::Phase(_) | Event::Checkpoint(_) | Event::Best(_) | Event::Ranks(_) | Event::NonFinite { .. } | Event::Failure(_) => {}
         }
         Ok(())
     }

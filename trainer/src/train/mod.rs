@@ -427,12 +427,14 @@ impl Trainer {
             // A generated batch is never split by a stop: resuming must regenerate it.
             last_step = g.boundary_at_or_after(last_step).min(total_steps);
         }
-        let mut checkpointer = Checkpointer::new(self.checkpoint_dir(), self.cfg.checkpoint.keep_last)?;
+        let mut checkpointer = Checkpointer::new(self.checkpoint_dir(), self.cfg.checkpoint.keep_last)?
+            .keeping_best(self.cfg.checkpoint.keep_best);
         if rank0 {
             // A run that cannot keep its checkpoints fails now, not after an interval of training.
             checkpoint::space::preflight(
                 self.checkpoint_dir(),
                 self.cfg.checkpoint.keep_last,
+                self.cfg.checkpoint.keep_best,
                 self.checkpoint_estimate(),
             )
             .map_err(|e| self.failed(sinks, e))?;
@@ -456,6 +458,13 @@ impl Trainer {
         sinks.emit(Event::Phase(TrainerPhase::Training))?;
         let mut losses = Vec::new();
         let mut val_loss = None;
+        let mut evaluated_at = None;
+        if rank0
+            && self.cfg.checkpoint.keep_best > 0
+            && let Some(best) = checkpoint::best(self.checkpoint_dir())
+        {
+            sinks.emit(Event::Best(&best))?;
+        }
         let mut last_checkpoint = None;
         let mut last_loss = None;
         let every = self.cfg.checkpoint.every_steps as u64;
@@ -496,7 +505,7 @@ impl Trainer {
             if eval_due {
                 sinks.emit(Event::Phase(TrainerPhase::Evaluating))?;
                 if let Some((v, per_source)) = self.whole_model(|t| t.evaluate())? {
-                    val_loss = Some(v);
+                    (val_loss, evaluated_at) = (Some(v), Some(self.step));
                     let (step, tokens) = (self.step, self.tokens);
                     sinks.emit(Event::Eval { step, tokens, val_loss: v, per_source: &per_source })?;
                 }
@@ -507,7 +516,8 @@ impl Trainer {
                 self.checkpoint_position = self.data_position;
                 let (model, optimizer) = (self.checkpoint_model()?, self.opt.checkpoint_state()?);
                 // Training goes on while the background thread writes.
-                let payload = self.payload(model, last_loss, optimizer);
+                let here = val_loss.filter(|_| evaluated_at == Some(self.step));
+                let payload = self.payload(model, last_loss, here, optimizer);
                 let saved = match self.faults.before_checkpoint(self.step, self.checkpoint_dir()) {
                     Err(e) => Err(checkpoint::space::explain(e, self.checkpoint_dir(), self.checkpoint_estimate())),
                     Ok(()) if rank0 => checkpointer.save_async(payload),
@@ -532,8 +542,9 @@ impl Trainer {
                 && last_checkpoint.as_ref().map(|c| c.step) != Some(self.step)
             {
                 sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
+                let here = val_loss.filter(|_| evaluated_at == Some(self.step));
                 let done = checkpointer
-                    .save(self.payload(model, last_loss, optimizer))
+                    .save(self.payload(model, last_loss, here, optimizer))
                     .map_err(|e| self.failed(sinks, e.at_step(self.step)))?;
                 self.checkpoint_written(&done, sinks, mirror.as_ref())?;
                 last_checkpoint = Some(done);
@@ -633,6 +644,10 @@ impl Trainer {
         if let Some(m) = mirror {
             m.push(Path::new(&done.uri));
         }
-        sinks.emit(Event::Checkpoint(done))
+        sinks.emit(Event::Checkpoint(done))?;
+        match checkpoint::best(self.checkpoint_dir()) {
+            Some(best) if self.cfg.checkpoint.keep_best > 0 => sinks.emit(Event::Best(&best)),
+            _ => Ok(()),
+        }
     }
 }

@@ -100,6 +100,9 @@ pub enum Event<'a> {
     },
     /// A checkpoint is complete on disk.
     Checkpoint(&'a CheckpointRef),
+    /// The kept checkpoint of lowest validation loss (`checkpoint.keepBest`), after
+    /// each checkpoint and at the start of an attempt that has one.
+    Best(&'a CheckpointRef),
     /// A generated answer to a validation question.
     Sample {
         step: u64,

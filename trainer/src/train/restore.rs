@@ -237,6 +237,7 @@ impl Trainer {
         &self,
         model: Vec<(String, Tensor)>,
         loss: Option<f64>,
+        val_loss: Option<f64>,
         optimizer: Vec<(String, Tensor)>,
     ) -> Payload {
         Payload {
@@ -256,6 +257,7 @@ impl Trainer {
                 attempt: self.cfg.attempt,
                 preset: self.cfg.model.preset.clone(),
                 loss,
+                val_loss,
                 time: String::new(),
                 files: Default::default(),
             },

@@ -201,3 +201,36 @@ pub fn check_tensorboard(run: &Path) -> serde_json::Value {
     assert!(out.status.success(), "TensorBoard's reader disagrees with metrics.jsonl in {}:\n{stderr}", run.display());
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
+
+/// Exports each run directory with `trainer export --hf`, continues `prompt` greedily
+/// with `trainer generate --temperature 0`, and checks with transformers
+/// (`scripts/hf_export_check.py`) that the export loads with its tokenizer, runs in a
+/// pipeline and continues the prompt the same way. Returns the checker's lines.
+pub fn check_hf_export(runs: &[&Path], prompt: &str, max_new_tokens: usize) -> Vec<serde_json::Value> {
+    let mut cases = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let hf = run.with_file_name(format!("hf-{i}"));
+        let export = trainer_bin().arg("export").arg(run).arg("--hf").arg(&hf).output().unwrap();
+        assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+        let generate = trainer_bin()
+            .arg("generate")
+            .arg(run)
+            .args(["--temperature", "0", "-n", "1", "--prompt", prompt, "--max-new-tokens"])
+            .arg(max_new_tokens.to_string())
+            .output()
+            .unwrap();
+        assert!(generate.status.success(), "{}", String::from_utf8_lossy(&generate.stderr));
+        let expected = String::from_utf8(generate.stdout).unwrap();
+        let expected = expected.strip_suffix('\n').unwrap_or(&expected);
+        cases.push(serde_json::json!({
+            "dir": hf, "prompt": prompt, "max_new_tokens": max_new_tokens, "expected": expected
+        }));
+    }
+    let file = runs[0].with_file_name("hf-cases.json");
+    std::fs::write(&file, serde_json::to_string(&cases).unwrap()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hf_export_check.py");
+    let out = Command::new(python()).arg(script).arg(&file).output().expect("python runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "transformers disagrees with the trainer:\n{stdout}\n{stderr}");
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}

@@ -58,6 +58,7 @@ impl SharedStatus {
             total_tokens: config.schedule.total_tokens,
             metrics: RunMetrics::default(),
             last_checkpoint: None,
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         };
@@ -205,6 +206,7 @@ impl Sink for SharedStatus {
             Event::Eval { val_loss, per_source, .. } => self.record_eval(val_loss, per_source.to_vec()),
             Event::Accuracy { score, initial, .. } => self.record_accuracy(score, initial),
             Event::Checkpoint(checkpoint) => self.record_checkpoint(checkpoint.clone()),
+            Event::Best(best) => self.update(|s| s.best_checkpoint = Some(best.clone())),
             Event::Sample { .. } => {}
             Event::Ranks(ranks) => self.update(|s| s.ranks = ranks.to_vec()),
             Event::NonFinite { .. } => self.record_nonfinite(),
@@ -329,6 +331,7 @@ mod tests {
             total_tokens: 819_200,
             metrics: RunMetrics::default(),
             last_checkpoint: None,
+            best_checkpoint: None,
             tokens_by_source: Default::default(),
             ranks: Vec::new(),
         };
@@ -382,7 +385,8 @@ mod tests {
         state.set_phase(TrainerPhase::Training);
         state.record_step(&report(10));
         state.record_eval(3.5, vec![("web".into(), 3.25), ("code".into(), 3.75)]);
-        let ckpt = CheckpointRef { step: 10, tokens: 81920, uri: "/checkpoints/step-10".into(), time: None };
+        let ckpt =
+            CheckpointRef { step: 10, tokens: 81920, uri: "/checkpoints/step-10".into(), time: None, val_loss: None };
         state.record_checkpoint(ckpt.clone());
 
         let (code, head, body) = http(server.addr(), "GET", "/status");
@@ -431,7 +435,7 @@ mod tests {
         state.record_eval(3.5, vec![("web".into(), 3.25)]);
         let by_source = vec![("web".to_string(), 61_440), ("code".to_string(), 20_480)];
         state.record_step(&StepReport { tokens_by_source: by_source, ..report(10) });
-        state.record_checkpoint(CheckpointRef { step: 8, tokens: 65536, uri: "u".into(), time: None });
+        state.record_checkpoint(CheckpointRef { step: 8, tokens: 65536, uri: "u".into(), time: None, val_loss: None });
         state.record_step(&StepReport { loss: f64::NAN, ..report(11) });
         state.record_nonfinite();
 

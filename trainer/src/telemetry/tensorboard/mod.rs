@@ -185,7 +185,7 @@ impl report::Sink for TensorBoard {
                 let markdown = format!("**{}**\n\n{}", prompt.trim(), text.trim());
                 self.scalars(step, vec![Value::text("samples", &markdown)])
             }
-            E::Phase(_) | E::Checkpoint(_) | E::Ranks(_) | E::NonFinite { .. } | E::Failure(_) => Ok(()),
+            E::Phase(_) | E::Checkpoint(_) | E::Best(_) | E::Ranks(_) | E::NonFinite { .. } | E::Failure(_) => Ok(()),
         }
     }
 }
