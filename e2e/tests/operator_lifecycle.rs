@@ -278,6 +278,13 @@ async fn a_transient_failure_restarts_the_gang_until_max_restarts() {
     .to_json();
     h.pod_exits("llm-a2-1-abcde", FailureReason::CollectiveTimeout.exit_code(), "Error", &timeout);
     h.settle("llm").await;
+    // Rank 0 is still running: its exit may name the cause, so the operator waits up
+    // to 10 s past the timeout's exit (at 01:00:00) before restarting.
+    let (_, reason, message) = h.condition("llm", "Running");
+    assert_eq!((h.status("llm").attempt, reason.as_str()), (2, "Training"));
+    assert!(message.contains("CollectiveTimeout") && message.contains("to name the cause"), "{message}");
+    h.clock.advance(Duration::from_secs(2 * 3600));
+    h.settle("llm").await;
     assert_eq!((h.status("llm").attempt, h.status("llm").restarts), (3, 2));
     h.start_pods("llm-a3", "Running");
     h.settle("llm").await;
