@@ -120,6 +120,13 @@ fn relay(source: impl Read + Send + 'static, mut sink: impl Write + Send + 'stat
 /// holding a worker's stderr open must not hold the launcher.
 const RELAY_DRAIN: Duration = Duration::from_secs(5);
 
+/// How long a launcher whose workers failed a collective waits before exiting. A
+/// collective fails on every rank when one rank dies: the rank that died (a crash, a
+/// fatal error such as a full disk) is the cause, the others only see the broken
+/// connection. Leaving last lets the cause's pod fail first, so the Job's failure and
+/// the operator's verdict name the cause, not a symptom that would restart the gang.
+const SYMPTOM_DELAY: Duration = Duration::from_secs(3);
+
 fn send(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) on a child we spawned and have not reaped.
     unsafe {
@@ -215,6 +222,12 @@ pub fn launch(spec: &LaunchSpec, stop: Arc<AtomicBool>) -> Result<LaunchOutcome,
         std::fs::write(path, text).map_err(io_err(path))?;
     }
     let _ = std::fs::remove_dir_all(&scratch);
+    if outcome.exit_code == FailureReason::CollectiveTimeout.exit_code() {
+        let until = Instant::now() + SYMPTOM_DELAY;
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     Ok(outcome)
 }
 
