@@ -31,6 +31,9 @@ pub const CONFIG_TAG: &str = "config";
 pub struct TensorBoard {
     path: PathBuf,
     file: File,
+    /// A write failed: the event files are a convenience, so the run goes on without
+    /// them (a full disk still ends it, at the next checkpoint, with its explanation).
+    broken: bool,
 }
 
 /// Whether TensorBoard reads `name` as an event file.
@@ -58,7 +61,7 @@ impl TensorBoard {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
         let path = dir.join(format!("events.out.tfevents.{secs:010}.{host}.{}.0", std::process::id()));
         let file = OpenOptions::new().create_new(true).append(true).open(&path).map_err(io_err(&path))?;
-        let mut tb = TensorBoard { path, file };
+        let mut tb = TensorBoard { path, file, broken: false };
         tb.write(&Event {
             wall_time: unix_now(),
             step: 0,
@@ -74,10 +77,17 @@ impl TensorBoard {
     }
 
     fn write(&mut self, event: &Event) -> Result<(), Error> {
+        if self.broken {
+            return Ok(());
+        }
         // One write per record, flushed, so a reader follows the run live and a crash
         // tears at most the last record.
-        self.file.write_all(&record::frame(event)).map_err(io_err(&self.path))?;
-        self.file.flush().map_err(io_err(&self.path))
+        let written = self.file.write_all(&record::frame(event)).and_then(|()| self.file.flush());
+        if let Err(e) = written {
+            tracing::warn!(file = %self.path.display(), "TensorBoard event files stop here: {e}");
+            self.broken = true;
+        }
+        Ok(())
     }
 
     fn scalars(&mut self, step: u64, values: Vec<Value>) -> Result<(), Error> {
