@@ -26,7 +26,7 @@ STEP_TAGS = {
     "mfu": "train/mfu",
     "gpuMemoryPeakGiB": "gpu/peak_memory_gib",
 }
-ACCURACY_FIELDS = ("questions", "greedy", "logLikelihood", "unparsed")
+ACCURACY_FIELDS = ("questions", "acc", "accStderr", "accNorm", "accNormStderr", "greedy", "unparsed")
 
 
 def fail(message):
@@ -58,8 +58,10 @@ def expected(records):
                 add(f"val/loss/{source}", step, loss)
                 add(f"val/perplexity/{source}", step, math.exp(loss))
         elif kind == "accuracy":
+            name = r.get("set", "held-out")
+            prefix = "heldout" if name == "held-out" else "eval/" + name.replace("://", "/")
             for field in ACCURACY_FIELDS:
-                add(f"heldout/{field}", step, r[field])
+                add(f"{prefix}/{field}", step, r[field])
     return want, config_steps
 
 

@@ -81,6 +81,18 @@ pub enum Location {
     Embedded { name: String },
 }
 
+/// The URI a location was written as.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+            Location::Pvc { claim, path } => write!(f, "pvc://{claim}/{path}"),
+            Location::Path { path } => f.write_str(path),
+            Location::Embedded { name } => write!(f, "embedded:{name}"),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
@@ -267,6 +279,9 @@ pub struct ResolvedGrpo {
     pub mask_truncated_completions: bool,
     /// Held-out questions; `None`: the dataset's own validation split.
     pub eval_dataset: Option<Location>,
+    /// More question sets scored before and after training.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval_datasets: Vec<Location>,
     pub eval_questions: u32,
     /// Steps in a row without learning signal before `NoLearningSignal`.
     #[serde(default = "default_no_signal_steps")]

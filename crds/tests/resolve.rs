@@ -463,6 +463,12 @@ fn grpo_rules() {
         (|g| g.iterations = 0, "spec.grpo.iterations", "at least 1"),
         (|g| g.off_policy_mask_threshold = Some(-0.1), "spec.grpo.offPolicyMaskThreshold", "≥ 0"),
         (|g| g.eval_dataset = Some("ftp://x".into()), "spec.grpo.evalDataset", "unsupported scheme"),
+        (
+            |g| g.eval_datasets = vec!["embedded:mcq".into(), "embedded:mmlu".into()],
+            "spec.grpo.evalDatasets[1]",
+            "mcq-rules, mcq",
+        ),
+        (|g| g.eval_datasets = vec!["ftp://x".into()], "spec.grpo.evalDatasets[0]", "unsupported scheme"),
     ];
     for (edit, field, needle) in edits {
         let mut r = grpo_run();
@@ -476,6 +482,18 @@ fn grpo_rules() {
     r.spec.checkpoint.every_steps = 999;
     let g = ok(&r).grpo.unwrap();
     assert_eq!((g.iterations, g.eval_questions, g.eval_dataset), (3, 256, None));
+    let grpo = r.spec.grpo.as_mut().unwrap();
+    grpo.eval_dataset = Some("embedded:mcq-rules".into());
+    grpo.eval_datasets = vec!["embedded:mcq".into(), "s3://bench/mmlu/test.parquet".into()];
+    let g = ok(&r).grpo.unwrap();
+    assert_eq!(g.eval_dataset, Some(Location::Embedded { name: "mcq-rules".into() }));
+    assert_eq!(
+        g.eval_datasets,
+        vec![
+            Location::Embedded { name: "mcq".into() },
+            Location::S3 { bucket: "bench".into(), prefix: "mmlu/test.parquet".into() }
+        ]
+    );
 }
 
 #[test]

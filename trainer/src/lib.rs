@@ -27,6 +27,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod dist;
+pub mod eval;
 pub mod export;
 pub mod ffi;
 pub mod files;

@@ -119,17 +119,23 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     assert!(stdout.contains("held-out accuracy"), "{stdout}");
 
     let records = metrics_log::read(&dir.join("tiny-grpo-local/metrics.jsonl")).unwrap();
-    let accuracy: Vec<_> =
-        records.iter().filter_map(|r| if let Record::Accuracy(a) = r { Some(a.clone()) } else { None }).collect();
+    let scores = |set: &str| -> Vec<_> {
+        records
+            .iter()
+            .filter_map(|r| if let Record::Accuracy(a) = r { Some(a.clone()) } else { None })
+            .filter(|a| a.set == set)
+            .collect()
+    };
+    let accuracy = scores("held-out");
     assert_eq!(accuracy.len(), 2, "one evaluation before and one after");
     let (before, after) = (&accuracy[0], &accuracy[1]);
     assert_eq!((before.step, after.step), (0, 146));
-    assert_eq!((before.score.questions, after.score.questions), (256, 256));
+    assert_eq!((before.score.all.questions, after.score.all.questions), (256, 256));
     assert!(
-        after.score.greedy >= before.score.greedy + 0.20 && after.score.greedy >= 0.50,
+        after.score.all.greedy >= before.score.all.greedy + 0.20 && after.score.all.greedy >= 0.50,
         "GRPO must raise held-out accuracy clearly: {:.3} → {:.3}",
-        before.score.greedy,
-        after.score.greedy
+        before.score.all.greedy,
+        after.score.all.greedy
     );
     // The batch accuracy climbs too: the last 20 steps beat the first 20.
     let batch: Vec<f64> = records
@@ -146,21 +152,36 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
     assert!(mean(&unparsed[unparsed.len() - 20..]) < 0.1, "{unparsed:?}");
     common::check_tensorboard(&dir.join("tiny-local"));
     let heldout = common::check_tensorboard(&dir.join("tiny-grpo-local"))["tags"].to_string();
-    assert!(heldout.contains("heldout/greedy") && heldout.contains("heldout/logLikelihood"), "{heldout}");
+    assert!(heldout.contains("heldout/greedy") && heldout.contains("heldout/accNorm"), "{heldout}");
 
     let Some(ExitReport::Success(status)) = ExitReport::parse(&std::fs::read_to_string(&report).unwrap()) else {
         panic!("the final report is a status document")
     };
-    assert_eq!(status.metrics.initial_eval_accuracy, Some(before.score.greedy));
-    assert_eq!(status.metrics.eval_accuracy, Some(after.score.greedy));
-    assert_eq!(status.metrics.eval_accuracy_log_likelihood, Some(after.score.log_likelihood));
+    assert_eq!(status.metrics.initial_eval_accuracy, Some(before.score.all.greedy));
+    assert_eq!(status.metrics.eval_accuracy, Some(after.score.all.greedy));
+    assert_eq!(status.metrics.eval_accuracy_log_likelihood, Some(after.score.all.acc));
     assert!(status.metrics.reward.is_some() && status.metrics.sampling_tokens_per_second.unwrap() > 0);
+    // evalDatasets: [embedded:mcq] is scored before and after too, and reported beside.
+    let mcq = scores("embedded:mcq");
+    assert_eq!(mcq.iter().map(|a| (a.step, a.score.all.questions)).collect::<Vec<_>>(), [(0, 256), (146, 256)]);
+    assert_eq!(
+        status.metrics.eval_datasets,
+        [crds::types::EvalDatasetAccuracy {
+            dataset: "embedded:mcq".into(),
+            questions: 256,
+            initial_accuracy: Some(mcq[0].score.all.greedy),
+            accuracy: Some(mcq[1].score.all.greedy),
+            accuracy_log_likelihood: Some(mcq[1].score.all.acc),
+        }]
+    );
+    assert!(stdout.contains("embedded:mcq accuracy (greedy answer letter): "), "{stdout}");
+    assert!(heldout.contains("eval/embedded:mcq/greedy"), "{heldout}");
 
     // `trainer eval` measures the same checkpoint the same way.
     let out =
         trainer_bin().args(["eval", "--task", "mcq", "--json"]).arg(dir.join("tiny-grpo-local")).output().unwrap();
     let score: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
-    assert_eq!(score["greedy"].as_f64(), Some(after.score.greedy));
+    assert_eq!(score["greedy"].as_f64(), Some(after.score.all.greedy));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -371,7 +371,7 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
     let server = start(&["datasets"]);
     // 100 questions that hash to training and 20 that hash to the held-out split.
     let records = [mcq_rule_records(11, 100, Split::Train), mcq_rule_records(11, 20, Split::Validation)].concat();
-    let lines: Vec<String> = records.iter().map(|r| trainer::data::prepare::medqa_json(r).to_string()).collect();
+    let lines: Vec<String> = records.iter().map(|r| trainer::data::mcq::medqa_json(r).to_string()).collect();
     std::fs::create_dir_all(server.root.join("datasets/medqa")).unwrap();
     std::fs::write(server.root.join("datasets/medqa/train.jsonl"), lines.join("\n")).unwrap();
     let bin = || {
@@ -437,7 +437,11 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
     let evals: Vec<u64> = log
         .iter()
         .filter_map(|r| {
-            if let trainer::telemetry::metrics_log::Record::Accuracy(a) = r { Some(a.score.questions) } else { None }
+            if let trainer::telemetry::metrics_log::Record::Accuracy(a) = r {
+                Some(a.score.all.questions)
+            } else {
+                None
+            }
         })
         .collect();
     assert_eq!(evals, vec![20, 20]);

@@ -25,20 +25,7 @@ pub(super) fn resolve_grpo(
         (Phase::Pretrain, None) => return None,
     };
     let before = e.0.len();
-    let dataset = match g.dataset.strip_prefix("embedded:") {
-        Some(name) if EMBEDDED_QUESTION_SETS.contains(&name) => Some(Location::Embedded { name: name.into() }),
-        Some(name) => {
-            e.add(
-                "spec.grpo.dataset",
-                format!(
-                    "no embedded question set named {name:?}; embedded question sets: {}",
-                    EMBEDDED_QUESTION_SETS.join(", ")
-                ),
-            );
-            None
-        }
-        None => parse_location(e, "spec.grpo.dataset", &g.dataset),
-    };
+    let dataset = question_set(e, "spec.grpo.dataset", &g.dataset);
     if g.prompts_per_step == 0 {
         e.add("spec.grpo.promptsPerStep", "must be at least 1");
     }
@@ -106,7 +93,13 @@ pub(super) fn resolve_grpo(
     {
         e.add("spec.grpo.offPolicyMaskThreshold", format!("{d} must be ≥ 0"));
     }
-    let eval_dataset = g.eval_dataset.as_ref().map(|d| parse_location(e, "spec.grpo.evalDataset", d));
+    let eval_dataset = g.eval_dataset.as_ref().map(|d| question_set(e, "spec.grpo.evalDataset", d));
+    let eval_datasets: Vec<Option<Location>> = g
+        .eval_datasets
+        .iter()
+        .enumerate()
+        .map(|(i, d)| question_set(e, &format!("spec.grpo.evalDatasets[{i}]"), d))
+        .collect();
     if e.0.len() != before {
         return None;
     }
@@ -130,7 +123,26 @@ pub(super) fn resolve_grpo(
         off_policy_mask_threshold: g.off_policy_mask_threshold,
         mask_truncated_completions: g.mask_truncated_completions,
         eval_dataset: eval_dataset.flatten(),
+        eval_datasets: eval_datasets.into_iter().flatten().collect(),
         eval_questions: g.eval_questions,
         no_signal_steps: g.no_signal_steps,
     })
+}
+
+/// A question set: an embedded one by name, or a file or prepared dataset's location.
+fn question_set(e: &mut Errors, field: &str, uri: &str) -> Option<Location> {
+    match uri.strip_prefix("embedded:") {
+        Some(name) if EMBEDDED_QUESTION_SETS.contains(&name) => Some(Location::Embedded { name: name.into() }),
+        Some(name) => {
+            e.add(
+                field,
+                format!(
+                    "no embedded question set named {name:?}; embedded question sets: {}",
+                    EMBEDDED_QUESTION_SETS.join(", ")
+                ),
+            );
+            None
+        }
+        None => parse_location(e, field, uri),
+    }
 }

@@ -72,11 +72,18 @@ pub struct GrpoSpec {
     #[serde(default)]
     pub mask_truncated_completions: bool,
     /// Held-out questions for the accuracy evaluation before and after training:
-    /// MedQA jsonl at s3://, pvc:// or a path. Default: the dataset's validation split
-    /// (a prepared dataset's validation records; else one question in 8 by hash,
-    /// which training then skips).
+    /// embedded:mcq-rules, embedded:mcq (their held-out questions), or a MedQA, MMLU or
+    /// ARC file (jsonl, a JSON array or Parquet; the format is told by its fields) at
+    /// s3://, pvc:// or a path. Default: the dataset's validation split (a prepared
+    /// dataset's validation records; else one question in 8 by hash, which training
+    /// then skips).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_dataset: Option<String>,
+    /// More question sets, in the same forms as evalDataset, each scored before and
+    /// after training beside it: what the RL phase costs on other questions (e.g.
+    /// `[embedded:mcq]` for a run trained on embedded:mcq-rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval_datasets: Vec<String>,
     /// Questions the evaluation scores (at most the held-out set's size); 0 skips it.
     #[serde(default = "default_eval_questions")]
     pub eval_questions: u32,
@@ -144,6 +151,7 @@ impl GrpoSpec {
             off_policy_mask_threshold: None,
             mask_truncated_completions: false,
             eval_dataset: None,
+            eval_datasets: Vec::new(),
             eval_questions: default_eval_questions(),
             no_signal_steps: default_no_signal_steps(),
         }

@@ -177,9 +177,13 @@ pub struct RunMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_accuracy: Option<f64>,
     /// GRPO: held-out accuracy at the latest evaluation, by the log-likelihood of the
-    /// four answer letters.
+    /// options (lm-evaluation-harness's acc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_accuracy_log_likelihood: Option<f64>,
+    /// GRPO: each of spec.grpo.evalDatasets, scored before training and at the latest
+    /// evaluation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eval_datasets: Vec<EvalDatasetAccuracy>,
     /// Peak GPU memory held by tensors on rank 0's GPU since the trainer started, GiB
     /// (CUDA runs). Against `gpuMemoryTotalGiB`, the headroom for a larger
     /// `batch.microBatch`.
@@ -188,6 +192,26 @@ pub struct RunMetrics {
     /// Memory of rank 0's GPU, GiB (CUDA runs).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "gpuMemoryTotalGiB")]
     pub gpu_memory_total_gib: Option<f64>,
+}
+
+/// A GRPO run's accuracy on one of its extra evaluation sets.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvalDatasetAccuracy {
+    /// The question set, as spec.grpo.evalDatasets names it.
+    pub dataset: String,
+    /// Questions scored.
+    pub questions: u64,
+    /// Greedy answer-letter accuracy before training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_accuracy: Option<f64>,
+    /// Greedy answer-letter accuracy at the latest evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// Accuracy by the log-likelihood of the options (lm-evaluation-harness's acc) at
+    /// the latest evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy_log_likelihood: Option<f64>,
 }
 
 /// A complete checkpoint.

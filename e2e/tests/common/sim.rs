@@ -300,7 +300,7 @@ impl Sim {
             if let Some(p) = self.cluster.pod_of(job, index) {
                 return p;
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "no running pod for {job} index {index}");
+            assert!(start.elapsed() < Duration::from_secs(180), "no running pod for {job} index {index}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

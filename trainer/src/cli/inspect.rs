@@ -9,7 +9,9 @@ use tch::nn::VarStore;
 use super::train::RUN_FILE;
 use crate::checkpoint::resume::copy_weights;
 use crate::data::corpus::{self, Split};
+use crate::data::mcq::{McqFormat, McqSet};
 use crate::data::sources;
+use crate::eval::{EvalOptions, Fewshot};
 use crate::generate::Sampling;
 use crate::model::Model;
 use crate::{Error, io_err};
@@ -30,15 +32,30 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value = "loss")]
     pub task: EvalTask,
     /// Questions for `--task mcq`: embedded:mcq-rules, embedded:mcq (their held-out
-    /// questions), a MedQA jsonl file (all of it), or a prepared directory (its
-    /// validation records), as a path, pvc:// or s3:// URI [default: the GRPO run's
-    /// held-out questions, else embedded:mcq].
+    /// questions), a MedQA, MMLU or ARC file (jsonl, JSON or Parquet), or a prepared
+    /// directory (its validation records), as a path, pvc:// or s3:// URI [default: the
+    /// GRPO run's held-out questions, else embedded:mcq].
     #[arg(long)]
     pub dataset: Option<String>,
-    /// Score at most this many questions.
-    #[arg(long, default_value_t = 256)]
-    pub questions: usize,
-    /// Tokens generated for the greedy answer.
+    /// The question file's format: auto tells it by the first record's fields.
+    #[arg(long, default_value = "auto")]
+    pub format: McqFormat,
+    /// Answered examples before each question, from `--fewshot-dataset` (the same
+    /// subject's where it has subjects).
+    #[arg(long, default_value_t = 0)]
+    pub fewshot: usize,
+    /// Where the few-shot examples come from (e.g. MMLU's dev split), in the same forms
+    /// as `--dataset`.
+    #[arg(long)]
+    pub fewshot_dataset: Option<String>,
+    /// Seeds the choice of few-shot examples.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Score at most this many questions [default: all of a file; 256 of an embedded
+    /// set; the GRPO run's evalQuestions of its held-out set].
+    #[arg(long)]
+    pub questions: Option<usize>,
+    /// Tokens generated for the greedy answer letter (0: skip it).
     #[arg(long, default_value_t = 16)]
     pub max_new_tokens: usize,
     /// Print the result as JSON.
@@ -107,52 +124,62 @@ pub fn eval(args: &EvalArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// Questions for `--task mcq` and its few-shot examples: an embedded set, a file or a
+/// prepared directory named by `uri`, at most `n`.
+fn question_set(cfg: &RunConfig, flag: &str, uri: &str, format: McqFormat, n: Option<usize>) -> Result<McqSet, Error> {
+    let location = match uri.strip_prefix("embedded:") {
+        Some(name) => crds::config::Location::Embedded { name: name.into() },
+        None => crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("{flag}: {m}")))?,
+    };
+    let embedded = matches!(location, crds::config::Location::Embedded { .. });
+    let n = n.unwrap_or(if embedded { DEFAULT_EMBEDDED_QUESTIONS } else { usize::MAX });
+    crate::grpo::data::eval_set(cfg, &location, format, n)
+}
+
+/// Questions scored from an embedded set when `--questions` is not given.
+const DEFAULT_EMBEDDED_QUESTIONS: usize = 256;
+
 /// `trainer eval --task mcq`.
 fn eval_mcq(args: &EvalArgs) -> Result<(), Error> {
     let (cfg, _vs, model) = load_model(&args.checkpoint)?;
     let tokenizer = sources::load_tokenizer(&cfg)?;
-    let records = match (&args.dataset, &cfg.grpo) {
+    let (name, set) = match (&args.dataset, &cfg.grpo) {
         // The run's own held-out split, exactly as it evaluated itself.
         (None, Some(g)) => {
             let mut held_out = crate::grpo::data::load(&cfg, g)?.held_out;
-            held_out.truncate(args.questions);
-            held_out
+            held_out.records.truncate(args.questions.unwrap_or(usize::MAX));
+            (crate::train::HELD_OUT.to_string(), held_out)
         }
-        (Some(uri), _) => {
-            let location = match uri.strip_prefix("embedded:") {
-                Some(name) => crds::config::Location::Embedded { name: name.into() },
-                None => {
-                    crds::resolve::parse_location_str(uri).map_err(|m| Error::InvalidSpec(format!("--dataset: {m}")))?
-                }
-            };
-            crate::grpo::data::eval_set(&cfg, &location, args.questions)?
-        }
+        (Some(uri), _) => (uri.clone(), question_set(&cfg, "--dataset", uri, args.format, args.questions)?),
         (None, None) => {
-            crate::grpo::data::eval_set(&cfg, &crds::config::Location::Embedded { name: "mcq".into() }, args.questions)?
+            let uri = "embedded:mcq";
+            (uri.to_string(), question_set(&cfg, "--dataset", uri, McqFormat::Auto, args.questions)?)
         }
     };
-    if records.is_empty() {
-        return Err(Error::Data { name: "--dataset".into(), message: "has no questions to evaluate".into() });
+    if set.records.is_empty() {
+        return Err(Error::Data { name: name.clone(), message: "has no questions to evaluate".into() });
     }
-    let ctx = cfg.model.max_seq_len as usize;
-    let options = crate::grpo::eval::EvalOptions {
-        max_prompt_tokens: ctx.saturating_sub(args.max_new_tokens).max(1),
-        max_new_tokens: args.max_new_tokens.min(ctx - 1),
-        batch: 16,
-        device: Device::Cpu,
-        autocast: false,
+    let pool = match (&args.fewshot_dataset, args.fewshot) {
+        (Some(uri), _) => question_set(&cfg, "--fewshot-dataset", uri, args.format, None)?.records,
+        (None, 0) => Vec::new(),
+        (None, _) => {
+            return Err(Error::InvalidSpec(
+                "--fewshot: name the examples' question set with --fewshot-dataset (e.g. MMLU's dev split)".into(),
+            ));
+        }
     };
-    let score = crate::grpo::eval::evaluate(&model, &tokenizer, &records, &options, None)?;
+    let fewshot = (args.fewshot > 0).then_some(Fewshot { pool: &pool, k: args.fewshot, seed: args.seed });
+    let options = EvalOptions { max_new_tokens: args.max_new_tokens, batch: 16, device: Device::Cpu, autocast: false };
+    let score = crate::eval::evaluate(&model, &tokenizer, &set, fewshot, &options, None)?;
     if args.json {
-        println!("{}", serde_json::to_string(&score).expect("McqScore serializes"));
+        let mut report = serde_json::to_value(&score).expect("scores serialize");
+        report["dataset"] = name.into();
+        report["format"] = set.format.name().into();
+        report["fewshot"] = args.fewshot.into();
+        println!("{report}");
     } else {
-        println!(
-            "{} questions: {:.1}% greedy answer letter, {:.1}% by log-likelihood, {:.1}% unanswered (chance 25%)",
-            score.questions,
-            100.0 * score.greedy,
-            100.0 * score.log_likelihood,
-            100.0 * score.unparsed
-        );
+        println!("{} ({}, {}-shot)", name, set.format, args.fewshot);
+        print!("{}", score.table("all"));
     }
     Ok(())
 }

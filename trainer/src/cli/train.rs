@@ -365,13 +365,17 @@ fn train_and_report(
         outcome.unigram_entropy.map_or(String::new(), |h| format!(" (unigram entropy {h:.3})")),
         outcome.val_loss.map_or(String::new(), |v| format!(", val loss {v:.3}")),
     );
-    if let Some((before, after)) = &outcome.accuracy {
-        let before = before.map_or("-".into(), |b| format!("{:.1}%", 100.0 * b.greedy));
+    for set in &outcome.accuracy {
+        let percent = |s: &crate::eval::McqScore| format!("{:.1}%", 100.0 * s.all.greedy);
+        let acc = |s: &crate::eval::McqScore| format!("{:.1}%", 100.0 * s.all.acc);
         println!(
-            "held-out accuracy (greedy answer letter): {before} → {:.1}% ({:.1}% by log-likelihood) on {} questions",
-            100.0 * after.greedy,
-            100.0 * after.log_likelihood,
-            after.questions
+            "{} accuracy (greedy answer letter): {} → {} (by log-likelihood: {} → {}) on {} questions",
+            set.name,
+            set.before.as_ref().map_or("-".into(), percent),
+            percent(&set.after),
+            set.before.as_ref().map_or("-".into(), acc),
+            acc(&set.after),
+            set.after.all.questions
         );
     }
     let silent = outcome.no_signal_steps.zip(cfg.grpo.as_ref()).filter(|(n, g)| *n >= u64::from(g.no_signal_steps));

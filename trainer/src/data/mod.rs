@@ -8,17 +8,20 @@
 
 pub mod corpus;
 pub mod loader;
+pub mod mcq;
 pub mod mix;
 pub mod prepare;
 pub mod remote;
 pub mod shard;
 pub mod sources;
+pub mod split;
 pub mod tokenizer;
 
 use std::path::PathBuf;
 
-pub use corpus::{McqRecord, Split};
+pub use mcq::McqRecord;
 pub use mix::{Mix, SourceTokens, Tokens, embedded_source_tokens, unigram_entropy};
+pub use split::Split;
 pub use tokenizer::Tokenizer;
 
 /// The cache directory: `$TRAINER_CACHE` if set, else `$XDG_CACHE_HOME/trainingrun`,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
 
-use super::corpus::McqRecord;
+use super::mcq::{McqRecord, medqa_json, parse_medqa};
 use super::shard::{self, Dtype, MANIFEST_FORMAT, Manifest, ManifestTokenizer, RecordFiles, ShardEntry};
 use super::tokenizer::Tokenizer;
 use crate::{Error, io_err};
@@ -29,7 +29,7 @@ pub enum InputFormat {
     Parquet,
     /// Each file is one document.
     Text,
-    /// MedQA-USMLE jsonl: `question`, `options{A..D}`, `answer_idx`.
+    /// MedQA-USMLE jsonl: `question`, `options{A..}`, `answer_idx`.
     Medqa,
 }
 
@@ -152,42 +152,6 @@ fn detect(path: &Path, format: InputFormat) -> Result<InputFormat, Error> {
             }
         }
         _ => InputFormat::Text,
-    })
-}
-
-/// A MedQA-USMLE record (GBaker/MedQA-USMLE-4-options): `question`, `options` A–D and
-/// `answer_idx`, a letter.
-pub fn parse_medqa(v: &Value) -> Result<McqRecord, String> {
-    let question = v.get("question").and_then(Value::as_str).ok_or("field `question` is missing or not a string")?;
-    let opts = v.get("options").and_then(Value::as_object).ok_or("field `options` is missing or not an object")?;
-    let mut options: [String; 4] = Default::default();
-    for (i, slot) in options.iter_mut().enumerate() {
-        let key = McqRecord::letter(i).to_string();
-        *slot = opts
-            .get(&key)
-            .and_then(Value::as_str)
-            .ok_or_else(|| format!("field `options.{key}` is missing or not a string"))?
-            .to_string();
-    }
-    let idx = v.get("answer_idx").and_then(Value::as_str).ok_or("field `answer_idx` is missing or not a string")?;
-    let answer = match idx.trim() {
-        "A" => 0,
-        "B" => 1,
-        "C" => 2,
-        "D" => 3,
-        other => return Err(format!("field `answer_idx` is {other:?}; expected A, B, C or D")),
-    };
-    Ok(McqRecord { question: question.to_string(), options, answer })
-}
-
-/// The MedQA jsonl form of a record.
-pub fn medqa_json(r: &McqRecord) -> Value {
-    let o = &r.options;
-    json!({
-        "question": r.question,
-        "options": {"A": o[0], "B": o[1], "C": o[2], "D": o[3]},
-        "answer_idx": McqRecord::letter(r.answer).to_string(),
-        "answer": o[r.answer],
     })
 }
 
@@ -648,10 +612,12 @@ mod tests {
         let dir = TempDir::new("prep-medqa");
         let input = dir.0.join("medqa.jsonl");
         let recs: Vec<McqRecord> = (0..60)
-            .map(|i| McqRecord {
-                question: format!("A {i}-year-old presents with fever. Next step?"),
-                options: ["Observe".into(), format!("Drug {i}"), "Surgery".into(), "Discharge".into()],
-                answer: i % 4,
+            .map(|i| {
+                McqRecord::new(
+                    format!("A {i}-year-old presents with fever. Next step?"),
+                    vec!["Observe".into(), format!("Drug {i}"), "Surgery".into(), "Discharge".into()],
+                    i % 4,
+                )
             })
             .collect();
         let lines: Vec<String> = recs.iter().map(|r| medqa_json(r).to_string()).collect();
@@ -721,12 +687,8 @@ mod tests {
             "text",
         );
         assert!(e.contains("d.jsonl") && e.contains("answer_idx") && e.contains("\"E\""), "{e}");
-        let e = err(
-            "e.jsonl",
-            br#"{"question": "q", "options": {"A": "a", "B": "b", "C": "c"}, "answer_idx": "A"}"#,
-            "text",
-        );
-        assert!(e.contains("options.D"), "{e}");
+        let e = err("e.jsonl", br#"{"question": "q", "options": {"A": "a", "C": "c"}, "answer_idx": "A"}"#, "text");
+        assert!(e.contains("options.B"), "{e}");
         let e = err("f.txt", &[0x66, 0xff, 0xfe, 0x00], "text");
         assert!(e.contains("f.txt") && e.contains("not UTF-8"), "{e}");
         let path = dir.0.join("g.parquet");

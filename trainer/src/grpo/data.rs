@@ -1,23 +1,33 @@
-//! The questions GRPO trains on and the held-out ones it is evaluated on, and the
-//! seeded order in which prompts are drawn.
+//! The questions GRPO trains on, the held-out ones and the extra sets it is evaluated
+//! on, and the seeded order in which prompts are drawn.
 
 use std::path::{Path, PathBuf};
 
 use crds::config::{Location, ResolvedGrpo, RunConfig};
 
 use crate::Error;
-use crate::data::corpus::{self, McqRecord, Split};
-use crate::data::prepare::parse_medqa;
+use crate::data::corpus::{self, Split};
+use crate::data::mcq::{self, McqFormat, McqRecord, McqSet};
 use crate::data::shard::{MANIFEST, Manifest};
 use crate::storage;
 
 /// Embedded training questions never exceed this; longer runs repeat epochs.
 const MAX_EMBEDDED_QUESTIONS: usize = 50_000;
 
-/// Training questions and held-out questions.
+/// Training questions, the held-out ones, and the extra evaluation sets.
 pub struct Questions {
     pub train: Vec<McqRecord>,
-    pub held_out: Vec<McqRecord>,
+    /// Scored before and after training (`spec.grpo.evalDataset`, else the dataset's
+    /// validation split).
+    pub held_out: McqSet,
+    /// `spec.grpo.evalDatasets`, each scored beside the held-out set.
+    pub eval_sets: Vec<NamedSet>,
+}
+
+/// A question set and the name it was given by (its URI).
+pub struct NamedSet {
+    pub name: String,
+    pub set: McqSet,
 }
 
 impl Questions {
@@ -30,70 +40,72 @@ impl Questions {
     }
 }
 
-/// The run's questions (`spec.grpo.dataset`, `spec.grpo.evalDataset`).
+/// The run's questions (`spec.grpo.dataset`, `evalDataset`, `evalDatasets`); each
+/// evaluation set keeps at most `evalQuestions`.
 pub fn load(cfg: &RunConfig, g: &ResolvedGrpo) -> Result<Questions, Error> {
     let needed = (cfg.data_size().steps.div_ceil(g.iterations.max(1) as u64) * g.prompts_per_step as u64) as usize;
+    let n_eval = g.eval_questions as usize;
     let (train, held_out) = match &g.dataset {
-        Location::Embedded { name } if crds::contract::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
-            let records = embedded(name);
-            (
-                records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train),
-                records(cfg.seed, g.eval_questions as usize, Split::Validation),
-            )
-        }
         Location::Embedded { name } => {
-            return Err(Error::Data {
-                name: "spec.grpo.dataset".into(),
-                message: format!(
-                    "embedded:{name} is not a question set; the embedded ones are embedded:mcq-rules \
-                     (questions a small model learns from reward) and embedded:mcq (those plus questions about the synthetic world)"
-                ),
-            });
+            let records = embedded(name, "spec.grpo.dataset")?;
+            let held_out = McqSet { format: McqFormat::Medqa, records: records(cfg.seed, n_eval, Split::Validation) };
+            (records(cfg.seed, needed.clamp(1, MAX_EMBEDDED_QUESTIONS), Split::Train), held_out)
         }
         other => {
-            let (train, held_out) = read(cfg, other, g.eval_dataset.is_none())?;
-            (train, held_out)
+            let (train, held_out) = read_local(&fetch(cfg, other)?, g.eval_dataset.is_none(), McqFormat::Auto)?;
+            (train.records, held_out)
         }
     };
-    let held_out = match &g.eval_dataset {
+    let mut held_out = match &g.eval_dataset {
         None => held_out,
-        Some(loc) => {
-            let (all, _) = read(cfg, loc, false)?;
-            all
-        }
+        Some(loc) => eval_set(cfg, loc, McqFormat::Auto, n_eval)?,
     };
+    held_out.records.truncate(n_eval);
     if train.is_empty() {
         return Err(Error::Data { name: "spec.grpo.dataset".into(), message: "has no training questions".into() });
     }
-    Ok(Questions { train, held_out })
+    let eval_sets = g
+        .eval_datasets
+        .iter()
+        .map(|loc| Ok(NamedSet { name: loc.to_string(), set: eval_set(cfg, loc, McqFormat::Auto, n_eval)? }))
+        .collect::<Result<_, Error>>()?;
+    Ok(Questions { train, held_out, eval_sets })
 }
 
-/// The generator of an embedded question set.
-fn embedded(name: &str) -> fn(u64, usize, Split) -> Vec<McqRecord> {
-    if name == "mcq" { corpus::mcq_records } else { corpus::mcq_rule_records }
+/// An embedded question set's first `n` questions of a split, for a seed.
+type Generator = fn(u64, usize, Split) -> Vec<McqRecord>;
+
+/// The generator of an embedded question set; `field` names where it was asked for.
+fn embedded(name: &str, field: &str) -> Result<Generator, Error> {
+    match name {
+        "mcq" => Ok(corpus::mcq_records),
+        "mcq-rules" => Ok(corpus::mcq_rule_records),
+        _ => Err(Error::Data {
+            name: field.into(),
+            message: format!(
+                "embedded:{name} is not a question set; the embedded ones are embedded:mcq-rules (questions a small \
+                 model learns from reward) and embedded:mcq (those plus questions about the synthetic world)"
+            ),
+        }),
+    }
 }
 
 /// Questions to evaluate on from `loc` (at most `n`): an embedded set's held-out
-/// questions, a prepared directory's validation records, or every question of a file.
-pub fn eval_set(cfg: &RunConfig, loc: &Location, n: usize) -> Result<Vec<McqRecord>, Error> {
-    let mut all = match loc {
-        Location::Embedded { name } if crds::contract::EMBEDDED_QUESTION_SETS.contains(&name.as_str()) => {
-            embedded(name)(cfg.seed, n, Split::Validation)
+/// questions, a prepared directory's validation records, or every question of a file
+/// (MedQA, MMLU or ARC in `format`; jsonl, JSON or Parquet).
+pub fn eval_set(cfg: &RunConfig, loc: &Location, format: McqFormat, n: usize) -> Result<McqSet, Error> {
+    let mut set = match loc {
+        Location::Embedded { name } => {
+            let records = embedded(name, &loc.to_string())?(cfg.seed, n, Split::Validation);
+            McqSet { format: McqFormat::Medqa, records }
         }
         _ => {
             let local = fetch(cfg, loc)?;
-            if local.is_dir() { read_local(&local, true)?.1 } else { read_local(&local, false)?.0 }
+            if local.is_dir() { read_local(&local, true, format)?.1 } else { read_local(&local, false, format)?.0 }
         }
     };
-    all.truncate(n);
-    Ok(all)
-}
-
-/// A question set at `loc`: a MedQA jsonl file, or a `trainer prepare` directory with
-/// record files. With `split`, a jsonl file's questions are divided by hash into
-/// training and held-out ones; without, all are returned first.
-fn read(cfg: &RunConfig, loc: &Location, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecord>), Error> {
-    read_local(&fetch(cfg, loc)?, split)
+    set.records.truncate(n);
+    Ok(set)
 }
 
 /// Where `loc` is on this machine (S3 objects are downloaded into the cache).
@@ -114,32 +126,48 @@ fn fetch(cfg: &RunConfig, loc: &Location) -> Result<PathBuf, Error> {
     })
 }
 
-fn read_local(local: &Path, split: bool) -> Result<(Vec<McqRecord>, Vec<McqRecord>), Error> {
+/// A question file in `format`, or a `trainer prepare` directory with record files:
+/// its training and held-out questions. With `split`, a file's questions are divided by
+/// hash into training and held-out ones; without, all are training questions.
+fn read_local(local: &Path, split: bool, format: McqFormat) -> Result<(McqSet, McqSet), Error> {
     let local = local.to_path_buf();
     if local.is_dir() {
+        if !matches!(format, McqFormat::Auto | McqFormat::Medqa) {
+            return Err(Error::Data {
+                name: local.display().to_string(),
+                message: format!("a prepared dataset's records are MedQA jsonl, not {format}"),
+            });
+        }
         let manifest = Manifest::read(&local)?;
         let files = manifest.records.ok_or_else(|| Error::Data {
             name: local.display().to_string(),
             message: "this prepared dataset has no multiple-choice records; prepare MedQA jsonl with --format medqa"
                 .into(),
         })?;
-        let train = read_jsonl(&local.join(&files.train))?;
-        let held_out = read_jsonl(&local.join(&files.validation))?;
-        return Ok(if split { (train, held_out) } else { ([train, held_out].concat(), Vec::new()) });
+        // `trainer prepare` writes its records as MedQA jsonl.
+        let train = mcq::read(&local.join(&files.train), McqFormat::Medqa)?.records;
+        let held_out = mcq::read(&local.join(&files.validation), McqFormat::Medqa)?.records;
+        let set = |records| McqSet { format: McqFormat::Medqa, records };
+        return Ok(if split {
+            (set(train), set(held_out))
+        } else {
+            (set([train, held_out].concat()), set(Vec::new()))
+        });
     }
-    let all = read_jsonl(&local)?;
+    let McqSet { format, records } = mcq::read(&local, format)?;
     if !split {
-        return Ok((all, Vec::new()));
+        return Ok((McqSet { format, records }, McqSet { format, records: Vec::new() }));
     }
-    Ok(all.into_iter().partition(|r| r.split() == Split::Train))
+    let (train, held_out) = records.into_iter().partition(|r| r.split() == Split::Train);
+    Ok((McqSet { format, records: train }, McqSet { format, records: held_out }))
 }
 
-/// Downloads an S3 question set (a `.jsonl` object, or a prepared prefix's manifest and
+/// Downloads an S3 question set (a question file, or a prepared prefix's manifest and
 /// record files) into the cache; returns the local file or directory.
 fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Error> {
     let s3 = crate::data::sources::data_store(cfg)?;
     let root = crate::data::cache_dir().join("s3").join(bucket);
-    if prefix.ends_with(".jsonl") || prefix.ends_with(".json") {
+    if [".jsonl", ".json", ".parquet"].iter().any(|ext| prefix.ends_with(ext)) {
         let local = root.join(prefix);
         s3.get_file(bucket, prefix, &local)?;
         return Ok(local);
@@ -155,30 +183,17 @@ fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Erro
     Ok(dir)
 }
 
-/// MedQA jsonl (GBaker format); errors name the file and line.
-pub fn read_jsonl(path: &Path) -> Result<Vec<McqRecord>, Error> {
-    let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
-    let bad = |line: usize, message: String| Error::Data {
-        name: path.display().to_string(),
-        message: format!("line {line}: {message}"),
-    };
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            let v: serde_json::Value = serde_json::from_str(l).map_err(|e| bad(i + 1, format!("not JSON: {e}")))?;
-            parse_medqa(&v).map_err(|m| bad(i + 1, m))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn prompt_order_visits_every_question_once_per_epoch() {
-        let q = Questions { train: corpus::mcq_records(1, 37, Split::Train), held_out: Vec::new() };
+        let q = Questions {
+            train: corpus::mcq_records(1, 37, Split::Train),
+            held_out: McqSet { format: McqFormat::Medqa, records: Vec::new() },
+            eval_sets: Vec::new(),
+        };
         for epoch in 0..2u64 {
             let mut seen: Vec<&str> = (0..37).map(|i| q.nth(epoch * 37 + i, 5).question.as_str()).collect();
             seen.sort();
@@ -190,19 +205,5 @@ mod tests {
         let second: Vec<&str> = (37..74).map(|i| q.nth(i, 5).question.as_str()).collect();
         assert_ne!(first, second, "each epoch has its own order");
         assert_eq!(q.nth(3, 5), q.nth(3, 5));
-    }
-
-    #[test]
-    fn jsonl_errors_name_the_file_and_line() {
-        let dir = std::env::temp_dir().join(format!("grpo-jsonl-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("q.jsonl");
-        let good = crate::data::prepare::medqa_json(&corpus::mcq_records(0, 1, Split::Train)[0]).to_string();
-        std::fs::write(&path, format!("{good}\n\n{{\"question\": \"x\"}}\n")).unwrap();
-        let err = read_jsonl(&path).unwrap_err().to_string();
-        assert!(err.contains("q.jsonl") && err.contains("line 3") && err.contains("options"), "{err}");
-        std::fs::write(&path, format!("{good}\n{good}\n")).unwrap();
-        assert_eq!(read_jsonl(&path).unwrap().len(), 2);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,9 +1,8 @@
 //! GRPO fine-tuning on multiple-choice questions: prompts, rollouts with the KV cache,
-//! rewards, group-relative advantages and the clipped loss (TRL's formulas), and the
-//! accuracy evaluation.
+//! rewards, group-relative advantages and the clipped loss (TRL's formulas). The
+//! accuracy evaluation before and after is [`crate::eval`]'s.
 
 pub mod data;
-pub mod eval;
 pub mod loss;
 pub mod reward;
 pub mod stats;

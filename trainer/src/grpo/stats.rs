@@ -1,4 +1,4 @@
-//! What GRPO reports: a step's metric sums and statistics, and held-out accuracy.
+//! What GRPO reports: a step's metric sums and statistics.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -75,40 +75,5 @@ impl GrpoStats {
     pub fn after(self, before: u64) -> GrpoStats {
         let silent = self.frac_reward_zero_std >= crds::contract::NO_SIGNAL_FRACTION;
         GrpoStats { no_signal_steps: if silent { before + 1 } else { 0 }, ..self }
-    }
-}
-
-/// Accuracy on a question set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct McqScore {
-    pub questions: u64,
-    /// Greedy generation: the parsed letter is the gold one.
-    pub greedy: f64,
-    /// The gold letter has the highest log-likelihood of " A" … " D".
-    pub log_likelihood: f64,
-    /// Greedy answers with no parseable letter.
-    pub unparsed: f64,
-}
-
-/// Counts behind an [`McqScore`], summed over ranks in one all-reduce.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-#[repr(C)]
-pub struct McqTally {
-    pub questions: f64,
-    pub greedy_correct: f64,
-    pub log_likelihood_correct: f64,
-    pub unparsed: f64,
-}
-
-impl McqTally {
-    pub fn score(&self) -> McqScore {
-        let n = self.questions.max(1.0);
-        McqScore {
-            questions: self.questions as u64,
-            greedy: self.greedy_correct / n,
-            log_likelihood: self.log_likelihood_correct / n,
-            unparsed: self.unparsed / n,
-        }
     }
 }

@@ -306,6 +306,7 @@ impl Grpo {
             let scored = reward::mcq_reward(
                 &tok.decode(&text_ids),
                 records[i / group].answer,
+                records[i / group].options.len(),
                 text_ids.len(),
                 g.length_penalty,
                 g.max_new_tokens as usize,

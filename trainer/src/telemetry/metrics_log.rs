@@ -131,10 +131,17 @@ pub struct AccuracyRecord {
     /// Step evaluated at (0: the initial policy).
     pub step: u64,
     pub tokens: u64,
+    /// The question set: `held-out`, or one of `spec.grpo.evalDatasets`.
+    #[serde(default = "held_out")]
+    pub set: String,
     #[serde(flatten)]
-    pub score: crate::grpo::stats::McqScore,
+    pub score: crate::eval::McqScore,
     /// Unix time, seconds.
     pub time: f64,
+}
+
+fn held_out() -> String {
+    crate::train::HELD_OUT.into()
 }
 
 impl StepRecord {
@@ -413,8 +420,9 @@ impl MetricsLog {
     }
 
     /// Appends an `accuracy` record.
-    pub fn accuracy(&mut self, step: u64, tokens: u64, score: &crate::grpo::stats::McqScore) -> Result<(), Error> {
-        self.append(&Record::Accuracy(AccuracyRecord { step, tokens, score: *score, time: unix_now() }))
+    pub fn accuracy(&mut self, step: u64, tokens: u64, set: &str, score: &crate::eval::McqScore) -> Result<(), Error> {
+        let record = AccuracyRecord { step, tokens, set: set.into(), score: score.clone(), time: unix_now() };
+        self.append(&Record::Accuracy(record))
     }
 
     /// Appends a `sample` record of generated text.
@@ -430,7 +438,7 @@ impl Sink for MetricsLog {
         match *event {
             Event::Step(report) => self.step(report),
             Event::Eval { step, tokens, val_loss, per_source } => self.eval(step, tokens, val_loss, per_source),
-            Event::Accuracy { step, tokens, score, .. } => self.accuracy(step, tokens, score),
+            Event::Accuracy { step, tokens, set, score, .. } => self.accuracy(step, tokens, set, score),
             Event::Checkpoint(checkpoint) => self.checkpoint(checkpoint),
             Event::Sample { step, tokens, prompt, text } => self.sample(step, tokens, Some(prompt), text),
             Event::Started(_)

@@ -249,14 +249,15 @@ impl Sink for Progress {
             }
             Event::Step(report) => self.on_step(report),
             Event::Eval { step, val_loss, per_source, .. } => self.on_eval(step, val_loss, per_source),
-            Event::Accuracy { step, score, initial, .. } => self.println(format!(
-                "{} accuracy on {} held-out questions after {} steps: {:.1}% greedy, {:.1}% by log-likelihood ({:.1}% unanswered; chance 25%)",
+            Event::Accuracy { step, set, score, initial, .. } => self.println(format!(
+                "{} accuracy on {} {} questions after {} steps: {:.1}% greedy answer letter, {:.1}% by log-likelihood ({:.1}% unanswered)",
                 if initial { "initial" } else { "final" },
-                score.questions,
+                score.all.questions,
+                set,
                 step,
-                100.0 * score.greedy,
-                100.0 * score.log_likelihood,
-                100.0 * score.unparsed,
+                100.0 * score.all.greedy,
+                100.0 * score.all.acc,
+                100.0 * score.all.unparsed,
             )),
             Event::Sample { step, prompt, text, .. } => {
                 self.println(format!("sample after {step} steps:\n{prompt} {text}"))

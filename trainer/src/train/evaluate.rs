@@ -1,4 +1,5 @@
-//! Validation loss per source, GRPO's held-out accuracy, and a sample answer.
+//! Validation loss per source, GRPO's accuracy on its evaluation sets, and a sample
+//! answer.
 
 use crds::config::RunConfig;
 use crds::contract::TrainerPhase;
@@ -9,9 +10,8 @@ use crate::Error;
 use crate::data::corpus::{self, Split};
 use crate::data::mix::Mix;
 use crate::dist::{ProcessGroup, ReduceOp};
+use crate::eval::{EvalOptions, McqScore};
 use crate::generate::{self, Sampling};
-use crate::grpo::eval::EvalOptions;
-use crate::grpo::stats::McqScore;
 use crate::model::Model;
 use crate::train::report::{Event, Sinks};
 
@@ -40,30 +40,69 @@ impl Trainer {
         Ok((prompt, format!("{} (gold: {gold})", out.remove(0))))
     }
 
-    /// GRPO: scores the policy on the held-out questions (every rank takes part) and
-    /// reports it to the sinks.
-    pub(super) fn report_accuracy(&self, sinks: &mut Sinks, initial: bool) -> Result<Option<McqScore>, Error> {
-        let Some(g) = &self.grpo else { return Ok(None) };
+    /// GRPO: scores the policy on the held-out questions and on each of
+    /// `evalDatasets` (every rank takes part) and reports each to the sinks.
+    pub(super) fn report_accuracy(&self, sinks: &mut Sinks, initial: bool) -> Result<Vec<SetScore>, Error> {
+        let Some(g) = &self.grpo else { return Ok(Vec::new()) };
         let settings = self.cfg.grpo.as_ref().expect("phase grpo");
-        let n = (settings.eval_questions as usize).min(g.questions().held_out.len());
-        if n == 0 {
-            return Ok(None);
+        let questions = g.questions();
+        let sets = std::iter::once((HELD_OUT, &questions.held_out))
+            .chain(questions.eval_sets.iter().map(|s| (s.name.as_str(), &s.set)))
+            .filter(|(_, set)| !set.records.is_empty())
+            .collect::<Vec<_>>();
+        if sets.is_empty() {
+            return Ok(Vec::new());
         }
         sinks.emit(Event::Phase(TrainerPhase::Evaluating))?;
         let options = EvalOptions {
-            max_prompt_tokens: g.max_prompt_tokens(),
             max_new_tokens: settings.max_new_tokens as usize,
             batch: (self.cfg.batch.micro_batch as usize).max(8),
             device: self.device,
             autocast: self.autocast,
         };
         let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
-        let score =
-            crate::grpo::eval::evaluate(&self.model, &self.tokenizer, &g.questions().held_out[..n], &options, group)?;
-        let (step, tokens) = (self.step, self.tokens);
-        sinks.emit(Event::Accuracy { step, tokens, score: &score, initial })?;
+        let mut scores = Vec::with_capacity(sets.len());
+        for (name, set) in sets {
+            let score = crate::eval::evaluate(&self.model, &self.tokenizer, set, None, &options, group)?;
+            let (step, tokens) = (self.step, self.tokens);
+            sinks.emit(Event::Accuracy { step, tokens, set: name, score: &score, initial })?;
+            scores.push(SetScore { name: name.to_string(), score });
+        }
         sinks.emit(Event::Phase(TrainerPhase::Training))?;
-        Ok(Some(score))
+        Ok(scores)
+    }
+}
+
+/// The name GRPO's held-out set is reported under.
+pub const HELD_OUT: &str = "held-out";
+
+/// A question set's score at one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetScore {
+    pub name: String,
+    pub score: McqScore,
+}
+
+/// A question set's score before training (when the run started from step 0) and
+/// after.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetChange {
+    pub name: String,
+    pub before: Option<McqScore>,
+    pub after: McqScore,
+}
+
+impl SetChange {
+    /// Each set of `after` with its score in `before`, if there.
+    pub fn pair(before: Vec<SetScore>, after: Vec<SetScore>) -> Vec<SetChange> {
+        after
+            .into_iter()
+            .map(|a| SetChange {
+                before: before.iter().find(|b| b.name == a.name).map(|b| b.score.clone()),
+                name: a.name,
+                after: a.score,
+            })
+            .collect()
     }
 }
 

@@ -13,6 +13,8 @@ pub mod step;
 mod timing;
 pub mod units;
 
+pub use evaluate::HELD_OUT;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +37,7 @@ use crate::data::tokenizer::Tokenizer;
 use crate::dist::fsdp::ShardedParams;
 use crate::dist::reducer::BucketItem;
 use crate::dist::{self, GradReducer, Placement, ProcessGroup};
-use crate::grpo::stats::{GrpoStats, McqScore};
+use crate::grpo::stats::GrpoStats;
 use crate::grpo::step::Grpo;
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
@@ -87,9 +89,9 @@ pub struct Outcome {
     /// Entropy of the training stream's unigram distribution, nats/token: the loss
     /// of a model that learned only token frequencies (pretraining).
     pub unigram_entropy: Option<f64>,
-    /// GRPO: held-out accuracy before and after this run's training (the first when
-    /// the run started from step 0).
-    pub accuracy: Option<(Option<McqScore>, McqScore)>,
+    /// GRPO: each evaluation set's accuracy (the held-out set first) before this run's
+    /// training, when it started from step 0, and after.
+    pub accuracy: Vec<evaluate::SetChange>,
     /// Step the run resumed from, if it did.
     pub resumed_from: Option<u64>,
     /// GRPO: steps in a row, up to the last, without learning signal.
@@ -325,7 +327,7 @@ impl Trainer {
                 tracing::info!(
                     "GRPO: {} training questions, {} held out",
                     questions.train.len(),
-                    questions.held_out.len()
+                    questions.held_out.records.len()
                 );
             }
             let reference = if g.beta > 0.0 { Some(trainer.reference_model(kind)?) } else { None };
@@ -454,7 +456,7 @@ impl Trainer {
         };
         sinks.emit(Event::Started(RunStart { step: self.step, tokens: self.tokens, cfg: &self.cfg, data: &data }))?;
         // GRPO measures the policy it starts from, to compare with the one it ends with.
-        let initial = if self.step == 0 { self.report_accuracy(sinks, true)? } else { None };
+        let initial = if self.step == 0 { self.report_accuracy(sinks, true)? } else { Vec::new() };
         sinks.emit(Event::Phase(TrainerPhase::Training))?;
         let mut losses = Vec::new();
         let mut val_loss = None;
@@ -558,9 +560,9 @@ impl Trainer {
         }
         let interrupted = self.may_stop() && self.step < last_step;
         let accuracy = if interrupted || self.step < total_steps {
-            None
+            Vec::new()
         } else {
-            self.report_accuracy(sinks, false)?.map(|last| (initial, last))
+            evaluate::SetChange::pair(initial, self.report_accuracy(sinks, false)?)
         };
         if self.opts.sample && !interrupted {
             // Every rank gathers fsdp's parameters; rank 0 samples.

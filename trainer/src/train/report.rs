@@ -10,7 +10,8 @@ use crds::contract::{FailureReason, TrainerPhase};
 use crds::types::CheckpointRef;
 
 use crate::Error;
-use crate::grpo::stats::{GrpoStats, McqScore};
+use crate::eval::McqScore;
+use crate::grpo::stats::GrpoStats;
 
 /// Seconds since the Unix epoch, as a float.
 pub fn unix_now() -> f64 {
@@ -91,10 +92,12 @@ pub enum Event<'a> {
         val_loss: f64,
         per_source: &'a [(String, f64)],
     },
-    /// GRPO's held-out accuracy; `initial` before any step of this run.
+    /// GRPO's accuracy on a question set: [`crate::train::HELD_OUT`] or one of
+    /// `evalDatasets`; `initial` before any step of this run.
     Accuracy {
         step: u64,
         tokens: u64,
+        set: &'a str,
         score: &'a McqScore,
         initial: bool,
     },

@@ -1,44 +1,11 @@
 //! Multiple-choice questions about the facts world, and rule questions that name
-//! their answer's position.
+//! their answer's position: four options each.
 
 use super::facts::{COLORS, N_COUNTRIES, N_ELEMENTS, N_PEOPLE, N_TOWNS, PRODUCTS, PROFESSIONS, World};
 use super::rng::{Rng, article, capitalize};
-use super::split::{Split, split_of};
 use super::textbook::{CAUSES, CONCEPTS, Concept};
-
-/// A multiple-choice question with its gold answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct McqRecord {
-    /// The question, without the `Question: ` prefix.
-    pub question: String,
-    /// Options A to D.
-    pub options: [String; 4],
-    /// Index of the correct option, 0..4 (A..D).
-    pub answer: usize,
-}
-
-impl McqRecord {
-    /// The letter of option `i` (0 → 'A').
-    pub fn letter(i: usize) -> char {
-        (b'A' + i as u8) as char
-    }
-
-    /// The text up to and including `Answer:`, which a policy completes with a letter.
-    pub fn prompt(&self) -> String {
-        let o = &self.options;
-        format!("Question: {}\nA. {}\nB. {}\nC. {}\nD. {}\nAnswer:", self.question, o[0], o[1], o[2], o[3])
-    }
-
-    /// The split this question belongs to, by a hash of the question and its answer.
-    pub fn split(&self) -> Split {
-        split_of(&format!("{}\n{}", self.question, self.options[self.answer]))
-    }
-
-    /// The full document: the prompt, a space and the gold letter.
-    pub fn text(&self) -> String {
-        format!("{} {}", self.prompt(), Self::letter(self.answer))
-    }
-}
+use crate::data::mcq::McqRecord;
+use crate::data::split::{Split, split_of};
 
 /// A rule question: it names its answer's position ("Which option comes after B?"),
 /// so a small model learns it from reward alone, without the world's facts.
@@ -164,9 +131,10 @@ pub(super) fn mcq_record(rng: &mut Rng, w: &World, split: Split, rules_only: boo
         let picks = rng.distinct(wrong.len(), 3);
         let answer = at.unwrap_or_else(|| rng.below(4));
         let mut others = picks.into_iter().map(|i| capitalize_like(&wrong[i], &gold));
-        let options =
-            std::array::from_fn(|i| if i == answer { gold.clone() } else { others.next().expect("three distractors") });
-        return McqRecord { question, options, answer };
+        let options = (0..4)
+            .map(|i| if i == answer { gold.clone() } else { others.next().expect("three distractors") })
+            .collect();
+        return McqRecord::new(question, options, answer);
     }
 }
 

@@ -10,17 +10,16 @@ mod arithmetic;
 mod facts;
 mod mcq;
 mod rng;
-mod split;
 mod textbook;
 
 use crate::Error;
+pub use crate::data::mcq::McqRecord;
+use crate::data::split::split_of;
+pub use crate::data::split::{Split, VALIDATION_MODULUS};
 use arithmetic::arithmetic_doc;
 use facts::{facts_doc, world};
-pub use mcq::McqRecord;
 use mcq::mcq_record;
 use rng::Rng;
-use split::split_of;
-pub use split::{Split, VALIDATION_MODULUS};
 use textbook::textbook_doc;
 
 /// Version of the generators' output; part of every cache key derived from the corpus.

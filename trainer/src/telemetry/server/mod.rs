@@ -138,14 +138,31 @@ impl SharedStatus {
     }
 
     /// Records a held-out multiple-choice evaluation; `initial` before any GRPO step.
-    pub fn record_accuracy(&self, score: &crate::grpo::stats::McqScore, initial: bool) {
+    pub fn record_accuracy(&self, set: &str, score: &crate::eval::McqScore, initial: bool) {
         let mut state = self.write();
         let m = &mut state.status.metrics;
-        if initial {
-            m.initial_eval_accuracy = Some(score.greedy);
+        let a = &score.all;
+        if set == crate::train::HELD_OUT {
+            if initial {
+                m.initial_eval_accuracy = Some(a.greedy);
+            }
+            m.eval_accuracy = Some(a.greedy);
+            m.eval_accuracy_log_likelihood = Some(a.acc);
+            return;
         }
-        m.eval_accuracy = Some(score.greedy);
-        m.eval_accuracy_log_likelihood = Some(score.log_likelihood);
+        let entry = match m.eval_datasets.iter_mut().position(|d| d.dataset == set) {
+            Some(i) => &mut m.eval_datasets[i],
+            None => {
+                m.eval_datasets.push(crds::types::EvalDatasetAccuracy { dataset: set.into(), ..Default::default() });
+                m.eval_datasets.last_mut().expect("just pushed")
+            }
+        };
+        entry.questions = a.questions;
+        if initial {
+            entry.initial_accuracy = Some(a.greedy);
+        }
+        entry.accuracy = Some(a.greedy);
+        entry.accuracy_log_likelihood = Some(a.acc);
     }
 
     /// Records an evaluation: the mean validation loss and the loss of each source.
@@ -204,7 +221,7 @@ impl Sink for SharedStatus {
             Event::Phase(phase) => self.set_phase(phase),
             Event::Step(report) => self.record_step(report),
             Event::Eval { val_loss, per_source, .. } => self.record_eval(val_loss, per_source.to_vec()),
-            Event::Accuracy { score, initial, .. } => self.record_accuracy(score, initial),
+            Event::Accuracy { set, score, initial, .. } => self.record_accuracy(set, score, initial),
             Event::Checkpoint(checkpoint) => self.record_checkpoint(checkpoint.clone()),
             Event::Best(best) => self.update(|s| s.best_checkpoint = Some(best.clone())),
             Event::Sample { .. } => {}

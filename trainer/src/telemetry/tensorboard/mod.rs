@@ -147,6 +147,12 @@ fn numbers(prefix: &str, stats: &serde_json::Value) -> Vec<Value> {
     fields.iter().filter_map(|(k, v)| Some(Value::scalar(format!("{prefix}/{k}"), v.as_f64()?))).collect()
 }
 
+/// Where a question set's accuracy goes: `heldout/…`, or `eval/<set>/…` for one of
+/// `evalDatasets` (a URI's `://` as `/`).
+fn accuracy_prefix(set: &str) -> String {
+    if set == crate::train::HELD_OUT { "heldout".into() } else { format!("eval/{}", set.replace("://", "/")) }
+}
+
 /// `events.out.tfevents.<secs>.…` → secs.
 fn file_secs(name: &str) -> Option<u64> {
     name.strip_prefix("events.out.tfevents.")?.split('.').next()?.parse().ok()
@@ -188,8 +194,9 @@ impl report::Sink for TensorBoard {
             E::Started(start) => self.started(&start),
             E::Step(r) => self.scalars(r.step, step_values(r)),
             E::Eval { step, val_loss, per_source, .. } => self.scalars(step, eval_values(val_loss, per_source)),
-            E::Accuracy { step, score, .. } => {
-                self.scalars(step, numbers("heldout", &serde_json::to_value(score).expect("scores serialize")))
+            E::Accuracy { step, set, score, .. } => {
+                let prefix = accuracy_prefix(set);
+                self.scalars(step, numbers(&prefix, &serde_json::to_value(score).expect("scores serialize")))
             }
             E::Sample { step, prompt, text, .. } => {
                 let markdown = format!("**{}**\n\n{}", prompt.trim(), text.trim());

@@ -17,7 +17,7 @@ pub enum Split {
 }
 
 impl Split {
-    pub(super) fn index(self) -> u64 {
+    pub(crate) fn index(self) -> u64 {
         match self {
             Split::Train => 0,
             Split::Validation => 1,
@@ -37,6 +37,6 @@ fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
-pub(super) fn split_of(text: &str) -> Split {
+pub(crate) fn split_of(text: &str) -> Split {
     if fnv1a(text).is_multiple_of(VALIDATION_MODULUS) { Split::Validation } else { Split::Train }
 }
