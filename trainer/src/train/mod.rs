@@ -647,9 +647,12 @@ impl Trainer {
             m.push(Path::new(&done.uri));
         }
         sinks.emit(Event::Checkpoint(done))?;
+        if self.cfg.checkpoint.keep_best == 0 {
+            return Ok(());
+        }
         match checkpoint::best(self.checkpoint_dir()) {
-            Some(best) if self.cfg.checkpoint.keep_best > 0 => sinks.emit(Event::Best(&best)),
-            _ => Ok(()),
+            Some(best) => sinks.emit(Event::Best(&best)),
+            None => Ok(()),
         }
     }
 }
