@@ -304,11 +304,12 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     let pod = sim.pod("stuck-a1", 1).await;
     sim.cluster.pause(&pod);
     // While it is paused: rank 1 (node rank 1, one process a node) of another run of 16
-    // steps sleeps a second a step before its forward pass, far more than the few tens
-    // of milliseconds of nano's work, or than what the other tests' processes sharing
-    // the cores add to it.
+    // steps sleeps 1.5 s a step before its forward pass, far more than the few tens of
+    // milliseconds of nano's work. One intra-op thread a process: with two, the other
+    // tests' processes on the same two cores stretch a step's work to seconds (threads
+    // waiting on each other at every parallel region), on either rank.
     let slow = format!(
-        "{}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"1000\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"1\"}}\n",
+        "{}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"1500\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"1\"}}\n    - {{name: OMP_NUM_THREADS, value: \"1\"}}\n",
         SPEC.replace("tokens: 40960", "tokens: 16384")
     );
     sim.apply("slow", &slow);
@@ -320,7 +321,7 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     let straggler = s.straggler.expect("status.straggler");
     let slow_pod = sim.pod("slow-a1", 1).await;
     assert_eq!((straggler.rank, straggler.pod.as_deref()), (1, Some(slow_pod.as_str())));
-    assert!(straggler.compute_seconds >= 1.0 && straggler.readings >= 3, "{straggler:?}");
+    assert!(straggler.compute_seconds >= 1.5 && straggler.readings >= 3, "{straggler:?}");
     let (_, reason, message) = sim.condition("slow", "Straggler");
     assert_eq!(reason, "Straggler");
     assert!(message.starts_with(&format!("rank 1 ({slow_pod} on node simulated-node) takes")), "{message}");
