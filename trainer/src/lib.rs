@@ -12,7 +12,7 @@
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
 //! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW, replicated or sharded; token streams; checkpoints; sampling; HF export |
-//! | 6 | [`grpo`] | GRPO's questions, rollouts, rewards, loss and accuracy |
+//! | 6 | [`eval`], [`grpo`] | multiple-choice benchmarks scored as lm-evaluation-harness scores them; GRPO's questions, rollouts, rewards and loss |
 //! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above, and the events it reports ([`train::report`]) |
 //! | 8 | [`telemetry`] | the sinks of those events: `/status`, `metrics.jsonl`, progress; and the termination message |
 //! | 9 | [`bench`], [`plot`], [`cli`] | benchmarks, plots, and the commands; `cli` is used by `main.rs` alone |

@@ -92,13 +92,19 @@ pub fn loglikelihoods(model: &Model, requests: &[Request], device: Device, autoc
             }
             let x = Tensor::f_from_slice(&inputs)?.f_view([take as i64, width as i64])?.f_to_device(device)?;
             let logits = crate::ffi::autocast(device, autocast, || model.logits(&x))?;
-            let logps = logits.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)?.f_to_device(Device::Cpu)?;
+            let logps = logits.f_log_softmax(-1, Kind::Float)?;
+            // Each row's continuation, gathered on the device; only the sums come back.
+            let mut sums = Vec::with_capacity(take);
             for (row, &i) in batch.iter().enumerate() {
                 let (x, targets, n) = &rows[i];
                 let first = (x.len() - n) as i64;
                 let span = logps.f_get(row as i64)?.f_narrow(0, first, *n as i64)?;
-                let index = Tensor::f_from_slice(targets)?.f_unsqueeze(1)?;
-                out[i] = span.f_gather(1, &index, false)?.f_sum(Kind::Double)?.f_double_value(&[])?;
+                let index = Tensor::f_from_slice(targets)?.f_unsqueeze(1)?.f_to_device(device)?;
+                sums.push(span.f_gather(1, &index, false)?.f_sum(Kind::Double)?);
+            }
+            let sums = Vec::<f64>::try_from(Tensor::f_stack(&sums, 0)?.f_to_device(Device::Cpu)?)?;
+            for (&i, ll) in batch.iter().zip(sums) {
+                out[i] = ll;
             }
             at += take;
         }
