@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value, json};
 
-use super::McqRecord;
+use super::record::McqRecord;
 use crate::{Error, io_err};
 
 /// The layout of a question set's records.
