@@ -46,13 +46,24 @@ impl Request {
     /// spaces of the context move to the continuation, the whole is encoded at once and
     /// the continuation is what follows the context's own tokens.
     pub fn new(tok: &Tokenizer, context: &str, continuation: &str) -> Request {
+        Self::each(tok, context, &[continuation.to_string()]).remove(0)
+    }
+
+    /// [`Request::new`] for each of `continuations` after one context, which is encoded
+    /// once.
+    pub fn each(tok: &Tokenizer, context: &str, continuations: &[String]) -> Vec<Request> {
         let trimmed = context.trim_end_matches(' ');
-        let continuation = format!("{}{continuation}", &context[trimmed.len()..]);
+        let spaces = &context[trimmed.len()..];
         let ids = |s: &str| tok.encode(s).into_iter().map(i64::from).collect::<Vec<_>>();
-        let whole = ids(&format!("{trimmed}{continuation}"));
-        let context = ids(trimmed);
-        let split = context.len().min(whole.len().saturating_sub(1));
-        Request { continuation: whole[split..].to_vec(), context: whole[..split].to_vec() }
+        let context_len = ids(trimmed).len();
+        continuations
+            .iter()
+            .map(|c| {
+                let whole = ids(&format!("{trimmed}{spaces}{c}"));
+                let split = context_len.min(whole.len().saturating_sub(1));
+                Request { continuation: whole[split..].to_vec(), context: whole[..split].to_vec() }
+            })
+            .collect()
     }
 }
 
@@ -137,10 +148,10 @@ pub fn evaluate(
     for &i in &mine {
         let r = &set.records[i];
         let context = task::context(set.format, r, &shots(i));
-        for choice in task::choices(set.format, r) {
-            requests.push(Request::new(tok, &context, &format!("{TARGET_DELIMITER}{choice}")));
-            lengths.push(choice.chars().count().max(1) as f64);
-        }
+        let choices = task::choices(set.format, r);
+        let continuations: Vec<String> = choices.iter().map(|c| format!("{TARGET_DELIMITER}{c}")).collect();
+        requests.extend(Request::each(tok, &context, &continuations));
+        lengths.extend(choices.iter().map(|c| c.chars().count().max(1) as f64));
     }
     let lls = loglikelihoods(model, &requests, o.device, o.autocast)?;
     let mut outcomes = vec![Outcome::default(); set.records.len()];
