@@ -32,10 +32,16 @@ pub enum QuantityError {
     Zero,
 }
 
-/// CEL check of the spelling, so the API server rejects bad values at apply time.
-/// `string(self)` reads both the integer and the string form.
-const CEL_RULE: &str =
-    r"string(self).matches('^[0-9]+(\\.[0-9]+)?[kKmMbBtT]?$') && !string(self).matches('^[0.]+[kKmMbBtT]?$')";
+/// The spelling the API server accepts for a token count written as a string: digits,
+/// an optional fraction, an optional K, M, B or T, and not zero. Integers must be at
+/// least [`MIN_TOKENS`]. Plain OpenAPI checks rather than a CEL rule: the API server's
+/// cost estimator cannot bound a regex match on an int-or-string value, and would
+/// refuse the whole CRD.
+pub const PATTERN: &str = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)[kKmMbBtT]?$";
+/// The smallest token count.
+pub const MIN_TOKENS: u64 = 1;
+/// The longest spelling: 20 digits of u64, a fraction and a suffix fit well within it.
+pub const MAX_LENGTH: u64 = 32;
 
 impl TokenQuantity {
     /// The number of tokens.
@@ -154,10 +160,9 @@ impl JsonSchema for TokenQuantity {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "x-kubernetes-int-or-string": true,
-            "x-kubernetes-validations": [{
-                "rule": CEL_RULE,
-                "message": "must be a positive integer or a number with a K, M, B or T suffix, e.g. \"11B\""
-            }]
+            "minimum": MIN_TOKENS,
+            "maxLength": MAX_LENGTH,
+            "pattern": PATTERN,
         })
     }
 }

@@ -324,6 +324,9 @@ fn uris_are_parsed_with_clear_errors() {
         ("gs://bucket/x", "unsupported scheme \"gs\""),
         ("s3:///x", "has no bucket"),
         ("pvc:///x", "has no claim"),
+        ("s3://data/web/../../../etc", "a '.' or '..' segment"),
+        ("s3://data/./web", "a '.' or '..' segment"),
+        ("pvc://datasets/../other-claim/x", "a '.' or '..' segment"),
         ("embedded:wiki", "no embedded corpus named \"wiki\""),
         ("", "must not be empty"),
     ] {

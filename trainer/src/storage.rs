@@ -206,9 +206,10 @@ impl S3 {
         result
     }
 
-    /// The whole object.
-    pub fn get_bytes(&self, bucket: &str, key: &str) -> Result<Vec<u8>, Error> {
-        self.get(bucket, key, None)
+    /// The whole object, when it has at most `limit` bytes: a larger one is refused
+    /// before its body is read.
+    pub fn get_bytes(&self, bucket: &str, key: &str, limit: u64) -> Result<Vec<u8>, Error> {
+        self.get(bucket, key, None, limit)
     }
 
     /// Bytes `start..start + len` of the object (a ranged GET); a shorter answer is an error.
@@ -216,14 +217,20 @@ impl S3 {
         if len == 0 {
             return Ok(Vec::new());
         }
-        self.get(bucket, key, Some((start, len)))
+        self.get(bucket, key, Some((start, len)), len)
     }
 
-    fn get(&self, bucket: &str, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Error> {
-        self.rt.block_on(self.get_async(bucket, key, range))
+    fn get(&self, bucket: &str, key: &str, range: Option<(u64, u64)>, limit: u64) -> Result<Vec<u8>, Error> {
+        self.rt.block_on(self.get_async(bucket, key, range, limit))
     }
 
-    async fn get_async(&self, bucket: &str, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, Error> {
+    async fn get_async(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, u64)>,
+        limit: u64,
+    ) -> Result<Vec<u8>, Error> {
         {
             let mut req = self.client.get_object().bucket(bucket).key(key);
             if let Some((start, len)) = range {
@@ -246,13 +253,29 @@ impl S3 {
                     return Err(storage_error(bucket, key, "download", e));
                 }
             };
-            let expected = out.content_length().map(|l| l as u64);
-            let body = out.body.collect().await.map_err(|e| Error::Storage {
+            let expected = out.content_length().and_then(|l| u64::try_from(l).ok());
+            let too_large = |size: String| Error::Storage {
                 uri: uri(bucket, key),
-                message: format!("download: the transfer broke off: {e}"),
-                permanent: false,
-            })?;
-            let bytes = body.into_bytes().to_vec();
+                message: format!("download: {size} bytes, more than the {limit} this object may have"),
+                permanent: true,
+            };
+            if let Some(size) = expected.filter(|&s| s > limit) {
+                return Err(too_large(size.to_string()));
+            }
+            let mut body = out.body;
+            let mut bytes = Vec::with_capacity(expected.unwrap_or(0) as usize);
+            loop {
+                let chunk = body.try_next().await.map_err(|e| Error::Storage {
+                    uri: uri(bucket, key),
+                    message: format!("download: the transfer broke off: {e}"),
+                    permanent: false,
+                })?;
+                let Some(chunk) = chunk else { break };
+                if (bytes.len() + chunk.len()) as u64 > limit {
+                    return Err(too_large("over".into()));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
             let want = range.map(|(_, len)| len).or(expected);
             if let Some(want) = want.filter(|&w| w != bytes.len() as u64) {
                 return Err(Error::Storage {
@@ -273,7 +296,7 @@ impl S3 {
             (0..size).step_by(chunk.max(1) as usize).map(|start| (start, chunk.min(size - start))).collect();
         let parts: Vec<Result<Vec<u8>, Error>> = self.rt.block_on(
             futures::stream::iter(
-                ranges.into_iter().map(|(start, len)| self.get_async(bucket, key, Some((start, len)))),
+                ranges.into_iter().map(|(start, len)| self.get_async(bucket, key, Some((start, len)), len)),
             )
             .buffered(4)
             .collect(),
@@ -285,9 +308,9 @@ impl S3 {
         Ok(out)
     }
 
-    /// Downloads an object to `path` (atomically).
-    pub fn get_file(&self, bucket: &str, key: &str, path: &Path) -> Result<(), Error> {
-        let bytes = self.get_bytes(bucket, key)?;
+    /// Downloads an object of at most `limit` bytes to `path` (atomically).
+    pub fn get_file(&self, bucket: &str, key: &str, path: &Path, limit: u64) -> Result<(), Error> {
+        let bytes = self.get_bytes(bucket, key, limit)?;
         crate::files::write_atomic(path, &bytes).map_err(io_err(path))
     }
 

@@ -2,90 +2,11 @@
 //! fresh directory): objects, ranges, listing, multipart, errors, and `trainer prepare`
 //! writing to an `s3://` prefix.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-use trainer::storage::{S3, S3Options};
-
-const KEY: &str = "AKIATRAINERTEST0001";
-const SECRET: &str = "trainer-test-secret-key-0123456789abcdef";
-
-struct Server {
-    child: Child,
-    endpoint: String,
-    root: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-/// The s3s-fs binary: `$S3S_FS`, else on PATH, else in ~/.cargo/bin.
-fn s3s_fs() -> PathBuf {
-    if let Some(p) = std::env::var_os("S3S_FS") {
-        return p.into();
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let cargo_bin = home.join(".cargo/bin/s3s-fs");
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("s3s-fs"))
-        .chain([cargo_bin])
-        .find(|p| p.is_file())
-        .expect("these tests need the s3s-fs server: scripts/setup-s3.sh installs it (cargo install s3s-fs@0.14.1 --locked --features binary)")
-}
-
-fn start(buckets: &[&str]) -> Server {
-    let root = std::env::temp_dir().join(format!("trainer-s3-{}-{}", std::process::id(), rand_suffix()));
-    let _ = std::fs::remove_dir_all(&root);
-    for b in buckets {
-        std::fs::create_dir_all(root.join(b)).unwrap();
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(s3s_fs())
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", KEY, "--secret-key", SECRET])
-        .arg(&root)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "s3s-fs did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Server { child, endpoint: format!("http://127.0.0.1:{port}"), root }
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-}
-
-/// The AWS environment a trainer process needs to reach the test server.
-fn s3_env(s: &Server) -> [(&'static str, String); 3] {
-    [
-        ("AWS_ENDPOINT_URL", s.endpoint.clone()),
-        ("AWS_ACCESS_KEY_ID", KEY.into()),
-        ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
-    ]
-}
-
-fn client(s: &Server, secret: &str) -> S3 {
-    S3::with(&S3Options {
-        endpoint: Some(s.endpoint.clone()),
-        credentials: Some((KEY.into(), secret.into())),
-        region: Some("us-east-1".into()),
-    })
-    .unwrap()
-}
+mod common;
+use common::s3::{KEY, SECRET, client, s3_env, start};
 
 #[test]
 fn objects_round_trip_with_ranges_listing_and_multipart() {
@@ -100,7 +21,10 @@ fn objects_round_trip_with_ranges_listing_and_multipart() {
     let file = server.root.join("big.bin");
     std::fs::write(&file, &big).unwrap();
     s3.put_file("data", "a/b/big.bin", &file).unwrap();
-    assert!(s3.get_bytes("data", "a/b/big.bin").unwrap() == big);
+    assert!(s3.get_bytes("data", "a/b/big.bin", u64::MAX).unwrap() == big);
+    // An object larger than its caller allows is refused from its Content-Length.
+    let e = s3.get_bytes("data", "a/b/big.bin", 1 << 20).unwrap_err().to_string();
+    assert!(e.contains("s3://data/a/b/big.bin") && e.contains("73400320 bytes, more than the 1048576"), "{e}");
     assert_eq!(s3.get_range("data", "a/b/big.bin", (64 << 20) - 3, 6).unwrap(), big[(64 << 20) - 3..(64 << 20) + 3]);
     let mut keys = s3.list("data", "a/").unwrap();
     keys.sort();
@@ -118,9 +42,9 @@ fn wrong_credentials_a_missing_bucket_or_object_are_clear_permanent_errors() {
     assert_eq!(e.reason(), Some(crds::contract::FailureReason::DataError));
     assert!(!e.to_string().contains("not-the-secret"), "credentials must never be printed: {e}");
     let s3 = client(&server, SECRET);
-    let e = s3.get_bytes("nope", "k").unwrap_err().to_string();
+    let e = s3.get_bytes("nope", "k", u64::MAX).unwrap_err().to_string();
     assert!(e.contains("s3://nope/k") && e.contains("does not exist"), "{e}");
-    let e = s3.get_bytes("data", "missing/key").unwrap_err().to_string();
+    let e = s3.get_bytes("data", "missing/key", u64::MAX).unwrap_err().to_string();
     assert!(e.contains("s3://data/missing/key") && e.contains("no such object"), "{e}");
 }
 
@@ -149,7 +73,7 @@ fn prepare_writes_shards_and_the_manifest_to_an_s3_prefix() {
         "{keys:?}"
     );
     let manifest: serde_json::Value =
-        serde_json::from_slice(&s3.get_bytes("datasets", "web/v1/manifest.json").unwrap()).unwrap();
+        serde_json::from_slice(&s3.get_bytes("datasets", "web/v1/manifest.json", u64::MAX).unwrap()).unwrap();
     assert_eq!(manifest["name"], "v1");
     for entry in manifest["train"].as_array().unwrap().iter().chain(manifest["validation"].as_array().unwrap()) {
         let key = format!("web/v1/{}", entry["file"].as_str().unwrap());
@@ -228,13 +152,13 @@ fn checkpoints_are_mirrored_and_an_empty_directory_resumes_from_s3() {
         }
     }
     // The logs follow the checkpoints: after the last one, every step is in S3.
-    let log = String::from_utf8(s3.get_bytes("ckpt", "runs/mirrored/metrics.jsonl").unwrap()).unwrap();
+    let log = String::from_utf8(s3.get_bytes("ckpt", "runs/mirrored/metrics.jsonl", u64::MAX).unwrap()).unwrap();
     assert_eq!(log.matches("\"kind\":\"step\"").count(), 12, "{log}");
     let events: Vec<&String> =
         keys.iter().filter(|k| k.starts_with("runs/mirrored/tensorboard/events.out.tfevents.")).collect();
     assert_eq!(events.len(), 1, "{keys:?}");
     let local = std::fs::read_dir(server.root.join("full/tensorboard")).unwrap().next().unwrap().unwrap().path();
-    let mirrored = s3.get_bytes("ckpt", events[0]).unwrap();
+    let mirrored = s3.get_bytes("ckpt", events[0], u64::MAX).unwrap();
     let (local_events, _) = trainer::telemetry::tensorboard::record::read(&std::fs::read(local).unwrap());
     let (mirrored_events, _) = trainer::telemetry::tensorboard::record::read(&mirrored);
     assert!(
@@ -410,9 +334,10 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
         serde_json::from_str(&ok(out)).unwrap()
     };
     assert_eq!(score("s3://datasets/medqa/train.jsonl")["questions"], 120, "a jsonl file is scored whole");
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&client(&server, SECRET).get_bytes("datasets", "medqa-prepared/manifest.json").unwrap())
-            .unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &client(&server, SECRET).get_bytes("datasets", "medqa-prepared/manifest.json", u64::MAX).unwrap(),
+    )
+    .unwrap();
     let file = manifest["records"]["validation"].as_str().unwrap();
     let held_out =
         std::fs::read_to_string(server.root.join("datasets/medqa-prepared").join(file)).unwrap().lines().count();

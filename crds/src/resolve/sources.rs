@@ -42,6 +42,15 @@ pub(super) fn resolve_data(e: &mut Errors, spec: &TrainingRunSpec) -> Option<Res
     Some(ResolvedData { mix, eval_every_steps: d.validation.every_steps, eval_tokens: eval_tokens? })
 }
 
+/// An S3 key or a path inside a claim becomes a path under a cache or a mount: no `.`
+/// or `..` segment may move it elsewhere.
+fn no_climbing(uri: &str, key: &str) -> Result<(), String> {
+    if key.contains('\0') || key.split('/').any(|s| s == "." || s == "..") {
+        return Err(format!("{uri:?}: a '.' or '..' segment (or a NUL byte) may not appear after the bucket or claim"));
+    }
+    Ok(())
+}
+
 /// Parses `s3://bucket/prefix`, `pvc://claim/path`, `embedded:<name>` or a path.
 pub fn parse_location_str(uri: &str) -> Result<Location, String> {
     if let Some(rest) = uri.strip_prefix("s3://") {
@@ -49,6 +58,7 @@ pub fn parse_location_str(uri: &str) -> Result<Location, String> {
         if bucket.is_empty() {
             return Err(format!("{uri:?} has no bucket; write s3://bucket/prefix"));
         }
+        no_climbing(uri, prefix)?;
         return Ok(Location::S3 { bucket: bucket.into(), prefix: prefix.trim_matches('/').into() });
     }
     if let Some(rest) = uri.strip_prefix("pvc://") {
@@ -56,6 +66,7 @@ pub fn parse_location_str(uri: &str) -> Result<Location, String> {
         if claim.is_empty() {
             return Err(format!("{uri:?} has no claim; write pvc://claim/path"));
         }
+        no_climbing(uri, path)?;
         return Ok(Location::Pvc { claim: claim.into(), path: path.trim_matches('/').into() });
     }
     if let Some(name) = uri.strip_prefix("embedded:") {

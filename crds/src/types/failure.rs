@@ -4,6 +4,8 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds;
+
 /// Restart, stall, out-of-memory and NaN policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -16,6 +18,7 @@ pub struct FailurePolicy {
     /// A Running run whose step has not advanced for this long is Stalled,
     /// e.g. "30m" or "1h30m".
     #[serde(default = "default_stall_timeout")]
+    #[schemars(length(max = bounds::SHORT))]
     pub stall_timeout: String,
     /// What to do on a stall: `report` sets the Stalled condition and an event;
     /// `restart` also gang-restarts from the last checkpoint (counts as a restart).

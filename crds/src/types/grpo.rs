@@ -4,12 +4,15 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds;
+
 /// GRPO fine-tuning settings (TRL's formulas).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrpoSpec {
     /// Question set: MedQA-USMLE jsonl (question, options A-D, answer_idx) at
     /// s3://, pvc:// or a path, or `embedded:mcq` for the synthetic task.
+    #[schemars(length(max = bounds::URI))]
     pub dataset: String,
     /// Task format and reward.
     #[serde(default)]
@@ -78,11 +81,13 @@ pub struct GrpoSpec {
     /// dataset's validation records; else one question in 8 by hash, which training
     /// then skips).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::URI))]
     pub eval_dataset: Option<String>,
-    /// More question sets, in the same forms as evalDataset, each scored before and
-    /// after training beside it: what the RL phase costs on other questions (e.g.
-    /// `[embedded:mcq]` for a run trained on embedded:mcq-rules).
+    /// More question sets, at most 16, in the same forms as evalDataset, each scored
+    /// before and after training beside it: what the RL phase costs on other questions
+    /// (e.g. `[embedded:mcq]` for a run trained on embedded:mcq-rules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = bounds::EVAL_DATASETS), inner(length(max = bounds::URI)))]
     pub eval_datasets: Vec<String>,
     /// Questions the evaluation scores (at most the held-out set's size); 0 skips it.
     #[serde(default = "default_eval_questions")]

@@ -8,7 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{FailurePolicy, GrpoSpec, TrainingRunStatus};
+use super::{FailurePolicy, GrpoSpec, TrainingRunStatus, bounds};
 use crate::quantity::TokenQuantity;
 
 /// Desired state of a TrainingRun.
@@ -136,6 +136,7 @@ pub struct TrainingRunSpec {
 
     /// Trainer container image. Defaults to the operator's configured trainer image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::IMAGE))]
     pub image: Option<String>,
 
     /// Image pull policy of the trainer container.
@@ -147,6 +148,7 @@ pub struct TrainingRunSpec {
     /// NCCL_NET_GDR_LEVEL=5, CUDA_DEVICE_MAX_CONNECTIONS=1).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[schemars(length(max = bounds::ENV_VARS))]
     pub env: Vec<EnvVar>,
 
     /// When a failed attempt is retried, and when a run counts as stalled.
@@ -160,15 +162,18 @@ pub struct TrainingRunSpec {
 
     /// PriorityClass of the trainer pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub priority_class_name: Option<String>,
 
     /// Scheduler of the trainer pods, e.g. a gang scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub scheduler_name: Option<String>,
 
     /// Kueue LocalQueue. Copied to the Job's `kueue.x-k8s.io/queue-name` label;
     /// Kueue then admits (un-suspends) the Job when quota allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_LABEL))]
     pub queue_name: Option<String>,
 
     /// Delete the finished Job this many seconds after the run ends. The
@@ -200,6 +205,7 @@ pub struct ModelSpec {
     /// Preset name: nano, micro, tiny, small, medium, medium-large, large, xlarge,
     /// llama2-1.36b, llama3-1.5b, llama3-2.2b, qwen3-1.8b, gpt2-1.36b or gpt2-1b.
     /// `trainer presets` lists their sizes.
+    #[schemars(length(max = bounds::DNS_LABEL))]
     pub preset: String,
     /// Override the number of transformer blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,6 +237,7 @@ pub struct ModelSpec {
     /// Tokenizer: `embedded` (the byte-level BPE compiled into the trainer), or the
     /// URI of a Hugging Face tokenizer.json (s3://, pvc://claim/path or a path).
     #[serde(default = "default_tokenizer")]
+    #[schemars(length(max = bounds::URI))]
     pub tokenizer: String,
 }
 
@@ -243,10 +250,10 @@ fn default_tokenizer() -> String {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.mix.map(m, m.weight).sum() >= 0.999999 && self.mix.map(m, m.weight).sum() <= 1.000001").message("mix weights must sum to 1").field_path(".mix"))]
 pub struct DataSpec {
-    /// Weighted sources, keyed by name. Every global batch draws from them in
-    /// exactly these proportions for the whole run (a static mix, no curriculum).
+    /// Weighted sources, keyed by name, at most 64. Every global batch draws from them
+    /// in exactly these proportions for the whole run (a static mix, no curriculum).
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
-    #[schemars(length(min = 1, max = 32))]
+    #[schemars(length(min = 1, max = bounds::MIX_SOURCES))]
     pub mix: Vec<MixEntry>,
     /// Held-out evaluation: how often and on how many tokens per source.
     #[serde(default)]
@@ -258,7 +265,7 @@ pub struct DataSpec {
 #[serde(rename_all = "camelCase")]
 pub struct MixEntry {
     /// Source name, unique in the mix; used in metrics and per-source validation loss.
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = bounds::DNS_LABEL))]
     pub name: String,
     /// Share of training samples drawn from this source, in (0, 1]. Weights sum to 1.
     #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("weight must be in (0, 1]"))]
@@ -266,7 +273,7 @@ pub struct MixEntry {
     /// Where the prepared shards are: `s3://bucket/prefix`, `pvc://claim/path`,
     /// an absolute path inside the pod, or `embedded:<name>` for a corpus compiled
     /// into the trainer.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = bounds::URI))]
     pub uri: String,
 }
 
@@ -310,15 +317,21 @@ pub struct Topology {
     pub gpus_per_node: u32,
     /// Extended resource name of a GPU.
     #[serde(default = "default_gpu_resource")]
+    #[schemars(length(max = bounds::QUALIFIED_NAME))]
     pub gpu_resource_name: String,
     /// CPU and memory of each pod. GPU limits are added from gpusPerNode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Node labels the pods require.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = bounds::NODE_SELECTOR_LABELS,
+        "additionalProperties" = {"type": "string", "maxLength": bounds::DNS_LABEL}
+    ))]
     pub node_selector: BTreeMap<String, String>,
     /// Tolerations of the pods, e.g. for tainted GPU nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = bounds::TOLERATIONS))]
     pub tolerations: Vec<Toleration>,
     /// Affinity of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -333,11 +346,13 @@ pub struct Topology {
     /// starts (what `trainer plan` prints) and refused if it cannot fit, naming the
     /// changes that would make it fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub gpu_memory: Option<String>,
     /// How long rendezvous and each collective may take before the ranks give up
     /// with reason CollectiveTimeout (a retriable failure), e.g. "10m". A rank that
     /// dies makes the others fail within this time.
     #[serde(default = "default_collective_timeout")]
+    #[schemars(length(max = bounds::SHORT))]
     pub collective_timeout: String,
 }
 
@@ -565,6 +580,7 @@ pub struct CheckpointSpec {
     pub size: Quantity,
     /// StorageClass of the checkpoint PVC; the cluster default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub storage_class_name: Option<String>,
     /// Access mode of the checkpoint PVC. Default ReadWriteMany when nodes > 1,
     /// else ReadWriteOnce.
@@ -614,13 +630,16 @@ pub enum AccessMode {
 pub struct S3Mirror {
     /// Destination prefix, `s3://bucket/prefix`.
     #[x_kube(validation = Rule::new("self.startsWith('s3://')").message("uri must start with s3://"))]
+    #[schemars(length(max = bounds::URI))]
     pub uri: String,
     /// Endpoint of an S3-compatible store, e.g. https://minio.example:9000.
     /// Path-style addressing is used when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::URI))]
     pub endpoint: Option<String>,
     /// Region of the bucket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub region: Option<String>,
     /// Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally
     /// AWS_SESSION_TOKEN). Credentials are never written inline.
@@ -632,7 +651,7 @@ pub struct S3Mirror {
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
     /// Name of the Secret.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = bounds::DNS_SUBDOMAIN))]
     pub name: String,
 }
 
@@ -644,9 +663,11 @@ pub struct InitFrom {
     /// Name of a TrainingRun in the same namespace. This run waits until it has
     /// Succeeded, then mounts its checkpoint PVC read-only and loads its final weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::TRAINING_RUN_NAME))]
     pub training_run: Option<String>,
     /// A checkpoint directory: `s3://bucket/prefix/step-000100`, `pvc://claim/path` or a path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::URI))]
     pub uri: Option<String>,
 }
 

@@ -5,7 +5,7 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Rollback;
+use super::{Rollback, bounds};
 
 /// Observed state of a TrainingRun, written only by the operator.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -16,6 +16,7 @@ pub struct TrainingRunStatus {
     pub phase: Option<RunPhase>,
     /// Reason of the latest phase change, e.g. NaNLoss or WaitingForInitRun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::REASON))]
     pub reason: Option<String>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -25,6 +26,7 @@ pub struct TrainingRunStatus {
     /// several ranks, Straggler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    #[schemars(length(max = bounds::CONDITIONS))]
     pub conditions: Vec<Condition>,
     /// Training progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,6 +49,7 @@ pub struct TrainingRunStatus {
     pub attempt: u32,
     /// Name of the current attempt's Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub job_name: Option<String>,
     /// The attempt whose Job the operator has seen. A Job of the current attempt that
     /// is gone before it finished was deleted (by hand, or by a TTL), which counts as a
@@ -68,6 +71,7 @@ pub struct TrainingRunStatus {
     pub straggler: Option<Straggler>,
     /// Topology for display, nodes x GPUs per node, e.g. "4x2".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub topology: Option<String>,
 }
 
@@ -102,9 +106,11 @@ pub struct Progress {
     pub eta_seconds: Option<u64>,
     /// ETA for display, e.g. "3h12m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub eta: Option<String>,
     /// Progress for display, e.g. "42.1%".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub display: Option<String>,
     /// When `step` last advanced, or when the current attempt started running. A
     /// Running run whose step has not advanced for failurePolicy.stallTimeout is Stalled.
@@ -183,6 +189,7 @@ pub struct RunMetrics {
     /// GRPO: each of spec.grpo.evalDatasets, scored before training and at the latest
     /// evaluation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = bounds::EVAL_DATASETS))]
     pub eval_datasets: Vec<EvalDatasetAccuracy>,
     /// Peak GPU memory held by tensors on rank 0's GPU since the trainer started, GiB
     /// (CUDA runs). Against `gpuMemoryTotalGiB`, the headroom for a larger
@@ -199,6 +206,7 @@ pub struct RunMetrics {
 #[serde(rename_all = "camelCase")]
 pub struct EvalDatasetAccuracy {
     /// The question set, as spec.grpo.evalDatasets names it.
+    #[schemars(length(max = bounds::URI))]
     pub dataset: String,
     /// Questions scored.
     pub questions: u64,
@@ -223,9 +231,11 @@ pub struct CheckpointRef {
     /// Tokens trained on at the checkpoint.
     pub tokens: u64,
     /// Where it is: a path on the checkpoint PVC, or its S3 mirror.
+    #[schemars(length(max = bounds::URI))]
     pub uri: String,
     /// When it was completed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::SHORT))]
     pub time: Option<String>,
     /// The mix's validation loss at the checkpoint's step, when validation ran there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -240,9 +250,11 @@ pub struct Straggler {
     pub rank: u32,
     /// Its pod, when it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub pod: Option<String>,
     /// The node of its pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub node: Option<String>,
     /// Its compute seconds per step.
     pub compute_seconds: f64,
@@ -265,5 +277,6 @@ pub struct EffectiveSettings {
     /// The rollbacks of `failurePolicy.onNaN: rollback`, oldest first: the samples
     /// each one skips and the steps it trains at a lowered learning rate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = bounds::ROLLBACKS))]
     pub rollbacks: Vec<Rollback>,
 }

@@ -132,12 +132,18 @@ pub fn restore(cfg: &ResolvedS3, dir: &Path) -> Result<Option<u64>, Error> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
     let from = format!("{prefix}{step_dir}/");
-    for (key, _) in objects.iter().filter(|(k, _)| k.starts_with(&from)) {
+    for (key, size) in objects.iter().filter(|(k, _)| k.starts_with(&from)) {
         let name = &key[from.len()..];
         if name.contains('/') {
             continue;
         }
-        s3.get_file(&cfg.bucket, key, &tmp.join(name))?;
+        // A listing's names become local paths: only plain file names, each no larger
+        // than the listing says.
+        let name = crate::files::plain_name(name).map_err(|message| Error::Checkpoint {
+            path: storage::uri(&cfg.bucket, key).into(),
+            message: format!("the bucket lists a file this trainer will not write: {message}"),
+        })?;
+        s3.get_file(&cfg.bucket, key, &tmp.join(name), *size)?;
     }
     let target = dir.join(&step_dir);
     let _ = std::fs::remove_dir_all(&target);

@@ -394,7 +394,7 @@ fn candidates(dir: &Path) -> Result<Vec<PathBuf>> {
     for tmp in tmp_entries(dir).map_err(io_err(dir))?.into_iter().filter(|p| !is_live(p)) {
         tracing::warn!(path = %tmp.display(), "ignoring unfinished checkpoint write");
     }
-    if let Ok(latest) = fs::read_to_string(dir.join(LATEST_FILE)) {
+    if let Ok(latest) = crate::files::read_text_capped(&dir.join(LATEST_FILE), crate::files::limits::POINTER_BYTES) {
         let latest = latest.trim();
         let newest = steps.last().map(|(_, p)| p.file_name().unwrap_or_default().to_string_lossy().into_owned());
         if newest.as_deref() != Some(latest) {
@@ -455,9 +455,7 @@ fn verify(dir: &Path, only: Option<&str>) -> Result<TrainState, String> {
     }
     let checked = || state.files.iter().filter(|(name, _)| only.is_none_or(|o| o == name.as_str()));
     for (name, digest) in checked() {
-        if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
-            return Err(format!("{STATE_FILE} lists an invalid file name {name:?}"));
-        }
+        crate::files::plain_name(name).map_err(|e| format!("{STATE_FILE} lists an invalid file name: {e}"))?;
         let path = dir.join(name);
         let bytes = match fs::metadata(&path) {
             Ok(m) => m.len(),
@@ -478,7 +476,7 @@ fn verify(dir: &Path, only: Option<&str>) -> Result<TrainState, String> {
 }
 
 fn read_state(dir: &Path) -> Result<TrainState, String> {
-    let text = match fs::read(dir.join(STATE_FILE)) {
+    let text = match crate::files::read_capped(&dir.join(STATE_FILE), crate::files::limits::STATE_BYTES) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(format!("{STATE_FILE} is missing")),
         Err(e) => return Err(format!("{STATE_FILE}: {e}")),
@@ -493,9 +491,21 @@ fn read_state(dir: &Path) -> Result<TrainState, String> {
     Ok(state)
 }
 
+/// The tensors of a safetensors file, read through mmap: its header (length, offsets,
+/// shapes against the file's size) is checked by `safetensors` before any tensor is
+/// allocated, so a header that lies is refused, not obeyed.
 fn read_tensors(path: &Path) -> Result<HashMap<String, Tensor>, String> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    Ok(Tensor::read_safetensors(path).map_err(|e| format!("{name}: {e}"))?.into_iter().collect())
+    let file = fs::File::open(path).map_err(|e| format!("{name}: {e}"))?;
+    // SAFETY: checkpoint files are written once and renamed into place, never modified.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{name}: {e}"))?;
+    let tensors = safetensors::SafeTensors::deserialize(&map)
+        .map_err(|e| format!("{name}: not a valid safetensors file ({e:?}, {} bytes)", map.len()))?;
+    tensors
+        .tensors()
+        .into_iter()
+        .map(|(key, view)| Ok((key.clone(), Tensor::try_from(view).map_err(|e| format!("{name}: {key}: {e}"))?)))
+        .collect()
 }
 
 /// Size and sha256 of a file, read in 1 MiB chunks; throughput is in the module docs.
@@ -680,7 +690,7 @@ fn point_best(dir: &Path, step: Option<u64>) -> Result<()> {
 /// The checkpoint [`BEST_FILE`] names in `dir`, with its step and validation loss;
 /// `None` without one (no `keepBest`, or no validation yet).
 pub fn best(dir: &Path) -> Option<CheckpointRef> {
-    let name = fs::read_to_string(dir.join(BEST_FILE)).ok()?;
+    let name = crate::files::read_text_capped(&dir.join(BEST_FILE), crate::files::limits::POINTER_BYTES).ok()?;
     let path = dir.join(name.trim());
     parse_step_dir(name.trim())?;
     let state = read_state(&path).ok()?;

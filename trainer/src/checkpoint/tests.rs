@@ -219,7 +219,7 @@ fn keep_best_keeps_the_lowest_validation_losses_through_rotation() -> Result<()>
 #[test]
 fn damaged_checkpoints_fall_back_to_the_previous_one() -> Result<()> {
     type Damage = fn(&Path);
-    let cases: [(&str, Damage, &str); 6] = [
+    let cases: [(&str, Damage, &str); 9] = [
         (
             "truncated",
             |d| fs::File::options().write(true).open(d.join(MODEL_FILE)).unwrap().set_len(20).unwrap(),
@@ -246,6 +246,37 @@ fn damaged_checkpoints_fall_back_to_the_previous_one() -> Result<()> {
                 fs::write(&path, text).unwrap();
             },
             "records step 5",
+        ),
+        (
+            "traversal",
+            |d| {
+                let path = d.join(STATE_FILE);
+                let digest = r#""files": {"../step-00000001/model.safetensors": {"bytes": 1, "sha256": "00"},"#;
+                let text = fs::read_to_string(&path).unwrap().replace(r#""files": {"#, digest);
+                fs::write(&path, text).unwrap();
+            },
+            "model.safetensors\\\" is not a plain file name (one path component",
+        ),
+        (
+            "state-bomb",
+            |d| fs::File::options().write(true).open(d.join(STATE_FILE)).unwrap().set_len(1 << 40).unwrap(),
+            "state.json: 1099511627776 bytes, more than the 16777216",
+        ),
+        (
+            "header-bomb",
+            // A safetensors header claiming 2^60 bytes, in a file whose state.json records
+            // its new digest: only the header check stands between it and the allocation.
+            |d| {
+                let path = d.join(MODEL_FILE);
+                let mut bytes = fs::read(&path).unwrap();
+                bytes[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+                fs::write(&path, &bytes).unwrap();
+                let state_path = d.join(STATE_FILE);
+                let mut state: serde_json::Value = serde_json::from_slice(&fs::read(&state_path).unwrap()).unwrap();
+                state["files"][MODEL_FILE]["sha256"] = sha256_file(&path).unwrap().sha256.into();
+                fs::write(&state_path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+            },
+            "model.safetensors: not a valid safetensors file (HeaderTooLarge",
         ),
     ];
     for (name, damage, problem) in cases {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::shard::{Manifest, Shard, ShardEntry};
+use super::shard::{HEADER_BYTES, Manifest, Shard, ShardEntry};
 use crate::Error;
 use crate::storage::{self, S3};
 
@@ -32,6 +32,7 @@ pub struct RemoteShards {
     prefix: String,
     entries: Vec<ShardEntry>,
     tokenizer_hash: String,
+    dtype_bytes: u64,
     dir: PathBuf,
     budget: u64,
     open: Mutex<HashMap<usize, Cached>>,
@@ -57,20 +58,24 @@ impl RemoteShards {
         manifest: &Manifest,
         entries: &[ShardEntry],
         cache_dir: &Path,
-    ) -> RemoteShards {
+    ) -> Result<RemoteShards, Error> {
+        let source = storage::uri(bucket, prefix);
+        let dir = crate::files::under(&cache_dir.join("s3"), &format!("{bucket}/{prefix}"))
+            .map_err(|message| Error::Data { name: source, message: format!("cannot be cached locally: {message}") })?;
         let budget =
             std::env::var("TRAINER_S3_CACHE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CACHE_BYTES);
-        RemoteShards {
+        Ok(RemoteShards {
             s3,
             bucket: bucket.to_string(),
             prefix: prefix.to_string(),
             entries: entries.to_vec(),
             tokenizer_hash: manifest.tokenizer.hash.clone(),
-            dir: cache_dir.join("s3").join(bucket).join(prefix),
+            dtype_bytes: manifest.dtype.bytes() as u64,
+            dir,
             budget,
             open: Mutex::new(HashMap::new()),
             fetching: entries.iter().map(|_| Mutex::new(())).collect(),
-        }
+        })
     }
 
     pub fn entries(&self) -> &[ShardEntry] {
@@ -144,6 +149,18 @@ impl RemoteShards {
             message: "listed in the manifest but missing from the bucket".into(),
             permanent: true,
         })?;
+        // The manifest's token count fixes the shard's size: an object of another size is
+        // refused before anything is allocated for it.
+        let expected = e.tokens.saturating_mul(self.dtype_bytes).saturating_add(HEADER_BYTES as u64);
+        if size != expected {
+            return Err(Error::Data {
+                name: storage::uri(&self.bucket, &key),
+                message: format!(
+                    "{size} bytes in the bucket, but its manifest entry ({} tokens) makes it {expected} bytes",
+                    e.tokens
+                ),
+            });
+        }
         let started = Instant::now();
         let bytes = self.s3.get_ranged_parallel(&self.bucket, &key, size, CHUNK_BYTES)?;
         crate::files::write_atomic(path, &bytes).map_err(crate::io_err(path))?;

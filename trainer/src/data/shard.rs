@@ -96,12 +96,16 @@ impl Header {
             4 => Dtype::U32,
             other => return Err(bad(format!("{other} bytes per token; expected 2 or 4"))),
         };
+        let (tokens, documents) = (u64_at(16), u64_at(24));
+        if documents > tokens {
+            return Err(bad(format!("the header claims {documents} documents in {tokens} tokens")));
+        }
         let hash = &b[40..104];
         let end = hash.iter().position(|&c| c == 0).unwrap_or(hash.len());
         Ok(Header {
             dtype,
-            tokens: u64_at(16),
-            documents: u64_at(24),
+            tokens,
+            documents,
             crc32: u32_at(32),
             eos_id: u32_at(36),
             tokenizer_hash: String::from_utf8_lossy(&hash[..end]).into_owned(),
@@ -278,8 +282,14 @@ impl Manifest {
     /// Reads `dir/manifest.json`.
     pub fn read(dir: &Path) -> Result<Manifest, Error> {
         let path = dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| shard_error(&path, format!("{e}; is this a `trainer prepare` output directory?")))?;
+        let text = crate::files::read_text_capped(&path, crate::files::limits::MANIFEST_BYTES).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                "; is this a `trainer prepare` output directory?"
+            } else {
+                ""
+            };
+            shard_error(&path, format!("{e}{hint}"))
+        })?;
         Self::parse(&text, &path)
     }
 
@@ -294,7 +304,53 @@ impl Manifest {
                 format!("format {:?} version {}; expected {MANIFEST_FORMAT:?} version {VERSION}", m.format, m.version),
             ));
         }
+        m.check(path)?;
         Ok(m)
+    }
+
+    /// What a manifest must hold before any of its names become paths or its counts
+    /// become sizes: plain file names, each shard named once, and token counts whose
+    /// bytes fit in a file.
+    fn check(&self, path: &Path) -> Result<(), Error> {
+        let bad = |field: String, message: String| shard_error(path, format!("{field}: {message}"));
+        let mut names = std::collections::HashSet::new();
+        let shards = [("train", &self.train), ("validation", &self.validation)];
+        for (split, entries) in shards {
+            for (i, e) in entries.iter().enumerate() {
+                let field = format!("{split}[{i}].file");
+                crate::files::plain_name(&e.file).map_err(|m| bad(field.clone(), m))?;
+                if e.file == MANIFEST || !names.insert(e.file.as_str()) {
+                    return Err(bad(field, format!("{:?} is named twice (or is the manifest itself)", e.file)));
+                }
+                if e.tokens
+                    .checked_mul(self.dtype.bytes() as u64)
+                    .and_then(|b| b.checked_add(HEADER_BYTES as u64))
+                    .is_none()
+                {
+                    return Err(bad(
+                        format!("{split}[{i}].tokens"),
+                        format!("{} tokens cannot fit in a file", e.tokens),
+                    ));
+                }
+                if e.documents > e.tokens {
+                    return Err(bad(
+                        format!("{split}[{i}].documents"),
+                        format!("{} documents in {} tokens (each ends with a token)", e.documents, e.tokens),
+                    ));
+                }
+            }
+            if entries.iter().try_fold(0u64, |sum, e| sum.checked_add(e.tokens)).is_none() {
+                return Err(bad(split.into(), "the token counts overflow 64 bits".into()));
+            }
+        }
+        if let Some(file) = &self.tokenizer.file {
+            crate::files::plain_name(file).map_err(|m| bad("tokenizer.file".into(), m))?;
+        }
+        if let Some(records) = &self.records {
+            crate::files::plain_name(&records.train).map_err(|m| bad("records.train".into(), m))?;
+            crate::files::plain_name(&records.validation).map_err(|m| bad("records.validation".into(), m))?;
+        }
+        Ok(())
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), Error> {
@@ -400,5 +456,75 @@ mod tests {
         future[8] = 9;
         std::fs::write(&path, &future).unwrap();
         assert!(Shard::open(&path).unwrap_err().to_string().contains("format version 9"));
+
+        // Sizes that lie: more tokens than the file holds (even 2^63, whose byte count
+        // overflows), more documents than tokens. Refused from the header alone.
+        for (tokens, documents, problem) in [
+            (1u64 << 40, 0u64, "the header says 1099511627776 tokens"),
+            (1 << 63, 0, "(too many bytes with the header)"),
+            (1000, 1001, "claims 1001 documents in 1000 tokens"),
+        ] {
+            let mut lying = good.clone();
+            lying[16..24].copy_from_slice(&tokens.to_le_bytes());
+            lying[24..32].copy_from_slice(&documents.to_le_bytes());
+            std::fs::write(&path, &lying).unwrap();
+            let e = Shard::open(&path).unwrap_err().to_string();
+            assert!(e.contains("train-00000.bin") && e.contains(problem), "{e}");
+        }
+    }
+
+    fn manifest_with(train: serde_json::Value) -> String {
+        serde_json::json!({
+            "format": MANIFEST_FORMAT, "version": VERSION, "name": "web",
+            "tokenizer": {"hash": "h", "vocabSize": 512, "eosId": 0},
+            "dtype": "u16", "train": train, "validation": [],
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn manifests_name_only_plain_files_and_sizes_that_fit() {
+        let entry = |file: &str, tokens: u64, documents: u64| serde_json::json!({"file": file, "tokens": tokens, "documents": documents, "crc32": 0});
+        let origin = Path::new("/data/web/manifest.json");
+        let good = manifest_with(serde_json::json!([entry("train-00000.bin", 10, 1)]));
+        assert_eq!(Manifest::parse(&good, origin).unwrap().train[0].file, "train-00000.bin");
+        let cases = [
+            (vec![entry("../../etc/passwd", 10, 1)], "train[0].file: \"../../etc/passwd\" is not a plain file name"),
+            (vec![entry("/abs/path", 10, 1)], "train[0].file: \"/abs/path\" is not a plain file name"),
+            (vec![entry("a\0b", 10, 1)], "train[0].file: \"a\\0b\" is not a plain file name"),
+            (vec![entry("x.bin", 1, 0), entry("x.bin", 1, 0)], "train[1].file: \"x.bin\" is named twice"),
+            (vec![entry("manifest.json", 1, 0)], "train[0].file: \"manifest.json\" is named twice"),
+            (vec![entry("x.bin", 1 << 63, 0)], "train[0].tokens: 9223372036854775808 tokens cannot fit"),
+            (vec![entry("x.bin", 3, 4)], "train[0].documents: 4 documents in 3 tokens"),
+            (
+                vec![
+                    entry("a.bin", 1 << 62, 0),
+                    entry("b.bin", 1 << 62, 0),
+                    entry("c.bin", 1 << 62, 0),
+                    entry("d.bin", 1 << 62, 0),
+                ],
+                "train: the token counts overflow 64 bits",
+            ),
+        ];
+        for (train, problem) in cases {
+            let e = Manifest::parse(&manifest_with(serde_json::Value::Array(train)), origin).unwrap_err().to_string();
+            assert!(e.contains("/data/web/manifest.json") && e.contains(problem), "{problem}: {e}");
+        }
+        let mut records: serde_json::Value = serde_json::from_str(&good).unwrap();
+        records["records"] = serde_json::json!({"train": "train.jsonl", "validation": "../v.jsonl"});
+        let e = Manifest::parse(&records.to_string(), origin).unwrap_err().to_string();
+        assert!(e.contains("records.validation: \"../v.jsonl\""), "{e}");
+        records["records"]["validation"] = "v.jsonl".into();
+        records["tokenizer"]["file"] = "/etc/tokenizer.json".into();
+        let e = Manifest::parse(&records.to_string(), origin).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.file: \"/etc/tokenizer.json\""), "{e}");
+    }
+
+    #[test]
+    fn a_huge_manifest_is_refused_before_it_is_read() {
+        let dir = TempDir::new("manifest-bomb");
+        std::fs::File::create(dir.0.join(MANIFEST)).unwrap().set_len(1 << 40).unwrap();
+        let e = Manifest::read(&dir.0).unwrap_err().to_string();
+        assert!(e.contains("manifest.json") && e.contains("1099511627776 bytes, more than the 67108864"), "{e}");
     }
 }

@@ -27,8 +27,9 @@ pub fn load_tokenizer(cfg: &RunConfig) -> Result<Tokenizer, Error> {
         Location::S3 { bucket, prefix } => {
             // A tokenizer.json object, or the one beside a prepared source's manifest.
             let key = if prefix.ends_with(".json") { prefix.clone() } else { storage::join(prefix, "tokenizer.json") };
-            let local = super::cache_dir().join("s3").join(bucket).join(&key);
-            data_store(cfg)?.get_file(bucket, &key, &local)?;
+            let local = crate::files::under(&super::cache_dir().join("s3"), &format!("{bucket}/{key}"))
+                .map_err(|message| Error::Tokenizer { path: storage::uri(bucket, &key), message })?;
+            data_store(cfg)?.get_file(bucket, &key, &local, crate::files::limits::TOKENIZER_BYTES)?;
             Tokenizer::from_file(&local)?
         }
     };
@@ -110,11 +111,11 @@ fn remote_source(
     split: Split,
 ) -> Result<SourceTokens, Error> {
     let key = storage::join(prefix, MANIFEST);
-    let text = s3.get_bytes(bucket, &key)?;
+    let text = s3.get_bytes(bucket, &key, crate::files::limits::MANIFEST_BYTES)?;
     let origin = storage::uri(bucket, &key);
     let manifest = Manifest::parse(&String::from_utf8_lossy(&text), Path::new(&origin))?;
     let entries = split_entries(src, &manifest, tok, split)?;
-    let remote = RemoteShards::new(s3, bucket, prefix, &manifest, entries, &super::cache_dir());
+    let remote = RemoteShards::new(s3, bucket, prefix, &manifest, entries, &super::cache_dir())?;
     Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Remote(Arc::new(remote)) })
 }
 

@@ -69,7 +69,7 @@ impl Tokenizer {
     /// `<|endoftext|>`, `<|end_of_text|>`, `</s>`, `<eos>`, `<|im_end|>` it defines.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, Error> {
         let path = path.as_ref();
-        let json = std::fs::read_to_string(path)
+        let json = crate::files::read_text_capped(path, crate::files::limits::TOKENIZER_BYTES)
             .map_err(|e| Error::Tokenizer { path: path.display().to_string(), message: e.to_string() })?;
         Self::from_json(&json, &path.display().to_string())
     }
@@ -215,6 +215,15 @@ impl Tokenizer {
 mod tests {
     use super::*;
     use crate::files::test_util::TempDir;
+
+    #[test]
+    fn a_huge_tokenizer_file_is_refused_before_it_is_read() {
+        let dir = TempDir::new("tok-bomb");
+        let path = dir.0.join("tokenizer.json");
+        std::fs::File::create(&path).unwrap().set_len(1 << 40).unwrap();
+        let e = Tokenizer::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.json") && e.contains("1099511627776 bytes, more than the 268435456"), "{e}");
+    }
 
     #[test]
     fn training_is_deterministic() {

@@ -166,21 +166,21 @@ fn read_local(local: &Path, split: bool, format: McqFormat) -> Result<(McqSet, M
 /// record files) into the cache; returns the local file or directory.
 fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Error> {
     let s3 = crate::data::sources::data_store(cfg)?;
-    let root = crate::data::cache_dir().join("s3").join(bucket);
+    let local = crate::files::under(&crate::data::cache_dir().join("s3"), &format!("{bucket}/{prefix}"))
+        .map_err(|message| Error::Data { name: storage::uri(bucket, prefix), message })?;
     if [".jsonl", ".json", ".parquet"].iter().any(|ext| prefix.ends_with(ext)) {
-        let local = root.join(prefix);
-        s3.get_file(bucket, prefix, &local)?;
+        s3.get_file(bucket, prefix, &local, u64::MAX)?;
         return Ok(local);
     }
-    let dir = root.join(prefix);
     let manifest_key = storage::join(prefix, MANIFEST);
-    s3.get_file(bucket, &manifest_key, &dir.join(MANIFEST))?;
-    if let Some(files) = Manifest::read(&dir)?.records {
+    s3.get_file(bucket, &manifest_key, &local.join(MANIFEST), crate::files::limits::MANIFEST_BYTES)?;
+    // Manifest::read refuses record file names that are not plain names.
+    if let Some(files) = Manifest::read(&local)?.records {
         for f in [files.train, files.validation] {
-            s3.get_file(bucket, &storage::join(prefix, &f), &dir.join(&f))?;
+            s3.get_file(bucket, &storage::join(prefix, &f), &local.join(&f), u64::MAX)?;
         }
     }
-    Ok(dir)
+    Ok(local)
 }
 
 #[cfg(test)]

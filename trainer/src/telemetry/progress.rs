@@ -11,13 +11,31 @@ use crate::Error;
 use crate::dist::launch::FORCE_COLOR_ENV;
 use crate::train::report::{Event, Sink, StepReport};
 
+/// The AWS SDK's crates print their request context, credentials included (the
+/// access key id in clear), at debug level: they never log below info, whatever
+/// `RUST_LOG` asks. Their warnings and errors still show.
+const AWS_SDK_TARGETS: [&str; 9] = [
+    "aws_config",
+    "aws_credential_types",
+    "aws_runtime",
+    "aws_sdk_s3",
+    "aws_sdk_sso",
+    "aws_sdk_sts",
+    "aws_sigv4",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+];
+
 /// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`), lines go
-/// to stderr, coloured only when stderr is a terminal (or `CLICOLOR_FORCE` is set and
+/// to stderr (the AWS SDK's at most at info), coloured only when stderr is a terminal (or `CLICOLOR_FORCE` is set and
 /// not "0"). A second call does nothing.
 pub fn init_logging() {
     let forced = std::env::var(FORCE_COLOR_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    for target in AWS_SDK_TARGETS {
+        filter = filter.add_directive(format!("{target}=info").parse().expect("a valid directive"));
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,6 +1,8 @@
 //! Helpers of the trainer's integration tests; each test binary uses some of them.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
