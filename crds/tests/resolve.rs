@@ -544,6 +544,9 @@ fn lifecycle_rules() {
     r.spec.failure_policy.stall_timeout = "10s".into();
     fails(&r, "spec.failurePolicy.stallTimeout", "shorter than 1m");
     let mut r = run();
+    r.spec.failure_policy.max_rollbacks = 257;
+    fails(&r, "spec.failurePolicy.maxRollbacks", "more than the 256 rollbacks status can record");
+    let mut r = run();
     r.spec.failure_policy.stall_timeout = "1h30m".into();
     assert_eq!(ok(&r).failure.stall_timeout_seconds, 5400);
     let mut r = run();

@@ -27,6 +27,16 @@ pub(super) fn resolve_failure(e: &mut Errors, f: &FailurePolicy, checkpoint_ever
     if f.straggler_factor.is_nan() || f.straggler_factor <= 1.0 {
         e.add("spec.failurePolicy.stragglerFactor", format!("{} is not above 1", f.straggler_factor));
     }
+    if f.max_rollbacks as usize > crate::types::bounds::ROLLBACKS {
+        e.add(
+            "spec.failurePolicy.maxRollbacks",
+            format!(
+                "{} is more than the {} rollbacks status can record",
+                f.max_rollbacks,
+                crate::types::bounds::ROLLBACKS
+            ),
+        );
+    }
     if f.straggler_readings == 0 {
         e.add("spec.failurePolicy.stragglerReadings", "must be at least 1");
     }

@@ -40,9 +40,10 @@ pub struct FailurePolicy {
     /// status.effective.rollbacks and in the checkpoints, so later resumes keep it.
     #[serde(default, rename = "onNaN")]
     pub on_nan: OnNaN,
-    /// Rollbacks allowed with `onNaN: rollback`; the next non-finite step fails the
-    /// run as NaNLoss.
+    /// Rollbacks allowed with `onNaN: rollback` (at most 256); the next non-finite
+    /// step fails the run as NaNLoss.
     #[serde(default = "default_max_rollbacks")]
+    #[schemars(range(max = super::bounds::ROLLBACKS))]
     pub max_rollbacks: u32,
     /// The learning rate's factor after a rollback, in (0, 1].
     #[serde(default = "default_rollback_lr_factor")]
