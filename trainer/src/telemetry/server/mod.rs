@@ -6,19 +6,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::thread::JoinHandle;
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
+use hyper::Method;
 use prometheus::{Encoder, TextEncoder};
-use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::Error;
 use crate::train::report::{Event, Sink, StepReport, unix_now};
 
+pub mod http;
 mod metrics;
 mod state;
 
@@ -233,100 +232,50 @@ impl Sink for SharedStatus {
     }
 }
 
-/// The HTTP server on rank 0's status port. Serves until dropped; dropping it stops
-/// and joins its thread.
+/// The HTTP server on rank 0's status port ([`http::HttpServer`] with its default
+/// [`http::Limits`]). Serves until dropped; dropping it stops and joins its thread.
 pub struct StatusServer {
-    server: Arc<Server>,
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: http::HttpServer,
 }
 
 impl StatusServer {
     /// Binds `addr` (port 0 picks a free port) and serves `state` on its own thread.
     pub fn start(addr: SocketAddr, state: SharedStatus) -> Result<StatusServer, Error> {
-        let server = Server::http(addr).map_err(|e| Error::StatusServer { addr, message: e.to_string() })?;
-        let bound = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::StatusServer { addr, message: "bound to a non-IP address".into() })?;
-        let server = Arc::new(server);
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (server, stop) = (Arc::clone(&server), Arc::clone(&stop));
-            std::thread::Builder::new()
-                .name("status-server".into())
-                .spawn(move || serve(&server, &stop, &state))
-                .map_err(|e| Error::StatusServer { addr, message: format!("cannot spawn its thread: {e}") })?
-        };
-        tracing::info!("status endpoint on http://{bound}/status");
-        Ok(StatusServer { server, addr: bound, stop, thread: Some(thread) })
+        let handler = move |method: &Method, path: &str| route(method, path, &state);
+        let server = http::HttpServer::start(addr, http::Limits::default(), Arc::new(handler))
+            .map_err(|e| Error::StatusServer { addr, message: e.to_string() })?;
+        tracing::info!("status endpoint on http://{}/status", server.addr());
+        Ok(StatusServer { server })
     }
 
     /// The address the server is bound to.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for StatusServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.server.unblock();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.server.addr()
     }
 }
 
 impl std::fmt::Debug for StatusServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StatusServer").field("addr", &self.addr).finish()
+        f.debug_struct("StatusServer").field("addr", &self.addr()).finish()
     }
 }
 
-fn serve(server: &Server, stop: &AtomicBool, state: &SharedStatus) {
-    loop {
-        match server.recv() {
-            Ok(request) => respond(request, state),
-            Err(_) if stop.load(Ordering::SeqCst) => return,
-            Err(e) => tracing::warn!("status server: {e}"),
-        }
-    }
-}
-
-fn header(name: &str, value: &str) -> Header {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("valid header")
-}
-
-/// Status code, content type and body for a request.
-fn route(method: &Method, url: &str, state: &SharedStatus) -> (u16, &'static str, String) {
+/// The reply to a request for `path`.
+fn route(method: &Method, path: &str, state: &SharedStatus) -> http::Reply {
     const TEXT: &str = "text/plain; charset=utf-8";
-    let path = url.split('?').next().unwrap_or(url);
+    let reply = |code, content_type, body| http::Reply { code, content_type, body };
     let known = matches!(path, "/status" | "/metrics" | "/healthz");
     if !known {
-        return (404, TEXT, format!("not found: {path}\n"));
+        return reply(404, TEXT, format!("not found: {path}\n"));
     }
-    if *method != Method::Get {
-        return (405, TEXT, format!("method {method} not allowed; use GET\n"));
+    if *method != Method::GET {
+        return reply(405, TEXT, format!("method {method} not allowed; use GET\n"));
     }
     match path {
-        "/status" => (200, "application/json", state.status_json()),
-        "/metrics" => (200, prometheus::TEXT_FORMAT, state.metrics_text()),
-        _ if state.read().healthy() => (200, TEXT, "ok\n".into()),
-        _ => (503, TEXT, "failed\n".into()),
-    }
-}
-
-fn respond(request: Request, state: &SharedStatus) {
-    let (code, content_type, body) = route(request.method(), request.url(), state);
-    let mut response =
-        Response::from_string(body).with_status_code(code).with_header(header("Content-Type", content_type));
-    if code == 405 {
-        response = response.with_header(header("Allow", "GET"));
-    }
-    if let Err(e) = request.respond(response) {
-        tracing::debug!("status server: client went away: {e}");
+        "/status" => reply(200, "application/json", state.status_json()),
+        "/metrics" => reply(200, prometheus::TEXT_FORMAT, state.metrics_text()),
+        _ if state.read().healthy() => reply(200, TEXT, "ok\n".into()),
+        _ => reply(503, TEXT, "failed\n".into()),
     }
 }
 
@@ -556,7 +505,7 @@ mod tests {
         assert_eq!(http(server.addr(), "GET", "/status?pretty=1").0, 200);
         let (code, head, _) = http(server.addr(), "POST", "/status");
         assert_eq!(code, 405);
-        assert!(head.contains("Allow: GET"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("allow: get"), "{head}");
         assert_eq!(http(server.addr(), "DELETE", "/healthz").0, 405);
     }
 
