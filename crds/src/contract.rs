@@ -84,7 +84,7 @@ pub const NCCL_DEFAULTS: &[(&str, &str)] =
     &[("NCCL_IB_DISABLE", "0"), ("NCCL_NET_GDR_LEVEL", "5"), ("CUDA_DEVICE_MAX_CONNECTIONS", "1")];
 
 /// Why a trainer exited non-zero. Each reason has its own exit code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum FailureReason {
     /// Loss or gradient norm became NaN or Inf.
     NaNLoss,
@@ -362,7 +362,7 @@ impl std::fmt::Display for RunReason {
 }
 
 /// JSON written to the termination-message file before a failing exit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TerminationMessage {
     pub reason: FailureReason,
     /// Optimizer step at the failure, if training had started.
@@ -376,7 +376,7 @@ pub struct TerminationMessage {
 
 /// Where in the run's sample order (global sequences in pretraining, prompts in GRPO)
 /// a non-finite step was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailedSamples {
     /// The failing step's first sample.
@@ -433,7 +433,7 @@ impl ExitReport {
 }
 
 /// Phase reported by the trainer on `/status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TrainerPhase {
     Starting,
@@ -445,7 +445,7 @@ pub enum TrainerPhase {
 }
 
 /// Rank 0's `GET /status` document, which the operator copies into the run's status.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainerStatus {
     pub phase: TrainerPhase,
@@ -475,7 +475,7 @@ pub struct TrainerStatus {
 
 /// One rank's seconds per optimizer step, averaged over a sync interval, measured
 /// before the collectives (after them every rank looks as slow as the slowest).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RankTiming {
     pub rank: u32,

@@ -2,11 +2,15 @@
 //! operator↔trainer contract. The operator and the trainer both use this crate,
 //! so they can never disagree about a run.
 
+#[cfg(any(test, feature = "arbitrary"))]
+pub mod arbitrary;
 pub mod config;
 pub mod contract;
 pub mod manifest;
 pub mod plan;
 pub mod presets;
+#[cfg(test)]
+mod properties;
 pub mod quantity;
 pub mod resolve;
 pub mod rollback;

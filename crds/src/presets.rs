@@ -196,8 +196,8 @@ impl ModelConfig {
 
     /// Training FLOPs per token at context `seq`: 6·N_matmul + 12·L·H·d_head·T.
     pub fn flops_per_token(&self, seq: u32) -> f64 {
-        let attn = 12 * u64::from(self.n_layer) * u64::from(self.n_head) * u64::from(self.d_head) * u64::from(seq);
-        6.0 * self.param_counts().matmul as f64 + attn as f64
+        let attn = 12.0 * f64::from(self.n_layer) * f64::from(self.n_head) * f64::from(self.d_head) * f64::from(seq);
+        6.0 * self.param_counts().matmul as f64 + attn
     }
 
     /// Model FLOPs utilization of `tokens_per_second` against `peak_flops`.

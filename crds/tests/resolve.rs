@@ -232,6 +232,17 @@ fn model_overrides_are_checked() {
     r.spec.model.layers = Some(0);
     fails(&r, "spec.model.layers", "at least 1");
     let mut r = run();
+    r.spec.model.d_model = Some(u32::MAX);
+    fails(&r, "spec.model.dModel", "4294967295 is more than the 131072 a model may have");
+    // Every dimension at its largest: counted without overflow, and refused only for
+    // what it is (it fits no GPU).
+    let mut r = run();
+    let m = &mut r.spec.model;
+    (m.layers, m.d_model, m.heads, m.kv_heads, m.d_head) =
+        (Some(4096), Some(1 << 17), Some(4096), Some(4096), Some(1 << 14));
+    (m.d_ff, m.vocab_size, m.seq_length) = (Some(1 << 20), Some(1 << 23), Some(1 << 23));
+    let _ = crds::resolve(&r);
+    let mut r = run();
     r.spec.model.rope_theta = Some(-1.0);
     fails(&r, "spec.model.ropeTheta", "positive");
     let mut r = run();

@@ -40,7 +40,17 @@ pub(super) fn resolve_grpo(
         );
     }
     let prompts_per_rank = g.prompts_per_step / world.max(1);
-    let completions_per_rank = prompts_per_rank * g.generations_per_prompt;
+    let completions_per_rank = u64::from(prompts_per_rank) * u64::from(g.generations_per_prompt);
+    if completions_per_rank > u64::from(u32::MAX) {
+        e.add(
+            "spec.grpo.generationsPerPrompt",
+            format!(
+                "{} completions for each of {prompts_per_rank} prompts per rank are too many",
+                g.generations_per_prompt
+            ),
+        );
+    }
+    let completions_per_rank = u32::try_from(completions_per_rank).unwrap_or(0);
     let micro = spec.batch.micro_batch;
     if micro > 0 && completions_per_rank > 0 && !completions_per_rank.is_multiple_of(micro) {
         e.add(

@@ -145,14 +145,24 @@ fn resolve_model(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ModelConfig> 
     };
     let before = e.0.len();
     let mut c = ModelConfig::from(preset);
-    let layers = e.positive("spec.model.layers", m.layers);
-    let d_model = e.positive("spec.model.dModel", m.d_model);
-    let heads = e.positive("spec.model.heads", m.heads);
-    let kv_heads = e.positive("spec.model.kvHeads", m.kv_heads);
-    let d_head = e.positive("spec.model.dHead", m.d_head);
-    let d_ff = e.positive("spec.model.dFf", m.d_ff);
-    let vocab = e.positive("spec.model.vocabSize", m.vocab_size);
-    let seq = e.positive("spec.model.seqLength", m.seq_length);
+    // Far past any model trained today (Llama 3 405B: 126 layers, dModel 16384, dFf
+    // 53248), and small enough that parameter and FLOP counts never overflow.
+    let mut dimension = |field: &str, value: Option<u32>, max: u32| {
+        let value = e.positive(field, value)?;
+        if value > max {
+            e.add(field, format!("{value} is more than the {max} a model may have"));
+            return None;
+        }
+        Some(value)
+    };
+    let layers = dimension("spec.model.layers", m.layers, 4096);
+    let d_model = dimension("spec.model.dModel", m.d_model, 1 << 17);
+    let heads = dimension("spec.model.heads", m.heads, 4096);
+    let kv_heads = dimension("spec.model.kvHeads", m.kv_heads, 4096);
+    let d_head = dimension("spec.model.dHead", m.d_head, 1 << 14);
+    let d_ff = dimension("spec.model.dFf", m.d_ff, 1 << 20);
+    let vocab = dimension("spec.model.vocabSize", m.vocab_size, 1 << 23);
+    let seq = dimension("spec.model.seqLength", m.seq_length, 1 << 23);
     c.n_layer = layers.unwrap_or(c.n_layer);
     c.d_model = d_model.unwrap_or(c.d_model);
     c.n_head = heads.unwrap_or(c.n_head);
@@ -253,10 +263,13 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
         }
         Some(q) => crate::quantity::parse_bytes(q).map_err(|m| e.add("spec.topology.gpuMemory", m)).ok(),
     };
+    let procs = t.gpus_per_node.max(1);
+    if t.nodes.checked_mul(procs).is_none() {
+        e.add("spec.topology.nodes", format!("{} nodes of {procs} processes are more than a run can count", t.nodes));
+    }
     if e.0.len() != before {
         return None;
     }
-    let procs = t.gpus_per_node.max(1);
     Some(ResolvedTopology {
         nodes: t.nodes,
         gpus_per_node: t.gpus_per_node,
@@ -290,7 +303,13 @@ fn resolve_batch(
         return (None, None);
     }
     let world = u64::from(topo.world_size);
-    let per_micro_step = u64::from(micro) * u64::from(seq) * world;
+    let Some(per_micro_step) = (u64::from(micro) * u64::from(seq)).checked_mul(world) else {
+        e.add(
+            "spec.batch.microBatch",
+            format!("{micro} sequences of {seq} tokens on each of {world} ranks are more tokens than a step can count"),
+        );
+        return (None, None);
+    };
     match spec.phase {
         Phase::Pretrain => {
             let Some(q) = &b.global_tokens else {
@@ -338,7 +357,13 @@ fn resolve_batch(
                 // Reported by resolve_grpo, which knows the prompt split.
                 return (None, None);
             }
-            let tokens_per_step = completions * u64::from(seq);
+            let Some(tokens_per_step) = completions.checked_mul(u64::from(seq)) else {
+                e.add(
+                    "spec.grpo.promptsPerStep",
+                    format!("{completions} completions of {seq} tokens are more tokens than a step can count"),
+                );
+                return (None, None);
+            };
             let batch = ResolvedBatch {
                 micro_batch: micro,
                 seq_len: seq,
