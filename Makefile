@@ -1,5 +1,5 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build ci bench-operator e2e-kind
+.PHONY: demo test crds cuda-build check-image ci bench-operator e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
@@ -13,6 +13,9 @@ crds: ## regenerate crds/trainingruns.yaml (and the Helm chart's copy) from the 
 
 cuda-build: ## compile and link the trainer with --features cuda (full torch wheel)
 	scripts/build-cuda.sh
+
+check-image: ## the trainer image without Docker: its runtime stage by debootstrap, run as the Job's pod (root)
+	scripts/check-image.sh
 
 ci:
 	bash .ci/run

@@ -7,6 +7,9 @@
 #   lua5.1       Argo CD's Lua dialect, for the health check's tests.
 # With --lint what scripts/check-cycles.sh needs:
 #   graphviz     sccmap, which finds the cycles in the module graph.
+# With --image what scripts/check-image.sh needs:
+#   debootstrap  builds the image's Debian root file system without Docker.
+#   iproute2     ip, which brings up the loopback of its network namespace.
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 missing=()
@@ -17,6 +20,10 @@ if [ "${1:-}" = --test ]; then
 fi
 if [ "${1:-}" = --lint ]; then
   command -v sccmap >/dev/null || missing+=(graphviz)
+fi
+if [ "${1:-}" = --image ]; then
+  command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+  command -v ip >/dev/null || missing+=(iproute2)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""

@@ -25,7 +25,7 @@ use crate::change::{self, Change, Claim};
 use crate::clock::{Clock, seconds_between};
 use crate::decide::{self, Decision};
 use crate::metrics::Metrics;
-use crate::observe::{self, Observed, StatusClient};
+use crate::observe::{self, Observed, Poll, PollError, StatusClient};
 use crate::resources::{self, Inputs, RUN_LABEL};
 use crate::settings::Settings;
 use crate::status::{self, is_terminal};
@@ -39,6 +39,8 @@ pub const FINALIZER: &str = "training.puretransformer.dev/cleanup";
 struct Memory {
     last_poll: Option<Timestamp>,
     last_write: Option<Timestamp>,
+    /// The last Warning event about a refused answer of rank 0's.
+    last_refusal_event: Option<Timestamp>,
 }
 
 pub struct Context {
@@ -196,8 +198,15 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     if poll_due {
         let job_name = resources::job_name(&name, cfg.attempt);
         let url = s.status_url_for(&name, &ns, &job_name, &resources::service_name(&name));
-        if observe::poll_rank0(&ctx.status_client, &mut obs, cfg.attempt, &url, &name).await {
+        let poll = observe::poll_rank0(&ctx.status_client, &mut obs, &cfg, &url, &name).await;
+        if poll.asked() {
             ctx.remember(&uid, |m| m.last_poll = Some(now));
+        }
+        if let Poll::Failed(PollError::Refused(message)) = &poll
+            && observe::refusal_event_due(ctx.memory(&uid).last_refusal_event, now)
+        {
+            ctx.remember(&uid, |m| m.last_refusal_event = Some(now));
+            ctx.publish(&run, true, observe::STATUS_REFUSED, message).await;
         }
     }
 

@@ -11,6 +11,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod observe;
+pub mod plausible;
 pub mod resources;
 pub mod settings;
 pub mod stall;

@@ -9,16 +9,20 @@ use crds::contract::CONFIG_KEY;
 use crds::contract::TrainerStatus;
 use crds::types::RunPhase;
 use crds::{RunConfig, TrainingRun};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper::header::CONTENT_LENGTH;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
+use crate::clock::seconds_between;
 use crate::failure::completion_index;
+use crate::plausible::plausible;
 use crate::resources::{ATTEMPT_LABEL, RUN_LABEL, configmap_name, pvc_name};
 use crate::{Error, Verb};
 
@@ -41,6 +45,32 @@ pub struct Observed {
     pub trainer: Option<TrainerStatus>,
 }
 
+/// The most of an answer to `GET /status` the operator reads. A trainer's document is
+/// a few KiB plus about 90 bytes per rank, so this serves ten thousand ranks and stops
+/// a pod that answers without end.
+pub const STATUS_BODY_LIMIT: usize = 1024 * 1024;
+/// The longest piece of a parse error kept in a message: serde quotes what it did not
+/// expect, and that text is the pod's.
+const QUOTED: usize = 200;
+
+/// Why a poll of rank 0 brought no document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PollError {
+    /// No answer in time, or an HTTP error: usual while rank 0 starts or restarts.
+    Unanswered(String),
+    /// An answer the operator will not use: larger than [`STATUS_BODY_LIMIT`], not a
+    /// status document, or one no trainer of the run could give ([`plausible`]).
+    Refused(String),
+}
+
+impl std::fmt::Display for PollError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollError::Unanswered(m) | PollError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Reads rank 0's `GET /status` over plain HTTP inside the cluster.
 #[derive(Clone)]
 pub struct StatusClient {
@@ -55,21 +85,56 @@ impl StatusClient {
         StatusClient { http: HttpClient::builder(TokioExecutor::new()).build(connector), timeout }
     }
 
-    pub async fn get(&self, url: &str) -> Result<TrainerStatus, String> {
-        let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    /// The document at `url`, read within the client's timeout and up to
+    /// [`STATUS_BODY_LIMIT`] bytes.
+    pub async fn get(&self, url: &str) -> Result<TrainerStatus, PollError> {
+        let uri: hyper::Uri = url.parse().map_err(|e| PollError::Unanswered(format!("{url}: {e}")))?;
+        let unanswered = |e: &dyn std::fmt::Display| PollError::Unanswered(format!("GET {url}: {e}"));
+        let refused = |why: String| PollError::Refused(format!("GET {url}: refused: {why}"));
         let fetch = async {
-            let resp = self.http.get(uri).await.map_err(|e| format!("GET {url}: {e}"))?;
+            let resp = self.http.get(uri).await.map_err(|e| unanswered(&e))?;
             let code = resp.status();
-            let body = resp.into_body().collect().await.map_err(|e| format!("GET {url}: {e}"))?.to_bytes();
             if !code.is_success() {
-                return Err(format!("GET {url}: HTTP {code}"));
+                return Err(unanswered(&format!("HTTP {code}")));
             }
-            serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not a trainer status document: {e}"))
+            let announced = resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if let Some(n) = announced.filter(|n| *n > STATUS_BODY_LIMIT as u64) {
+                return Err(refused(format!("Content-Length {n} is over the {STATUS_BODY_LIMIT}-byte limit")));
+            }
+            let body = match Limited::new(resp.into_body(), STATUS_BODY_LIMIT).collect().await {
+                Ok(body) => body.to_bytes(),
+                Err(e) if e.is::<LengthLimitError>() => {
+                    return Err(refused(format!("the body is over the {STATUS_BODY_LIMIT}-byte limit")));
+                }
+                Err(e) => return Err(unanswered(&e)),
+            };
+            serde_json::from_slice(&body)
+                .map_err(|e| refused(format!("not a trainer status document: {}", clip(&e.to_string(), QUOTED))))
         };
         tokio::time::timeout(self.timeout, fetch)
             .await
-            .map_err(|_| format!("GET {url}: no answer within {:?}", self.timeout))?
+            .map_err(|_| PollError::Unanswered(format!("GET {url}: no answer within {:?}", self.timeout)))?
     }
+
+    /// [`Self::get`], refusing a document no trainer of the run under `cfg` could give.
+    pub async fn poll(&self, url: &str, cfg: &RunConfig) -> Result<TrainerStatus, PollError> {
+        let t = self.get(url).await?;
+        plausible(&t, cfg)
+            .map_err(|why| PollError::Refused(format!("GET {url}: refused: implausible status: {why}")))?;
+        Ok(t)
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
 }
 
 /// Lists the run's Jobs and pods (every attempt) and the state of its init run.
@@ -139,16 +204,82 @@ pub fn rank0_running(obs: &Observed, attempt: u32) -> bool {
     })
 }
 
-/// Reads rank 0's `/status` at `url` into `obs.trainer` when rank 0 of `attempt` is
-/// running. Returns whether it asked, answered or not. A failed poll is only logged;
-/// the next one is due after the poll interval.
-pub async fn poll_rank0(status: &StatusClient, obs: &mut Observed, attempt: u32, url: &str, run: &str) -> bool {
-    if !rank0_running(obs, attempt) {
-        return false;
+/// What a poll of rank 0 came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// Rank 0 of the attempt is not running: nothing to ask.
+    NotAsked,
+    /// The document is in `obs.trainer`.
+    Answered,
+    Failed(PollError),
+}
+
+impl Poll {
+    pub fn asked(&self) -> bool {
+        *self != Poll::NotAsked
     }
-    match status.get(url).await {
-        Ok(t) => obs.trainer = Some(t),
-        Err(e) => tracing::info!(run = %run, "rank 0 status: {e}"),
+}
+
+/// Reads rank 0's `/status` at `url` into `obs.trainer` when rank 0 of `cfg`'s attempt
+/// is running. A failed poll leaves `obs.trainer` as it was and is logged; the next
+/// one is due after the poll interval.
+pub async fn poll_rank0(status: &StatusClient, obs: &mut Observed, cfg: &RunConfig, url: &str, run: &str) -> Poll {
+    if !rank0_running(obs, cfg.attempt) {
+        return Poll::NotAsked;
     }
-    true
+    match status.poll(url, cfg).await {
+        Ok(t) => {
+            obs.trainer = Some(t);
+            Poll::Answered
+        }
+        Err(e) => {
+            if matches!(e, PollError::Refused(_)) {
+                tracing::warn!(run = %run, "rank 0 status: {e}");
+            } else {
+                tracing::info!(run = %run, "rank 0 status: {e}");
+            }
+            Poll::Failed(e)
+        }
+    }
+}
+
+/// A refused answer raises a Warning event at most this often per run, so that a pod
+/// answering garbage on every poll cannot flood the run's events; the log has each.
+pub const REFUSAL_EVENT_INTERVAL: Duration = Duration::from_secs(600);
+/// The reason of that Warning event.
+pub const STATUS_REFUSED: &str = "TrainerStatusRefused";
+
+/// Whether a refused answer at `now` raises a Warning event, the last one having been
+/// raised at `last`.
+pub fn refusal_event_due(last: Option<Timestamp>, now: Timestamp) -> bool {
+    last.is_none_or(|t| seconds_between(t, now) >= REFUSAL_EVENT_INTERVAL.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_raise_an_event_at_most_every_ten_minutes() {
+        let t = |s: &str| format!("2026-01-01T{s}Z").parse::<Timestamp>().unwrap();
+        let cases = [
+            (None, "00:00:00", true),
+            (Some("00:00:00"), "00:00:20", false),
+            (Some("00:00:00"), "00:09:59", false),
+            (Some("00:00:00"), "00:10:00", true),
+            (Some("00:00:00"), "01:00:00", true),
+            // A clock that went back raises nothing until the interval has passed.
+            (Some("00:10:00"), "00:05:00", false),
+        ];
+        for (last, now, due) in cases {
+            assert_eq!(refusal_event_due(last.map(t), t(now)), due, "last {last:?}, now {now}");
+        }
+    }
+
+    #[test]
+    fn clipping_keeps_characters_whole() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("ééé", 3), "é...");
+        assert_eq!(clip(&"x".repeat(1000), QUOTED).len(), QUOTED + 3);
+    }
 }

@@ -26,8 +26,9 @@ use super::meta::{
     labels, pvc_name, service_name,
 };
 
-/// UID and GID of the trainer; the image's user, and the owner of files on the PVC.
-pub const TRAINER_UID: i64 = 1000;
+/// UID and GID of the trainer: the image's `USER` (trainer/Dockerfile, checked by
+/// scripts/check-image.sh), and the owner of files on the PVC.
+pub const TRAINER_UID: i64 = 65532;
 
 /// Exit codes that end the run at once: a restart would fail the same way.
 pub fn fatal_exit_codes() -> Vec<i32> {

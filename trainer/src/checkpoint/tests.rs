@@ -479,3 +479,65 @@ fn a_refused_resume_names_the_fields_that_changed() {
     let back: TrainState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
     assert_eq!(back, s);
 }
+
+/// `state.json` and the safetensors files are read from volumes and buckets other
+/// processes write: whatever bytes they hold, reading them does not panic, and a
+/// refusal names the file.
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256)
+    }
+
+    /// A valid state.json with some bytes replaced, or any bytes at all.
+    fn state_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let valid = serde_json::to_vec_pretty(&state(3)).unwrap();
+        let len = valid.len();
+        prop_oneof![
+            proptest::collection::vec((0..len, any::<u8>()), 1..4).prop_map(move |edits| {
+                let mut bytes = valid.clone();
+                edits.into_iter().for_each(|(i, b)| bytes[i] = b);
+                bytes
+            }),
+            proptest::collection::vec(any::<u8>(), 0..256),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_state_file_is_read_or_refused_by_name(bytes in state_bytes()) {
+            let dir = TempDir::new("prop-state");
+            fs::write(dir.0.join(STATE_FILE), &bytes).unwrap();
+            match read_state(&dir.0) {
+                Ok(state) => {
+                    let again = serde_json::to_vec(&state).unwrap();
+                    let back: TrainState = serde_json::from_slice(&again).unwrap();
+                    prop_assert_eq!(serde_json::to_value(back).unwrap(), serde_json::to_value(state).unwrap());
+                }
+                Err(message) => prop_assert!(message.starts_with(STATE_FILE), "{message}"),
+            }
+        }
+
+        #[test]
+        fn any_safetensors_bytes_are_read_or_refused_by_name(
+            header_len in prop_oneof![0u64..200, any::<u64>()],
+            header in "\\PC{0,120}",
+            tail in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let dir = TempDir::new("prop-safetensors");
+            let path = dir.0.join(MODEL_FILE);
+            let mut bytes = header_len.to_le_bytes().to_vec();
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.extend_from_slice(&tail);
+            fs::write(&path, &bytes).unwrap();
+            if let Err(message) = read_tensors(&path) {
+                prop_assert!(message.starts_with(MODEL_FILE), "{message}");
+            }
+        }
+    }
+}

@@ -102,6 +102,9 @@ impl Header {
         }
         let hash = &b[40..104];
         let end = hash.iter().position(|&c| c == 0).unwrap_or(hash.len());
+        if !hash[..end].iter().all(u8::is_ascii_graphic) {
+            return Err(bad("the tokenizer hash is not ASCII text (a corrupt header)".into()));
+        }
         Ok(Header {
             dtype,
             tokens,
@@ -526,5 +529,88 @@ mod tests {
         std::fs::File::create(dir.0.join(MANIFEST)).unwrap().set_len(1 << 40).unwrap();
         let e = Manifest::read(&dir.0).unwrap_err().to_string();
         assert!(e.contains("manifest.json") && e.contains("1099511627776 bytes, more than the 67108864"), "{e}");
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn cases() -> u32 {
+            std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256)
+        }
+
+        fn names() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z0-9-]{1,12}\\.bin",
+                "\\PC{0,16}",
+                proptest::sample::select(vec!["..", ".", "", "/abs", "../x.bin", "a/b.bin", "x\0y"])
+                    .prop_map(String::from),
+            ]
+        }
+
+        fn entries() -> impl Strategy<Value = Vec<serde_json::Value>> {
+            let count = prop_oneof![0u64..5_000_000, any::<u64>()];
+            proptest::collection::vec((names(), count.clone(), count), 0..4).prop_map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|(file, tokens, documents)| {
+                        serde_json::json!({"file": file, "tokens": tokens, "documents": documents, "crc32": 7})
+                    })
+                    .collect()
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Whatever a manifest lists, it parses to names that are plain files and
+            /// counts whose bytes fit, or it is refused naming the manifest; what parses
+            /// writes back to the same manifest.
+            #[test]
+            fn any_manifest_is_safe_or_refused_by_name(train in entries(), validation in entries(), dtype in prop_oneof![Just("u16"), Just("u32")]) {
+                let text = serde_json::json!({
+                    "format": MANIFEST_FORMAT, "version": VERSION, "name": "web",
+                    "tokenizer": {"hash": "h", "vocabSize": 512, "eosId": 0},
+                    "dtype": dtype, "train": train, "validation": validation,
+                })
+                .to_string();
+                let origin = Path::new("/data/web/manifest.json");
+                match Manifest::parse(&text, origin) {
+                    Ok(m) => {
+                        for e in m.train.iter().chain(&m.validation) {
+                            prop_assert_eq!(crate::files::plain_name(&e.file), Ok(e.file.as_str()));
+                            prop_assert!(e.tokens.checked_mul(m.dtype.bytes() as u64).is_some());
+                        }
+                        let _ = Manifest::tokens(&m.train);
+                        let again = serde_json::to_string(&m).unwrap();
+                        prop_assert_eq!(Manifest::parse(&again, origin).unwrap(), m);
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("/data/web/manifest.json"), "{e}"),
+                }
+            }
+
+            /// Any header bytes: decoded or refused naming the shard; what a shard's
+            /// header says, it decodes back to.
+            #[test]
+            fn any_shard_header_is_decoded_or_refused_by_name(mut bytes in proptest::collection::vec(any::<u8>(), 0..160), magic in any::<bool>(), dtype in 0u32..6) {
+                if magic && bytes.len() >= HEADER_BYTES {
+                    bytes[0..8].copy_from_slice(MAGIC);
+                    bytes[8..12].copy_from_slice(&VERSION.to_le_bytes());
+                    bytes[12..16].copy_from_slice(&dtype.to_le_bytes());
+                }
+                let path = Path::new("/data/web/train-00000.bin");
+                match Header::decode(&bytes, path) {
+                    Ok(h) => {
+                        prop_assert!(h.documents <= h.tokens);
+                        let mut encoded = h.encode();
+                        prop_assert_eq!(Header::decode(&encoded, path).unwrap(), h.clone());
+                        encoded[104..].fill(0);
+                        prop_assert_eq!(Header::decode(&encoded, path).unwrap(), h);
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("train-00000.bin"), "{e}"),
+                }
+            }
+        }
     }
 }
