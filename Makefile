@@ -1,11 +1,19 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build check-image ci bench-operator e2e-kind
+.PHONY: demo test crds cuda-build check-image fuzz ci bench-operator e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
 
 test: ## every test: Rust unit/integration tests, CRD freshness, schema validation
 	scripts/test.sh
+
+FUZZ_CASES ?= 20000
+fuzz: ## the property tests of every parser, with FUZZ_CASES cases each (make test runs a few hundred)
+	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" && export LD_LIBRARY_PATH="$$LIBTORCH/lib" \
+	  && export PROPTEST_CASES=$(FUZZ_CASES) \
+	  && cargo test -q --locked -p crds --lib properties \
+	  && cargo test -q --locked -p operator --lib properties \
+	  && cargo test -q --locked -p trainer --lib properties
 
 crds: ## regenerate crds/trainingruns.yaml (and the Helm chart's copy) from the Rust types
 	. scripts/env.sh && cargo run -q -p crds --bin crdgen > crds/trainingruns.yaml

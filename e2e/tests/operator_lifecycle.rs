@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::CustomResourceExt;
 use kube::api::Api;
 use operator::controller::{self};
-use serde_json::json;
+use serde_json::{Value, json};
 
 mod common;
 use common::harness::{Harness, SPEC, running};
@@ -99,6 +99,37 @@ async fn runs_reports_progress_and_succeeds() {
     assert_eq!(h.condition("llm", "Succeeded").0, "True");
     assert!(h.has_event("Normal", "Completed"));
     assert!(h.metrics.render().contains(r#"trainingrun_phase{name="llm",namespace="ml",phase="Succeeded"} 1"#));
+}
+
+/// A rank 0 that answers nonsense: its report is refused, the status keeps what was
+/// last believed, and one Warning says why, not one per poll.
+#[tokio::test]
+async fn an_implausible_status_is_refused_with_one_warning() {
+    let h = Harness::new();
+    running(&h, "llm").await;
+    h.rank0.tamper(|t| {
+        t.step = 1_000_000_000;
+        t.total_steps = 2_000_000_000;
+    });
+    for _ in 0..3 {
+        h.clock.advance(Duration::from_secs(31));
+        h.reconcile("llm").await;
+    }
+    let s = h.status("llm");
+    assert_eq!(s.progress.unwrap().step, 5, "the refused report must not reach status");
+    // One event object, never repeated (the recorder would count a repeat in `series`).
+    let refusals: Vec<Value> = h
+        .fake
+        .list("events.k8s.io/v1", "Event", Some("ml"))
+        .into_iter()
+        .filter(|e| e["reason"] == "TrainerStatusRefused")
+        .collect();
+    assert_eq!(refusals.len(), 1, "{:?}", h.events());
+    assert_eq!(refusals[0]["type"], "Warning");
+    assert!(refusals[0]["series"].is_null(), "published more than once: {}", refusals[0]);
+    let note = refusals[0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("step 1000000000 is past the run's 100 steps"), "{note}");
+    assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
 }
 
 #[tokio::test]

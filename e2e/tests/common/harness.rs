@@ -56,6 +56,11 @@ impl Rank0 {
         Rank0 { port, doc }
     }
 
+    /// Serves `edit` of the document being served (a test's hostile answer).
+    pub fn tamper(&self, edit: impl FnOnce(&mut TrainerStatus)) {
+        edit(self.doc.lock().unwrap().as_mut().expect("a report is being served"));
+    }
+
     pub fn report(&self, step: u64, loss: f64) {
         *self.doc.lock().unwrap() = Some(TrainerStatus {
             phase: TrainerPhase::Training,
