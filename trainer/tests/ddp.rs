@@ -3,7 +3,6 @@
 //! launch` for resume, SIGTERM and a worker that dies.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crds::config::RunConfig;
@@ -354,7 +353,7 @@ fn a_killed_worker_fails_its_launcher_with_its_code_and_the_peers_with_collectiv
             .env("TRAINER_TERMINATION_LOG", &log)
             .env("TRAINER_INJECT_KILL_AT_STEP", "3")
             .env("TRAINER_INJECT_RANK", "1")
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("stderr-{rank}"))).unwrap())
             .spawn()
             .unwrap();
         (child, log)
@@ -363,7 +362,8 @@ fn a_killed_worker_fails_its_launcher_with_its_code_and_the_peers_with_collectiv
     let (mut node1, _) = node(1);
     let status1 = node1.wait().unwrap();
     let died = Instant::now();
-    assert_eq!(status1.code(), Some(137), "node 1's launcher exits as its SIGKILLed worker");
+    let stderr1 = std::fs::read_to_string(dir.join("stderr-1")).unwrap_or_default();
+    assert_eq!(status1.code(), Some(137), "node 1's launcher exits as its SIGKILLed worker: {stderr1}");
     let status0 = node0.wait().unwrap();
     let waited = died.elapsed();
     assert_eq!(status0.code(), Some(FailureReason::CollectiveTimeout.exit_code()));
