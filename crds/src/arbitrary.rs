@@ -63,6 +63,13 @@ const STRINGS: &[&str] = &[
     "ünïcødé ✓",
 ];
 
+/// `T`'s JSON schema with every subschema inlined, as [`values`] reads it.
+pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+    let generator =
+        schemars::generate::SchemaSettings::draft2020_12().with(|s| s.inline_subschemas = true).into_generator();
+    serde_json::to_value(generator.into_root_schema_for::<T>()).expect("a schema serializes")
+}
+
 /// Any value `schema` describes (inlined, without `$ref`s), and some near it.
 pub fn values(schema: &Value, depth: u32) -> BoxedStrategy<Value> {
     let node = match schema.as_object() {

@@ -12,7 +12,7 @@ use kube::CustomResourceExt;
 use proptest::prelude::*;
 use serde_json::Value;
 
-use crate::arbitrary::{mutations, values};
+use crate::arbitrary::{mutations, schema_of, values};
 use crate::contract::{ExitReport, TerminationMessage, TrainerStatus};
 use crate::quantity::{QuantityError, format_tokens, parse_bytes, parse_tokens};
 use crate::types::TrainingRun;
@@ -29,16 +29,6 @@ const EXAMPLES: [(&str, &str); 4] = [
 fn config(default_cases: u32) -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(default_cases);
     ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
-}
-
-/// A type's schema with every subschema inlined, as [`values`] reads it.
-fn schema_of<T: schemars::JsonSchema>() -> Value {
-    let generator = schemars::generate::SchemaSettings::draft2020_12()
-        .with(|s| {
-            s.inline_subschemas = true;
-        })
-        .into_generator();
-    serde_json::to_value(generator.into_root_schema_for::<T>()).expect("a schema serializes")
 }
 
 fn crd_schema() -> Value {

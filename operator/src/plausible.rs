@@ -384,13 +384,6 @@ mod tests {
             names
         }
 
-        fn schema() -> serde_json::Value {
-            let generator = schemars::generate::SchemaSettings::draft2020_12()
-                .with(|s| s.inline_subschemas = true)
-                .into_generator();
-            serde_json::to_value(generator.into_root_schema_for::<TrainerStatus>()).unwrap()
-        }
-
         fn cases() -> u32 {
             std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512)
         }
@@ -400,7 +393,7 @@ mod tests {
 
             #[test]
             fn any_document_is_judged_and_refusals_name_their_field(
-                doc in crds::arbitrary::mutations(serde_json::to_value(report(&cfg(GPU_SPEC))).unwrap(), &schema(), 0)
+                doc in crds::arbitrary::mutations(serde_json::to_value(report(&cfg(GPU_SPEC))).unwrap(), &crds::arbitrary::schema_of::<TrainerStatus>(), 0)
             ) {
                 let Ok(status) = serde_json::from_value::<TrainerStatus>(doc) else { return Ok(()) };
                 if let Err(why) = plausible(&status, &cfg(GPU_SPEC)) {
