@@ -1,5 +1,5 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build check-image fuzz ci bench-operator e2e-kind
+.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
@@ -30,6 +30,9 @@ ci:
 
 e2e-kind: ## the real-cluster suite: kind, CPU images, the chart, three scenarios (needs docker, kind, kubectl, helm; not run in CI)
 	e2e/kind/run.sh
+
+bench: ## every performance row against its peer (PyTorch eager and compile, HF generate, torch.save, HF tokenizers, the operator's goals), one table
+	bench/suite.sh
 
 bench-ddp: ## Gloo all-reduce bandwidth and the 2-rank DDP step-time ratio on this machine
 	. scripts/env.sh && LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" cargo run -q --release --locked -p trainer -- bench-ddp

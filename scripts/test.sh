@@ -23,6 +23,11 @@ cargo test --workspace --locked
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
 cargo build -q --locked -p operator -p trainer
+# make bench at toy sizes: every row still runs against its peer, the compile peer
+# compiles, and the sampler's greedy outputs still equal Hugging Face's.
+TRAINER="$CARGO_TARGET_DIR/debug/trainer" \
+  OPERATOR_BENCH="OPERATOR_BIN=$CARGO_TARGET_DIR/debug/operator cargo test -q --locked -p e2e --bench operator" \
+  bench/suite.sh --smoke >/dev/null
 # bench/gpu.sh (issue 10's GPU job) on CPU: a dry run and its micro-batch search and failures.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gpu-test.sh
 "$PT_VENV_CPU/bin/python" scripts/validate-manifests.py --operator "$CARGO_TARGET_DIR/debug/operator"

@@ -1,7 +1,8 @@
 // An allocator-level count of host (CPU) tensor memory, per thread: the bytes a
 // thread's allocations hold now and at most since the last reset, as
 // torch.cuda.max_memory_allocated counts device memory. Ranks that are threads of one
-// process each count their own. Once asked for, a wrapper around libtorch's CPU
+// process each count their own. A thread may also cap what it holds: an allocation
+// past its cap fails as out of memory, as a smaller machine's would. Once asked for, a wrapper around libtorch's CPU
 // allocator is installed for the whole process (benchmarks and tests only; training
 // never installs it); it counts only for threads that turned counting on, and a free
 // is charged to the thread that allocated.
@@ -24,6 +25,7 @@ namespace {
 struct Counter {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> limit{0};  // 0: none
 
   void add(int64_t n) {
     int64_t now = current.fetch_add(n) + n;
@@ -70,6 +72,13 @@ struct CountingAllocator final : c10::Allocator {
   c10::Allocator* base = nullptr;
 
   c10::DataPtr allocate(size_t n) override {
+    if (const auto& c = tls_counter) {
+      const int64_t limit = c->limit.load();
+      const int64_t held = c->current.load();
+      TORCH_CHECK_WITH(OutOfMemoryError, limit == 0 || held + static_cast<int64_t>(n) <= limit,
+                       "host memory limit: allocating ", n, " bytes with ", held, " held would pass the cap of ",
+                       limit, " bytes");
+    }
     c10::DataPtr inner = base->allocate(n);
     auto device = inner.device();
     void* data = inner.get();
@@ -126,6 +135,14 @@ char* shim_host_memory(int64_t* current, int64_t* peak) {
   return guarded([&] {
     *current = tls_counter ? tls_counter->current.load() : 0;
     *peak = tls_counter ? tls_counter->peak.load() : 0;
+  });
+}
+
+// Caps what this thread may hold at `bytes` (0: no cap); it must be counting.
+char* shim_host_memory_limit(int64_t bytes) {
+  return guarded([&] {
+    TORCH_CHECK(tls_counter, "host memory limit: this thread is not counting");
+    tls_counter->limit.store(bytes);
   });
 }
 

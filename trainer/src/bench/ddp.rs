@@ -46,8 +46,7 @@ fn time_allreduce(group: &ProcessGroup, numel: i64, reps: u32) -> Result<f64, Er
         group.allreduce(&t, ReduceOp::Sum)?.wait()?;
         times.push(start.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(super::step::median(&times).unwrap_or(f64::NAN))
 }
 
 pub(crate) fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32, parallelism: Parallelism) -> String {

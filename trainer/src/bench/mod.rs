@@ -1,7 +1,9 @@
 //! Benchmarks: the training step against `torch_reference.py` ([`step`]), the fused
 //! kernels ([`kernels`]), data parallelism ([`ddp`]), the memory planner against the
-//! allocator ([`memory`]), the data loader ([`data`]) and GRPO's sampler ([`generate`]).
+//! allocator ([`memory`]), the data loader ([`data`]), GRPO's sampler ([`generate`]) and
+//! the stall of a background checkpoint ([`checkpoint`]).
 
+pub mod checkpoint;
 pub mod data;
 pub mod ddp;
 pub mod generate;

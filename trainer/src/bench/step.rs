@@ -49,6 +49,12 @@ pub struct BenchOptions {
     pub cuda_graph: bool,
     /// Cap the CUDA caching allocator at this many GiB, as on a smaller GPU.
     pub memory_limit_gib: Option<f64>,
+    /// Count host tensor memory at the CPU allocator from before the model is built
+    /// ([`crate::ffi::host_memory_count`]): what the timed steps hold at most, and what
+    /// stays between steps.
+    pub host_memory: bool,
+    /// With `host_memory`: fail an allocation that would hold more than this many bytes.
+    pub host_memory_limit: Option<u64>,
 }
 
 /// The learning rate every benchmark step uses.
@@ -81,6 +87,12 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             "--checkpointed-blocks {n}: needs --gradient-checkpointing and 1 to the model's {} blocks",
             model_cfg.n_layer
         )));
+    }
+    if o.host_memory {
+        crate::ffi::host_memory_count(true)?;
+        crate::ffi::host_memory_limit(o.host_memory_limit)?;
+    } else if o.host_memory_limit.is_some() {
+        return Err(Error::InvalidSpec("--host-memory-limit-gib needs --host-memory".into()));
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     let act = matmul_kind(kind, autocast, o.device)?;
@@ -158,16 +170,29 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     if o.device.is_cuda() {
         reset_peak_cuda_memory()?;
     }
+    let resident = crate::ffi::host_memory()?.current;
+    crate::ffi::host_memory_reset_peak()?;
+    // Each step is timed on the CPU; on CUDA only the whole loop, as syncing each step
+    // would stall the launch queue.
+    let mut step_times_ms = Vec::new();
     let t0 = Instant::now();
     let mut loss = Tensor::f_zeros([], (Kind::Float, o.device))?;
     for _ in 0..o.steps {
+        let started = Instant::now();
         loss = match &mut graphed {
             Some(g) => g.step(&batch()?)?,
             None => step(&batch()?, optim::Lr::Value(LR))?,
         };
+        if !o.device.is_cuda() {
+            step_times_ms.push(1000.0 * started.elapsed().as_secs_f64());
+        }
     }
     sync();
     let dt = t0.elapsed().as_secs_f64();
+    let host_peak = crate::ffi::host_memory()?.peak;
+    if o.host_memory {
+        crate::ffi::host_memory_limit(None)?;
+    }
     let tok_s = o.steps as f64 * (o.micro_batch * o.seq) as f64 / dt;
     let counts = model_cfg.param_counts();
     // Peak bytes allocated by libtorch's CUDA caching allocator, as the reference reports.
@@ -185,6 +210,10 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "params_without_norms": counts.without_norms,
         "matmul_params": counts.matmul,
         "step_ms": 1000.0 * dt / o.steps as f64,
+        "step_ms_median": median(&step_times_ms),
+        "step_times_ms": step_times_ms.iter().map(|&t| round(t, 2)).collect::<Vec<_>>(),
+        "host_peak_bytes": o.host_memory.then_some(host_peak),
+        "host_resident_bytes": o.host_memory.then_some(resident),
         "tokens_per_s": round(tok_s, 1),
         "mfu": round(model_cfg.mfu(o.seq as u32, tok_s, H100_PEAK_BF16_FLOPS), 4),
         "peak_mem_gib": peak_mem.map(|g| round(g, 2)),
@@ -213,6 +242,18 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         report[format!("{}_trials", f.op.name())] = json!(f.trials.as_ref().map(|c| &c.trials));
     }
     Ok(report)
+}
+
+/// The middle value (the mean of the two middle ones); `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -28,20 +28,22 @@
 pub mod mirror;
 pub mod resume;
 pub mod space;
+mod writer;
+
+pub use writer::{Checkpointer, Snapshot};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crds::config::{ResolvedCheckpoint, RunConfig};
+use crds::config::RunConfig;
 use crds::types::CheckpointRef;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use crate::{Error, io_err};
 
@@ -180,109 +182,6 @@ impl std::fmt::Debug for Loaded {
 pub struct Retention {
     pub last: usize,
     pub best: usize,
-}
-
-/// Writes checkpoints into one directory, synchronously or on a background thread, and
-/// keeps the newest `keep_last` of them and the `keep_best` of lowest validation loss.
-///
-/// At most one write is in flight: a save waits for the previous background write
-/// first. Dropping the checkpointer waits for a pending write (logging its error, as
-/// there is no caller left to return it to); call [`Checkpointer::wait`] to get it.
-pub struct Checkpointer {
-    dir: PathBuf,
-    keep: Retention,
-    pending: Option<JoinHandle<Result<CheckpointRef>>>,
-}
-
-impl Checkpointer {
-    /// A checkpointer for `dir`, which is created if missing. `keep_last` below 1
-    /// counts as 1: the checkpoint just written is never deleted.
-    pub fn new(dir: impl Into<PathBuf>, keep_last: u32) -> Result<Self> {
-        let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(Checkpointer { dir, keep: Retention { last: keep_last.max(1) as usize, best: 0 }, pending: None })
-    }
-
-    /// Also keeps the `keep_best` checkpoints of lowest validation loss, and points
-    /// [`BEST_FILE`] at the lowest.
-    pub fn keeping_best(mut self, keep_best: u32) -> Self {
-        self.keep.best = keep_best as usize;
-        self
-    }
-
-    /// A checkpointer for the run's resolved checkpoint settings.
-    pub fn from_config(config: &ResolvedCheckpoint) -> Result<Self> {
-        Ok(Self::new(&config.dir, config.keep_last)?.keeping_best(config.keep_best))
-    }
-
-    /// The checkpoint directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Writes a checkpoint on the calling thread, after any pending background write.
-    /// An error of that pending write is returned instead, and nothing is written.
-    pub fn save(&mut self, payload: Payload) -> Result<CheckpointRef> {
-        self.wait()?;
-        let model = to_cpu(&self.dir, &payload.model, false)?;
-        let optimizer = to_cpu(&self.dir, &payload.optimizer, false)?;
-        let bytes = payload_bytes(&model, &optimizer);
-        write_checkpoint(&self.dir, self.keep, model, optimizer, payload.state)
-            .map_err(|e| space::explain(e, &self.dir, bytes))
-    }
-
-    /// Copies the payload's tensors to the CPU and writes them on a background thread,
-    /// so the caller may go on mutating its tensors as soon as this returns.
-    ///
-    /// Waits for the previous background write first and returns its outcome:
-    /// `Ok(Some(..))` when it succeeded, `Ok(None)` when there was none. When it failed,
-    /// its error is returned and this payload is not written.
-    pub fn save_async(&mut self, payload: Payload) -> Result<Option<CheckpointRef>> {
-        // Waiting before copying keeps at most one CPU copy of the state in memory.
-        let previous = self.wait()?;
-        let model = to_cpu(&self.dir, &payload.model, true)?;
-        let optimizer = to_cpu(&self.dir, &payload.optimizer, true)?;
-        let (dir, keep, state) = (self.dir.clone(), self.keep, payload.state);
-        let bytes = payload_bytes(&model, &optimizer);
-        let handle = std::thread::Builder::new()
-            .name("checkpoint-writer".into())
-            .spawn(move || {
-                write_checkpoint(&dir, keep, model, optimizer, state).map_err(|e| space::explain(e, &dir, bytes))
-            })
-            .map_err(io_err(&self.dir))?;
-        self.pending = Some(handle);
-        Ok(previous)
-    }
-
-    /// Waits for the pending background write and returns its outcome; `Ok(None)` when
-    /// none is pending (its outcome was already returned).
-    pub fn wait(&mut self) -> Result<Option<CheckpointRef>> {
-        let Some(handle) = self.pending.take() else { return Ok(None) };
-        match handle.join() {
-            Ok(result) => result.map(Some),
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(Error::Checkpoint { path: self.dir.clone(), message: format!("writer thread panicked: {what}") })
-            }
-        }
-    }
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        if let Err(e) = self.wait() {
-            tracing::error!(error = %e, "background checkpoint write failed");
-        }
-    }
-}
-
-/// Bytes of the tensors of a checkpoint.
-fn payload_bytes(model: &[(String, Tensor)], optimizer: &[(String, Tensor)]) -> u64 {
-    model.iter().chain(optimizer).map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum()
 }
 
 /// Name of the directory of the checkpoint at `step`.
@@ -529,33 +428,6 @@ pub fn sha256_file(path: &Path) -> io::Result<FileDigest> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Owned, contiguous CPU tensors. With `always_copy` false, tensors already on the CPU
-/// and contiguous are shared instead, which is only safe while the caller is blocked.
-fn to_cpu(dir: &Path, tensors: &[(String, Tensor)], always_copy: bool) -> Result<Vec<(String, Tensor)>> {
-    let mut seen = BTreeSet::new();
-    tch::no_grad(|| {
-        tensors
-            .iter()
-            .map(|(name, t)| {
-                if !seen.insert(name.as_str()) {
-                    return Err(Error::Checkpoint {
-                        path: dir.into(),
-                        message: format!("tensor {name} is given twice"),
-                    });
-                }
-                if !always_copy && t.device() == Device::Cpu && t.is_contiguous() {
-                    return Ok((name.clone(), t.shallow_clone()));
-                }
-                // A fresh allocation and copy_, because to_device(Cpu) on a CPU tensor
-                // returns the same storage, which training would then overwrite.
-                let mut copy = Tensor::f_empty(t.size(), (t.kind(), Device::Cpu))?;
-                copy.f_copy_(t)?;
-                Ok((name.clone(), copy))
-            })
-            .collect()
-    })
 }
 
 /// Paths of `.tmp-*` entries that writes in this process are using.

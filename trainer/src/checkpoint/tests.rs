@@ -3,6 +3,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Kind;
 
+use super::writer::to_cpu;
 use super::*;
 use crds::contract::FailureReason;
 
@@ -313,7 +314,9 @@ fn background_save_writes_the_same_bytes_as_sync_save() -> Result<()> {
     let (a, b) = (TempDir::new("sync"), TempDir::new("async"));
     let sync_ref = Checkpointer::new(&a.0, 2)?.save(payload(4, 0.5)?)?;
     let mut ckpt = Checkpointer::new(&b.0, 2)?;
-    assert_eq!(ckpt.save_async(payload(4, 0.5)?)?, None);
+    let (previous, snapshot) = ckpt.save_async(payload(4, 0.5)?)?;
+    assert_eq!(previous, None);
+    snapshot.wait();
     let async_ref = ckpt.wait()?.expect("the background write's result");
     assert_eq!(ckpt.wait()?, None);
     assert_eq!((async_ref.step, async_ref.tokens), (sync_ref.step, sync_ref.tokens));
@@ -325,16 +328,19 @@ fn background_save_writes_the_same_bytes_as_sync_save() -> Result<()> {
 }
 
 #[test]
-fn save_async_snapshots_before_returning() -> Result<()> {
+fn a_background_save_holds_its_copy_once_the_snapshot_returns() -> Result<()> {
     let tmp = TempDir::new("snapshot");
     let expected = payload(3, 0.0)?;
     let mut p = payload(3, 0.0)?;
     let mut ckpt = Checkpointer::new(&tmp.0, 2)?;
-    ckpt.save_async(Payload {
+    let (_, snapshot) = ckpt.save_async(Payload {
         model: p.model.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
         optimizer: p.optimizer.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect(),
         state: p.state.clone(),
     })?;
+    // Reading while the writer copies is allowed; changing waits for the snapshot.
+    assert_same_tensors(&expected.model, &p.model.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect());
+    snapshot.wait();
     for (_, t) in p.model.iter_mut().chain(p.optimizer.iter_mut()) {
         _ = t.f_zero_()?;
     }
@@ -363,7 +369,10 @@ fn background_write_errors_are_reported() -> Result<()> {
     let mut ckpt = Checkpointer::new(&dir, 2)?;
     fs::remove_dir(&dir).unwrap();
     fs::write(&dir, b"not a directory").unwrap();
-    assert_eq!(ckpt.save_async(payload(1, 0.0)?)?, None);
+    let (previous, snapshot) = ckpt.save_async(payload(1, 0.0)?)?;
+    assert_eq!(previous, None);
+    // A write that fails still releases its snapshot.
+    snapshot.wait();
     let err = ckpt.save_async(payload(2, 0.0)?).unwrap_err();
     assert!(err.to_string().contains(dir.to_str().unwrap()), "{err}");
     // The failed write's error was returned once; the second payload was not written.

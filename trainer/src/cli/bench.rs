@@ -1,5 +1,5 @@
 //! The benchmark commands: `trainer bench`, `bench-kernels`, `bench-ddp`,
-//! `bench-memory`, `bench-data` and `bench-generate`.
+//! `bench-memory`, `bench-data`, `bench-generate` and `bench-checkpoint`.
 
 use std::path::PathBuf;
 
@@ -37,6 +37,36 @@ pub struct BenchGenerateArgs {
     /// cpu or cuda [default: cuda when available].
     #[arg(long)]
     pub device: Option<String>,
+    /// Time the KV-cache decoder this many times; the median counts.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
+    /// Skip the full-prefix loop (the KV cache's baseline) and its comparison.
+    #[arg(long)]
+    pub no_full_prefix: bool,
+    /// Also write the model as a Hugging Face directory (config.json,
+    /// model.safetensors) with generate.json: the prompts and the greedy tokens
+    /// decoded, for Hugging Face's `generate` to decode the same.
+    #[arg(long)]
+    pub hf_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchCheckpointArgs {
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: i64,
+    #[arg(long, default_value_t = 256)]
+    pub seq: i64,
+    /// Steps without checkpoints, then as many with.
+    #[arg(long, default_value_t = 12)]
+    pub steps: u32,
+    /// A checkpoint every this many steps.
+    #[arg(long, default_value_t = 4)]
+    pub every: u32,
+    /// Checkpoint directory: the disk being measured (emptied before and after).
+    #[arg(long)]
+    pub dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -137,6 +167,15 @@ pub struct BenchArgs {
     /// that the largest micro-batch found fits that GPU.
     #[arg(long)]
     pub memory_limit_gib: Option<f64>,
+    /// Count host tensor memory at the CPU allocator, from before the model is built:
+    /// `host_peak_bytes` is the most the timed steps hold (parameters, gradients,
+    /// optimizer state and activations), `host_resident_bytes` what stays between steps.
+    #[arg(long)]
+    pub host_memory: bool,
+    /// With --host-memory: fail as out of memory when the host tensors would hold more
+    /// than this many GiB, as on a machine with that much.
+    #[arg(long)]
+    pub host_memory_limit_gib: Option<f64>,
 }
 
 /// `trainer bench`.
@@ -162,6 +201,8 @@ pub fn step(args: BenchArgs) -> Result<(), Error> {
         loss_chunk: args.loss_chunk,
         cuda_graph: args.cuda_graph,
         memory_limit_gib: args.memory_limit_gib,
+        host_memory: args.host_memory,
+        host_memory_limit: args.host_memory_limit_gib.map(|g| (g * (1u64 << 30) as f64) as u64),
     };
     println!("{}", crate::bench::step::run(&opts)?);
     Ok(())
@@ -203,8 +244,25 @@ pub fn generate(a: BenchGenerateArgs) -> Result<(), Error> {
         prompt_tokens: a.prompt_tokens,
         new_tokens: a.new_tokens,
         bf16: device.is_cuda(),
+        repeats: a.repeats,
+        full_prefix: !a.no_full_prefix,
+        hf_dir: a.hf_dir,
     };
     println!("{}", crate::bench::generate::run(&opts)?);
+    Ok(())
+}
+
+/// `trainer bench-checkpoint`.
+pub fn checkpoint(a: BenchCheckpointArgs) -> Result<(), Error> {
+    let opts = crate::bench::checkpoint::CheckpointBenchOptions {
+        model: preset_arg(&a.preset)?,
+        micro_batch: a.micro_batch,
+        seq: a.seq,
+        steps: a.steps,
+        every: a.every,
+        dir: a.dir,
+    };
+    println!("{}", crate::bench::checkpoint::run(&opts)?);
     Ok(())
 }
 

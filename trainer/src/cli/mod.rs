@@ -107,6 +107,10 @@ pub enum Command {
     /// GRPO's sampler: batched decoding with the KV cache against the full-prefix loop,
     /// greedy, same model and prompts (random weights of the preset).
     BenchGenerate(bench::BenchGenerateArgs),
+    /// What a periodic background checkpoint (model and AdamW state) costs the training
+    /// loop on the CPU: steps without and with checkpoints, the save call, the snapshot
+    /// wait before the next optimizer step, and a synchronous save for scale.
+    BenchCheckpoint(bench::BenchCheckpointArgs),
     /// Plot a metrics log (metrics.jsonl beside the checkpoints) to a PNG: training and
     /// validation loss, and the learning rate, against tokens.
     Plot {
@@ -154,6 +158,7 @@ pub fn execute(cli: Cli) -> Result<(), Error> {
         Command::BenchGenerate(a) => bench::generate(a),
         Command::BenchDdp(a) => bench::ddp(a),
         Command::BenchMemory(a) => bench::memory(a),
+        Command::BenchCheckpoint(a) => bench::checkpoint(a),
         Command::Plot { log, output } => {
             let out = crate::plot::plot_file(&log, output.as_deref())?;
             println!("{}", out.display());

@@ -15,6 +15,7 @@ mod raw {
         pub fn shim_host_memory_count(on: c_int) -> *mut c_char;
         pub fn shim_host_memory(current: *mut i64, peak: *mut i64) -> *mut c_char;
         pub fn shim_host_memory_reset_peak() -> *mut c_char;
+        pub fn shim_host_memory_limit(bytes: i64) -> *mut c_char;
         #[cfg(feature = "cuda")]
         pub fn shim_cuda_memory_stats(
             device: c_int,
@@ -58,6 +59,14 @@ pub fn host_memory() -> Result<HostMemory, Error> {
 pub fn host_memory_reset_peak() -> Result<(), Error> {
     // SAFETY: no pointers.
     check("host_memory_reset_peak", unsafe { raw::shim_host_memory_reset_peak() })
+}
+
+/// Caps what this thread may hold at `bytes` (`None`: no cap): an allocation past it
+/// fails as out of memory, as on a machine with that much. The thread must be counting.
+pub fn host_memory_limit(bytes: Option<u64>) -> Result<(), Error> {
+    let bytes = i64::try_from(bytes.unwrap_or(0)).unwrap_or(i64::MAX);
+    // SAFETY: no pointers.
+    check("host_memory_limit", unsafe { raw::shim_host_memory_limit(bytes) })
 }
 
 /// CUDA caching-allocator counters for one device, in bytes.
@@ -145,6 +154,27 @@ mod tests {
             assert_eq!(host_memory().unwrap(), HostMemory { current: 0, peak: (1 << 19) + (1 << 18) });
             host_memory_count(false).unwrap();
             assert_eq!(host_memory().unwrap(), HostMemory { current: 0, peak: 0 });
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_allocation_past_the_cap_fails_as_out_of_memory_and_holds_nothing() {
+        std::thread::spawn(|| {
+            assert!(host_memory_limit(Some(1 << 20)).unwrap_err().to_string().contains("not counting"));
+            host_memory_count(true).unwrap();
+            host_memory_limit(Some(3 << 19)).unwrap();
+            let a = Tensor::zeros([1 << 18], (Kind::Float, Device::Cpu)); // 1 MiB of 1.5
+            let refused = Tensor::f_zeros([1 << 18], (Kind::Float, Device::Cpu)).unwrap_err().to_string();
+            assert!(refused.contains("host memory limit") && refused.contains("1572864"), "{refused}");
+            assert_eq!(host_memory().unwrap(), HostMemory { current: 1 << 20, peak: 1 << 20 });
+            // Exactly up to the cap fits; lifting it lets anything through again.
+            let b = Tensor::zeros([1 << 17], (Kind::Float, Device::Cpu));
+            host_memory_limit(None).unwrap();
+            let c = Tensor::zeros([1 << 20], (Kind::Float, Device::Cpu));
+            drop((a, b, c));
+            host_memory_count(false).unwrap();
         })
         .join()
         .unwrap();

@@ -28,7 +28,7 @@ use tch::{Device, Kind, Tensor};
 use crate::Error;
 use crate::checkpoint::mirror::Mirror;
 use crate::checkpoint::resume::{named_in_definition_order, sorted_variables};
-use crate::checkpoint::{self, Checkpointer};
+use crate::checkpoint::{self, Checkpointer, Snapshot};
 use crate::data::corpus::Split;
 use crate::data::loader::Loader;
 use crate::data::mix::Mix;
@@ -148,6 +148,9 @@ pub struct Trainer {
     stop_flags: Option<Tensor>,
     /// Steps queued since the last sync, oldest first.
     pending: Vec<PendingStep>,
+    /// A background checkpoint's copy of the parameters and optimizer state, which the
+    /// next optimizer step waits for before it changes them.
+    snapshot: Option<Snapshot>,
     /// Seconds the step in progress has waited for the data loader.
     data_wait: f64,
     /// The step in progress's marks before the collectives, until it is queued.
@@ -304,6 +307,7 @@ impl Trainer {
             stop_agreed: false,
             stop_flags: None,
             pending: Vec::new(),
+            snapshot: None,
             data_wait: 0.0,
             step_timing: None,
             rank_totals: timing::RankTotals::default(),
@@ -522,7 +526,10 @@ impl Trainer {
                 let payload = self.payload(model, last_loss, here, optimizer);
                 let saved = match self.faults.before_checkpoint(self.step, self.checkpoint_dir()) {
                     Err(e) => Err(checkpoint::space::explain(e, self.checkpoint_dir(), self.checkpoint_estimate())),
-                    Ok(()) if rank0 => checkpointer.save_async(payload),
+                    Ok(()) if rank0 => checkpointer.save_async(payload).map(|(previous, snapshot)| {
+                        self.snapshot = Some(snapshot);
+                        previous
+                    }),
                     Ok(()) => Ok(None),
                 };
                 if let Some(done) = saved.map_err(|e| self.failed(sinks, e.at_step(self.step)))? {

@@ -270,6 +270,10 @@ impl Trainer {
         let loss = self.compute_gradients()?;
         let samples = self.window.clone().expect("set by compute_gradients");
         let norm = self.ddp.as_ref().map(|(_, reducer)| reducer.grad_norm()).transpose()?;
+        if let Some(snapshot) = self.snapshot.take() {
+            let waited = snapshot.wait();
+            tracing::debug!(step, waited_ms = waited.as_secs_f64() * 1e3, "checkpoint snapshot taken");
+        }
         let (grad_norm, _skipped) =
             self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr), norm)?;
         self.opt.zero_grad()?;
