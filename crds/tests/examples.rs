@@ -169,7 +169,7 @@ fn a_run_that_cannot_fit_its_gpus_is_refused_naming_the_field_and_the_remedies()
     let err = crds::resolve(&run).unwrap_err();
     assert!(err.names("spec.topology.gpuMemory"), "{err}");
     let text = err.to_string();
-    assert!(text.contains("needs 47.6 GiB per GPU, has 24.0 GiB"), "{text}");
+    assert!(text.contains("needs 44.0 GiB per GPU, has 24.0 GiB"), "{text}");
     assert!(text.contains("spec.parallelism: zero2 saves"), "{text}");
     // `trainer plan` still sees it.
     assert!(crds::resolve::resolve_unplanned(&run).is_ok());

@@ -189,6 +189,8 @@ async fn main_inner(args: Args) -> Result<(), Error> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Err only when a provider is already installed, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     if let Some(Command::Render { manifest, namespace }) = &args.command {
         return match render(manifest, namespace, &args.trainer_image) {

@@ -33,7 +33,7 @@ fn plan_prints_the_table_and_exits_non_zero_with_remedies_when_the_run_does_not_
     assert!(String::from_utf8_lossy(&small.stdout).contains("does not fit"));
     let why = String::from_utf8_lossy(&small.stderr);
     assert!(
-        why.contains("needs 47.6 GiB per GPU, has 24.0 GiB") && why.contains("spec.parallelism: zero2 saves"),
+        why.contains("needs 44.0 GiB per GPU, has 24.0 GiB") && why.contains("spec.parallelism: zero2 saves"),
         "{why}"
     );
 

@@ -51,7 +51,7 @@ pub struct Usage {
     pub autocast_weights: u64,
     /// Saved for backward.
     pub activations: u64,
-    /// The loss chunk's logits, log-softmax and their gradients, and the hidden
+    /// The loss chunk's logits (which become their gradient in place), and the hidden
     /// states' gradient.
     pub loss: u64,
     /// ZeRO's all-gather buffers.
@@ -214,10 +214,12 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     let checkpointed = embedding + s.n_layer * s.tokens * s.d_model * s.dtypes.residual;
     let saved = embedding + s.recomputed * s.tokens * s.d_model * s.dtypes.residual + kept * block;
 
-    // The loss chunk: logits, log-softmax, and both their gradients at once (f32), the
-    // hidden states' gradient, and the lm_head's gradient from the chunk.
+    // The loss chunk: one f32 buffer of logits that becomes their gradient in place
+    // (the trainer's fused classifier), with a 16-bit copy beside it where the matmuls
+    // run in bf16; the hidden states' gradient; the lm_head's gradient from the chunk.
     let chunk = (loss_chunk_tokens(s.vocab as i64) as u64).min(s.tokens);
-    let loss = 4 * chunk * s.vocab * 4 + s.tokens * s.d_model * s.dtypes.residual;
+    let low_precision = if s.dtypes.autocast || s.dtypes.residual < 4 { 2 } else { 0 };
+    let loss = chunk * s.vocab * (4 + low_precision) + s.tokens * s.d_model * s.dtypes.residual;
     let head_grad = s.largest_param * s.param_bytes;
 
     let phases = [

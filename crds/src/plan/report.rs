@@ -55,7 +55,7 @@ impl MemoryPlan {
                     gib(self.activations_with_checkpointing)
                 ),
             ),
-            ("loss chunk", u.loss, "logits, log-softmax, their gradients, the hidden states' gradient".into()),
+            ("loss chunk", u.loss, "logits becoming their gradient in place, the hidden states' gradient".into()),
             ("all-gather buffers", u.buffers, String::new()),
             ("step peak", self.step_peak(), String::new()),
             ("CUDA allowance", self.allowance, "context, workspaces, NCCL, allocator slack".into()),

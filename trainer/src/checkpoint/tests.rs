@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tch::Kind;
+use tch::{Device, Kind};
 
 use super::writer::to_cpu;
 use super::*;

@@ -213,15 +213,8 @@ impl Model {
         for start in (0..n).step_by(chunk.max(1) as usize) {
             let len = chunk.min(n - start);
             let leaf = flat.f_narrow(0, start, len)?.f_detach()?.f_requires_grad_(true)?;
-            let logits = self.head(&leaf)?.f_to_kind(Kind::Float)?; // (len, vocab)
-            let loss = logits
-                .f_cross_entropy_loss(&tgt.f_narrow(0, start, len)?, None::<Tensor>, Reduction::Sum, -100, 0.0)?
-                .f_div(&counted)?;
-            let mut inputs = vec![leaf.shallow_clone()];
-            inputs.extend(params.iter().map(|(p, _)| p.shallow_clone()));
-            // Gradients returned, not accumulated: each parameter gets one accumulation later.
-            let mut grads = Tensor::f_run_backward(&[loss.f_mul_scalar(scale)?], &inputs, false, false)?.into_iter();
-            grad.f_narrow(0, start, len)?.f_copy_(&grads.next().expect("a gradient per input"))?;
+            let (loss, mut grads) = self.head_chunk(&leaf, &tgt.f_narrow(0, start, len)?, &counted, scale)?;
+            grad.f_narrow(0, start, len)?.f_copy_(&grads.remove(0))?;
             for (sum, g) in sums.iter_mut().zip(grads) {
                 // In place: a new sum per chunk would hold a third copy of the lm_head's
                 // gradient (1.2 GB at Qwen3's vocabulary) for a moment.
@@ -230,10 +223,64 @@ impl Model {
                     None => *sum = Some(g),
                 }
             }
-            total = total.f_add(&loss.f_detach()?)?;
+            total = total.f_add(&loss)?;
         }
         let head = params.into_iter().zip(sums).filter_map(|((p, tied), g)| Some((p, g?, tied))).collect();
         Ok((total, grad.f_view_as(top)?, head))
+    }
+
+    /// One chunk of [`Self::head_backward_chunked`]: the loss of `leaf` (len, d_model)
+    /// against `tgt` (len), divided by `counted`, and the gradients of `scale` times it
+    /// for `leaf` and each of [`Self::head_parameters`], in that order.
+    ///
+    /// The final norm goes through autograd; the lm_head and the cross-entropy are done
+    /// by hand, so that one (len, vocab) f32 buffer holds the logits and then, in place,
+    /// their gradient `softmax − one-hot` (llm.c's fused classifier; inductor fuses the
+    /// same). Autograd's cross-entropy would hold the logits, their log-softmax and two
+    /// gradients of that size at once.
+    fn head_chunk(
+        &self,
+        leaf: &Tensor,
+        tgt: &Tensor,
+        counted: &Tensor,
+        scale: f64,
+    ) -> Result<(Tensor, Vec<Tensor>), TchError> {
+        let (h, norm_params) = match &self.norm {
+            FinalNorm::Rms(n) => (n.forward(leaf)?, vec![n.weight.shallow_clone()]),
+            FinalNorm::Layer(n) => (n.forward(leaf)?, vec![n.weight.shallow_clone(), n.bias.shallow_clone()]),
+        }; // (len, d_model)
+        let w = match &self.lm_head {
+            Some(head) => &head.weight,
+            None => &self.embed_tokens.weight,
+        }; // (vocab, d_model)
+        let (loss, grad_h, grad_w) = tch::no_grad(|| -> Result<_, TchError> {
+            let h = h.f_detach()?;
+            // Under autocast the matmul runs in its dtype; the loss is f32 either way.
+            let mut logits = h.f_linear(w, None::<Tensor>)?.f_to_kind(Kind::Float)?; // (len, vocab)
+            let counts = tgt.f_ne(-100)?;
+            let picked_at = tgt.f_clamp_min(0)?.f_unsqueeze(1)?; // (len, 1); ignored rows read column 0
+            let weight = counts.f_to_kind(Kind::Float)?.f_unsqueeze(1)?; // (len, 1): 1 where the target counts
+            // log-softmax by hand, in place: logsumexp would allocate a (len, vocab) exp.
+            let _ = logits.f_sub_(&logits.f_amax([-1], true)?)?; // shifted by each row's max
+            let picked = logits.f_gather(1, &picked_at, false)?;
+            let _ = logits.f_exp_()?;
+            let sums = logits.f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?; // (len, 1)
+            let loss = sums.f_log()?.f_sub(&picked)?.f_mul(&weight)?.f_sum(Kind::Float)?.f_div(counted)?;
+            // d(scale · loss)/d logits = (softmax − one-hot) · scale / counted, zero where ignored.
+            let _ = logits.f_div_(&sums)?;
+            let _ = logits.f_scatter_add_(1, &picked_at, &weight.f_neg()?)?;
+            let _ = logits.f_mul_(&weight.f_mul(&counted.f_reciprocal()?.f_mul_scalar(scale)?)?)?;
+            let g = if w.kind() == Kind::Float { logits } else { logits.f_to_kind(w.kind())? };
+            let grad_h = g.f_matmul(w)?.f_to_kind(h.kind())?; // (len, d_model)
+            let grad_w = if w.requires_grad() { Some(g.f_transpose(0, 1)?.f_matmul(&h)?.f_to_kind(w.kind())?) } else { None };
+            Ok((loss, grad_h, grad_w))
+        })?;
+        let mut inputs = vec![leaf.shallow_clone()];
+        inputs.extend(norm_params.into_iter().filter(Tensor::requires_grad));
+        // The norm's backward for grad_h: the gradient of ⟨h, grad_h⟩.
+        let mut grads = Tensor::f_run_backward(&[h.f_mul(&grad_h)?.f_sum(Kind::Float)?], &inputs, false, false)?;
+        grads.extend(grad_w);
+        Ok((loss, grads))
     }
 
     /// (B, T) token ids → logits (B, T, vocab).
