@@ -50,7 +50,7 @@ mod ssa;
 mod store;
 mod watch;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -115,6 +115,8 @@ impl FakeApi {
             tx,
             writes: Vec::new(),
             requests: Vec::new(),
+            methods: BTreeMap::new(),
+            labelled: HashMap::new(),
             failures: Vec::new(),
         };
         FakeApi { state: Arc::new(Mutex::new(state)) }
@@ -176,12 +178,20 @@ impl FakeApi {
     /// Objects of a type, in one namespace or (with `None`) in all of them.
     pub fn list(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
         let res = Res::of_type(api_version, kind);
-        self.lock()
-            .objects
-            .iter()
-            .filter(|(k, _)| k.res == res && (namespace.is_none() || k.namespace.as_deref() == namespace))
-            .map(|(_, s)| s.obj.clone())
-            .collect()
+        self.lock().of_type(&res, namespace).map(|(_, s)| s.obj.clone()).collect()
+    }
+
+    /// How many objects of a type (in one namespace, or in all with `None`) satisfy
+    /// `pred`; unlike [`Self::list`], clones nothing.
+    pub fn count(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> usize {
+        let res = Res::of_type(api_version, kind);
+        self.lock().of_type(&res, namespace).filter(|(_, s)| pred(&s.obj)).count()
     }
 
     /// Replaces an object's status as the cluster would (job controller, kubelet):
@@ -248,6 +258,12 @@ impl FakeApi {
         self.lock().requests.clone()
     }
 
+    /// How many requests were received per HTTP method (`"GET"`, `"PATCH"`, ...), writes
+    /// that changed nothing and failed requests included; cheaper than [`Self::requests`].
+    pub fn request_counts(&self) -> BTreeMap<String, u64> {
+        self.lock().methods.clone()
+    }
+
     /// Makes the next `n` requests whose method matches `method` (case-insensitive;
     /// `""` or `"*"` for any) and whose `/path?query` contains `path_contains`
     /// answer `code` with a `Status` body.
@@ -270,6 +286,7 @@ impl FakeApi {
         };
         let mut state = self.lock();
         state.requests.push(line.clone());
+        *state.methods.entry(parts.method.as_str().to_string()).or_default() += 1;
         if let Some(code) = state.take_failure(&parts.method, &line) {
             let err = FakeError::Injected { code };
             return json_response(code, &err.to_status());

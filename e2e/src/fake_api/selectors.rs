@@ -9,7 +9,7 @@ use super::resource::{Key, Res, Target};
 /// What a list, watch or deletecollection selects.
 pub(super) struct Filter {
     pub(super) res: Res,
-    namespace: Option<String>,
+    pub(super) namespace: Option<String>,
     name: Option<String>,
     labels: Vec<LabelReq>,
     fields: Vec<FieldReq>,
@@ -26,6 +26,14 @@ impl Filter {
             None => Vec::new(),
         };
         Ok(Filter { res: t.res.clone(), namespace: t.namespace.clone(), name: t.name.clone(), labels, fields })
+    }
+
+    /// One label (`key=value`) every selected object carries, if the selector requires one.
+    pub(super) fn label_equal(&self) -> Option<String> {
+        self.labels.iter().find_map(|r| match r {
+            LabelReq::Eq(k, v) => Some(format!("{k}={v}")),
+            _ => None,
+        })
     }
 
     pub(super) fn matches(&self, key: &Key, obj: &Value) -> bool {
@@ -49,7 +57,8 @@ enum LabelReq {
 
 impl LabelReq {
     pub(super) fn matches(&self, obj: &Value) -> bool {
-        let label = |k: &str| obj.pointer("/metadata/labels").and_then(|l| l.get(k)).and_then(Value::as_str);
+        // Not `Value::pointer`, which allocates: lists test every object of their type.
+        let label = |k: &str| obj.get("metadata")?.get("labels")?.get(k)?.as_str();
         match self {
             LabelReq::Eq(k, v) => label(k) == Some(v.as_str()),
             LabelReq::NotEq(k, v) => label(k) != Some(v.as_str()),

@@ -1,7 +1,7 @@
 //! The store: objects with their field managers, the change log that watches resume
 //! from, and deletion with finalizers, propagation and garbage collection.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use http::Method;
@@ -78,6 +78,11 @@ pub(super) struct State {
     pub(super) tx: broadcast::Sender<Arc<Change>>,
     pub(super) writes: Vec<Write>,
     pub(super) requests: Vec<String>,
+    /// Requests received per HTTP method.
+    pub(super) methods: BTreeMap<String, u64>,
+    /// The keys of the objects of each type carrying each label (`key=value`), so that a
+    /// list selecting by label (as an operator's per-owner lists do) tests only those.
+    pub(super) labelled: HashMap<(Res, String), BTreeSet<Key>>,
     pub(super) failures: Vec<Failure>,
 }
 
@@ -99,9 +104,8 @@ impl State {
     }
 
     pub(super) fn kind_for(&self, res: &Res) -> String {
-        self.objects
-            .iter()
-            .find(|(k, _)| &k.res == res)
+        self.of_type(res, None)
+            .next()
             .and_then(|(_, s)| str_at(&s.obj, "/kind"))
             .map(str::to_string)
             .unwrap_or_else(|| kind_of_plural(&res.plural))
@@ -153,18 +157,18 @@ impl State {
         let Some(old) = self.objects.get(key).cloned() else {
             self.rv += 1;
             set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
-            self.objects.insert(key.clone(), Stored { obj: new.clone(), managers });
+            self.put(key, Stored { obj: new.clone(), managers });
             self.emit(ChangeKind::Added, key, new.clone(), None);
             return (new, Outcome::Created);
         };
         if comparable(&old.obj) == comparable(&new) {
             let stored = Stored { obj: new, managers };
             let obj = stored.obj.clone();
-            self.objects.insert(key.clone(), stored);
+            self.put(key, stored);
             return (obj, Outcome::Unchanged);
         }
         if new.pointer("/metadata/deletionTimestamp").is_some() && finalizers(&new).is_empty() {
-            self.objects.insert(key.clone(), Stored { obj: new, managers });
+            self.put(key, Stored { obj: new, managers });
             let removed = self.remove(key).unwrap_or_default();
             return (removed, Outcome::Removed);
         }
@@ -174,15 +178,44 @@ impl State {
         }
         self.rv += 1;
         set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
-        self.objects.insert(key.clone(), Stored { obj: new.clone(), managers });
+        self.put(key, Stored { obj: new.clone(), managers });
         self.emit(ChangeKind::Modified, key, new.clone(), Some(old.obj));
         (new, Outcome::Modified)
+    }
+
+    /// Stores an object, keeping the label index.
+    fn put(&mut self, key: &Key, stored: Stored) {
+        let new = labels_of(&stored.obj);
+        let old = self.objects.insert(key.clone(), stored).map(|s| labels_of(&s.obj)).unwrap_or_default();
+        self.reindex(key, old, new);
+    }
+
+    /// Takes an object out of the store, keeping the label index.
+    fn take(&mut self, key: &Key) -> Option<Stored> {
+        let stored = self.objects.remove(key)?;
+        self.reindex(key, labels_of(&stored.obj), BTreeSet::new());
+        Some(stored)
+    }
+
+    fn reindex(&mut self, key: &Key, old: BTreeSet<String>, new: BTreeSet<String>) {
+        for label in old.difference(&new) {
+            let index = (key.res.clone(), label.clone());
+            if let Some(keys) = self.labelled.get_mut(&index) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.labelled.remove(&index);
+                }
+            }
+        }
+        for label in new.difference(&old) {
+            self.labelled.entry((key.res.clone(), label.clone())).or_default().insert(key.clone());
+        }
     }
 
     /// Removes an object now, then garbage-collects its dependents and lets
     /// foreground-deleting owners waiting on it finish.
     fn remove(&mut self, key: &Key) -> Option<Value> {
-        let stored = self.objects.remove(key)?;
+        let stored = self.take(key)?;
         let old = stored.obj;
         let mut obj = old.clone();
         self.rv += 1;
@@ -341,13 +374,32 @@ impl State {
         let _ = self.tx.send(change);
     }
 
+    /// The objects of one type, in one namespace or (with `None`) in all of them, in key
+    /// order: a range of the map, so that a list does not scan every other type.
+    pub(super) fn of_type<'s>(
+        &'s self,
+        res: &Res,
+        namespace: Option<&str>,
+    ) -> impl Iterator<Item = (&'s Key, &'s Stored)> + 's {
+        // `None` sorts before any namespace and "" before any name: the first key of the range.
+        let start = Key { res: res.clone(), namespace: namespace.map(str::to_string), name: String::new() };
+        let (res, namespace) = (res.clone(), namespace.map(str::to_string));
+        self.objects
+            .range(start..)
+            .take_while(move |(k, _)| k.res == res && (namespace.is_none() || k.namespace == namespace))
+    }
+
     /// Objects a list or watch request selects, in key order.
     pub(super) fn selected(&self, filter: &Filter) -> Vec<(Key, Value)> {
-        self.objects
-            .iter()
-            .filter(|(k, s)| filter.matches(k, &s.obj))
-            .map(|(k, s)| (k.clone(), s.obj.clone()))
-            .collect()
+        let selected = |(k, s): (&Key, &Stored)| filter.matches(k, &s.obj).then(|| (k.clone(), s.obj.clone()));
+        match filter.label_equal() {
+            // Only the objects carrying one label the selector requires.
+            Some(label) => match self.labelled.get(&(filter.res.clone(), label)) {
+                Some(keys) => keys.iter().filter_map(|k| self.objects.get_key_value(k)).filter_map(selected).collect(),
+                None => Vec::new(),
+            },
+            None => self.of_type(&filter.res, filter.namespace.as_deref()).filter_map(selected).collect(),
+        }
     }
 
     fn delete_options(req: &Req) -> Result<(Option<Propagation>, Preconditions), FakeError> {
@@ -425,4 +477,10 @@ impl State {
         });
         Ok((200, list))
     }
+}
+
+/// An object's labels, as `key=value`.
+fn labels_of(obj: &Value) -> BTreeSet<String> {
+    let labels = obj.get("metadata").and_then(|m| m.get("labels")).and_then(Value::as_object);
+    labels.into_iter().flatten().filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?))).collect()
 }
