@@ -37,5 +37,5 @@ bench: ## every performance row against its peer (PyTorch eager and compile, HF 
 bench-ddp: ## Gloo all-reduce bandwidth and the 2-rank DDP step-time ratio on this machine
 	. scripts/env.sh && LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" cargo run -q --release --locked -p trainer -- bench-ddp
 
-bench-operator: ## reconcile 1,000 TrainingRuns against the fake API: p50/p99 and the operator's RSS
+bench-operator: ## reconcile BENCH_RUNS (10,000) TrainingRuns against the fake API: p50/p99, the operator's RSS, writes once settled
 	. scripts/env.sh && cargo build -q --release --locked -p operator && cargo bench -q --locked -p e2e --bench operator

@@ -18,7 +18,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
-use crate::checkpoint::{Checkpointer, FORMAT_VERSION, Payload, Snapshot, TrainState};
+use crate::checkpoint::writer::{Checkpointer, Snapshot};
+use crate::checkpoint::{FORMAT_VERSION, Payload, TrainState};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 

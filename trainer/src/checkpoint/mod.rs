@@ -28,9 +28,7 @@
 pub mod mirror;
 pub mod resume;
 pub mod space;
-mod writer;
-
-pub use writer::{Checkpointer, Snapshot};
+pub mod writer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File};

@@ -3,7 +3,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::{Device, Kind};
 
-use super::writer::to_cpu;
+use super::writer::{Checkpointer, to_cpu};
 use super::*;
 use crds::contract::FailureReason;
 

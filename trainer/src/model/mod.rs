@@ -272,7 +272,8 @@ impl Model {
             let _ = logits.f_mul_(&weight.f_mul(&counted.f_reciprocal()?.f_mul_scalar(scale)?)?)?;
             let g = if w.kind() == Kind::Float { logits } else { logits.f_to_kind(w.kind())? };
             let grad_h = g.f_matmul(w)?.f_to_kind(h.kind())?; // (len, d_model)
-            let grad_w = if w.requires_grad() { Some(g.f_transpose(0, 1)?.f_matmul(&h)?.f_to_kind(w.kind())?) } else { None };
+            let grad_w =
+                if w.requires_grad() { Some(g.f_transpose(0, 1)?.f_matmul(&h)?.f_to_kind(w.kind())?) } else { None };
             Ok((loss, grad_h, grad_w))
         })?;
         let mut inputs = vec![leaf.shallow_clone()];

@@ -26,9 +26,10 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
+use crate::checkpoint;
 use crate::checkpoint::mirror::Mirror;
 use crate::checkpoint::resume::{named_in_definition_order, sorted_variables};
-use crate::checkpoint::{self, Checkpointer, Snapshot};
+use crate::checkpoint::writer::{Checkpointer, Snapshot};
 use crate::data::corpus::Split;
 use crate::data::loader::Loader;
 use crate::data::mix::Mix;
