@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -629,6 +630,7 @@ def main():
         except Exception as e:  # one row's failure is reported; the others still run
             suite.check(False, f"{name}: {e}")
     suite.report()
+    shutil.rmtree(suite.work, ignore_errors=True)
     if suite.failures:
         print("\n".join(["", "bench suite failures:"] + [f"- {f}" for f in suite.failures]), file=sys.stderr)
         sys.exit(1)
