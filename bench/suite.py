@@ -323,7 +323,7 @@ class Suite:
         r = {"row": name, "what": what, "ours": ours, "peer": peer, "peer_value": peer_value,
              "ratio": ratio, "goal": goal, "met": met, "command": command, "load": round(load, 2), "note": note}
         self.rows.append(r)
-        mark = "ok" if met else "MISSED"
+        mark = "–" if met is None else "ok" if met else "MISSED"
         print(f"[{name}] {what}: {ratio} ({goal}) {mark}  (load {load:.2f})", file=sys.stderr, flush=True)
 
     def check(self, ok, message):
@@ -381,7 +381,7 @@ class Suite:
                      f" vs {peer['host_resident_bytes'] / 2**20:.0f})",
                      round(ours["host_peak_bytes"] / 2**20, 1), f"PyTorch {peer['impl'].split('-')[1]}",
                      round(peer["host_peak_bytes"] / 2**20, 1), round(ratio, 3),
-                     f"≤ {goal}" if goal else "–", goal is None or ratio <= goal,
+                     f"≤ {goal}" if goal else "–", None if goal is None else ratio <= goal,
                      f"{ours['_command']}  vs  {peer['_command']}")
         self.largest_micro_batch()
 
@@ -438,6 +438,7 @@ class Suite:
                                            "--steps", steps, "--every", every, "--dir", d))
             saved = self.run_json(self.peer("peer-save", "--preset", preset, "--seq", seq, "--dir", d,
                                              "--repeats", self.sizes["save_repeats"]))
+            shutil.rmtree(d, ignore_errors=True)
             stall = ours["stall_ms_per_checkpoint"]
             ratio = stall / saved["save_ms_median"]
             self.row("checkpoint", f"{preset} ({ours['checkpoint_bytes'] / 1e6:.0f} MB) training blocked per "
@@ -514,7 +515,7 @@ class Suite:
                  "|---|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             lines.append(f"| {r['row']} | {r['what']} | {r['ours']} | {r['peer']} | {r['peer_value']} | "
-                         f"{r['ratio']} | {r['goal']} | {'yes' if r['met'] else '**no**'} | {r['load']} |")
+                         f"{r['ratio']} | {r['goal']} | {'–' if r['met'] is None else 'yes' if r['met'] else '**no**'} | {r['load']} |")
         lines.append("")
         for r in self.rows:
             note = f" ({r['note']})" if r["note"] else ""

@@ -2,7 +2,7 @@
 //! The training step of [`super::step`] (f32, CPU) runs `steps` times without
 //! checkpoints and `steps` times with a background checkpoint (model and AdamW state)
 //! every `every` steps, through the trainer's [`Checkpointer`] and the same
-//! [`crate::checkpoint::Snapshot`] wait before the optimizer step as training. The
+//! [`Snapshot`] wait before the optimizer step as training. The
 //! stall of a checkpoint is what it adds to the loop: the save call, the snapshot wait,
 //! and the steps' slowdown while the writer copies and writes beside them.
 
@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crds::config::ResolvedOptimizer;
 use crds::presets::ModelConfig;
 use serde_json::{Value, json};
 use tch::nn::VarStore;
@@ -32,7 +31,8 @@ pub struct CheckpointBenchOptions {
     pub steps: u32,
     /// A checkpoint every this many steps of the second phase.
     pub every: u32,
-    /// Where the checkpoints go (the disk being measured).
+    /// The disk being measured: the checkpoints go to a scratch directory inside it,
+    /// removed afterwards; nothing else there is touched.
     pub dir: PathBuf,
 }
 
@@ -53,8 +53,7 @@ pub fn run(o: &CheckpointBenchOptions) -> Result<Value, Error> {
     tch::manual_seed(0);
     let vs = VarStore::new(Device::Cpu);
     let model = Model::new(&vs.root(), &cfg, Device::Cpu)?;
-    let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
-    let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
+    let mut opt = AdamW::new(sorted_variables(&vs), &super::step::OPTIMIZER)?;
     let loss_chunk = model.loss_chunk();
     let vocab = cfg.vocab_size as i64;
     let step = |opt: &mut AdamW, snapshot: Option<Snapshot>| -> Result<f64, Error> {
@@ -62,7 +61,7 @@ pub fn run(o: &CheckpointBenchOptions) -> Result<Value, Error> {
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
         let loss = model.backward_checkpointed(&x, &y, 1.0, loss_chunk, 0)?;
         let waited = snapshot.map_or(0.0, |s| s.wait().as_secs_f64());
-        let _ = opt.clip_and_step(&loss, 1.0, optim::Lr::Value(3e-4), None)?;
+        let _ = opt.clip_and_step(&loss, 1.0, optim::Lr::Value(super::step::LR), None)?;
         opt.zero_grad()?;
         Ok(waited)
     };
@@ -96,8 +95,8 @@ pub fn run(o: &CheckpointBenchOptions) -> Result<Value, Error> {
         Ok(times)
     };
     let plain = timed(&mut opt, None)?;
-    let _ = std::fs::remove_dir_all(&o.dir);
-    let mut checkpointer = Checkpointer::new(&o.dir, 1)?;
+    let scratch = o.dir.join(format!(".bench-checkpoint-{}", std::process::id()));
+    let mut checkpointer = Checkpointer::new(&scratch, 1)?;
     let with = timed(&mut opt, Some(&mut checkpointer))?;
     let finish = Instant::now();
     checkpointer.wait()?;
@@ -116,7 +115,8 @@ pub fn run(o: &CheckpointBenchOptions) -> Result<Value, Error> {
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
         .sum();
-    let _ = std::fs::remove_dir_all(&o.dir);
+    drop(checkpointer);
+    std::fs::remove_dir_all(&scratch).map_err(crate::io_err(&scratch))?;
 
     let checkpoints = o.steps.div_ceil(o.every) as f64;
     let sum = |v: &[StepTime], f: fn(&StepTime) -> f64| v.iter().map(f).sum::<f64>();

@@ -58,7 +58,11 @@ pub struct BenchOptions {
 }
 
 /// The learning rate every benchmark step uses.
-const LR: f64 = 3e-4;
+pub(super) const LR: f64 = 3e-4;
+
+/// The AdamW settings of every benchmark step (`torch_reference.py`'s).
+pub(super) const OPTIMIZER: ResolvedOptimizer =
+    ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
 
 /// Peak resident memory of this process (VmHWM), GiB; Linux only.
 pub fn peak_rss_gib() -> Option<f64> {
@@ -106,8 +110,7 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         vs.bfloat16();
     }
     vs.set_device(o.device);
-    let opt_cfg = ResolvedOptimizer { weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, grad_clip: 1.0 };
-    let mut opt = AdamW::new(sorted_variables(&vs), &opt_cfg)?;
+    let mut opt = AdamW::new(sorted_variables(&vs), &OPTIMIZER)?;
     sdp::set_sdp_backend(attention)?;
     let backend = sdp::attention_backend(&model_cfg, attention, o.micro_batch, o.seq, act, o.device)?;
 

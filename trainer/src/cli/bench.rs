@@ -64,7 +64,8 @@ pub struct BenchCheckpointArgs {
     /// A checkpoint every this many steps.
     #[arg(long, default_value_t = 4)]
     pub every: u32,
-    /// Checkpoint directory: the disk being measured (emptied before and after).
+    /// A directory on the disk being measured: the checkpoints go to a scratch
+    /// directory inside it, removed afterwards.
     #[arg(long)]
     pub dir: PathBuf,
 }
