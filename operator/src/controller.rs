@@ -14,16 +14,17 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service}
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::change::{self, Change, Claim};
 use crate::clock::{Clock, seconds_between};
 use crate::decide::{self, Decision};
+use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::observe::{self, Observed, Poll, PollError, StatusClient};
 use crate::resources::{self, Inputs, RUN_LABEL};
@@ -87,7 +88,7 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &run.object_ref(&())).await {
+        if let Err(e) = self.recorder.publish(&event, &run.object_ref(&()), self.clock.now()).await {
             tracing::warn!(run = %run.name_any(), "publishing event {reason}: {e}");
         }
     }
@@ -310,6 +311,20 @@ pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(Duration::from_secs(5))
 }
 
+/// Drops from a cached run what no trigger or finalizer step reads: a reconcile works
+/// on the live object it GETs, and the cache only routes events, carries the finalizer
+/// and deletion state, and `spec` (for `initFrom` and the cleanup note). `managedFields`,
+/// the client-side-apply annotation (a second copy of the spec) and `status` are most of
+/// a run's bytes, and the cache holds every run.
+pub fn trim_for_cache(run: &mut TrainingRun) {
+    run.managed_fields_mut().clear();
+    run.annotations_mut().remove(LAST_APPLIED);
+    run.status = None;
+}
+
+/// The annotation `kubectl apply` (client-side) and Argo CD write: the whole manifest again.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Runs the controller until `shutdown` resolves. `namespace` limits it to one namespace.
 pub async fn run(
     ctx: Arc<Context>,
@@ -328,9 +343,14 @@ pub async fn run(
     }
     let runs: Api<TrainingRun> = api(&client, &namespace);
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
-    let controller = Controller::new(runs.clone(), watcher::Config::default().any_semantic())
+    let (store, writer) = reflector::store();
+    let triggers = watcher(runs.clone(), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(trim_for_cache)
+        .reflect(writer)
+        .applied_objects();
+    let controller = Controller::for_stream(triggers, store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
-    let store = controller.store();
     let mut controller = controller
         .owns(api::<Job>(&client, &namespace), owned.clone())
         .owns(api::<ConfigMap>(&client, &namespace), owned.clone())
@@ -366,4 +386,37 @@ pub async fn run(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::testing::{GRPO_SPEC, run};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+
+    #[test]
+    fn the_cache_keeps_what_triggers_and_the_finalizer_read() {
+        let mut r = run(GRPO_SPEC);
+        r.metadata.managed_fields =
+            Some(vec![ManagedFieldsEntry { manager: Some(MANAGER.into()), ..Default::default() }]);
+        r.metadata.annotations =
+            Some([(LAST_APPLIED.to_string(), "{...}".to_string()), ("team".to_string(), "nlp".to_string())].into());
+        r.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        r.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        r.metadata.resource_version = Some("42".into());
+        r.status = Some(crds::types::TrainingRunStatus { attempt: 3, ..Default::default() });
+        let spec = serde_json::to_value(&r.spec).unwrap();
+
+        trim_for_cache(&mut r);
+
+        assert!(r.managed_fields().is_empty());
+        assert_eq!(r.annotations().keys().collect::<Vec<_>>(), ["team"]);
+        assert_eq!(r.status, None, "reconciles read the status of the live object");
+        assert_eq!(r.finalizers(), [FINALIZER]);
+        assert!(r.metadata.deletion_timestamp.is_some());
+        assert_eq!((r.name_any(), r.namespace(), r.uid()), ("llm".into(), Some("ml".into()), Some("0d5c-uid".into())));
+        assert_eq!(r.resource_version().as_deref(), Some("42"));
+        assert_eq!(serde_json::to_value(&r.spec).unwrap(), spec);
+        assert_eq!(r.spec.init_from.and_then(|i| i.training_run).as_deref(), Some("base"));
+    }
 }

@@ -1,13 +1,17 @@
 //! The operator's Prometheus metrics: reconciles, and one set of gauges per run
 //! (dropped when the run is deleted).
+//!
+//! The per-run gauges are not prometheus-rs metric vectors: those keep a child with
+//! its own descriptor and label pairs for every series, about 12 KB a run. A run keeps
+//! one compact [`RunSample`] here, and a scrape turns the samples into series.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use crds::types::{RunPhase, TrainingRunStatus};
-use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
 const PHASES: [RunPhase; 7] = [
     RunPhase::Pending,
@@ -18,29 +22,6 @@ const PHASES: [RunPhase; 7] = [
     RunPhase::Failed,
     RunPhase::Suspended,
 ];
-
-/// (namespace, name)
-type RunKey = (String, String);
-
-pub struct Metrics {
-    registry: Registry,
-    reconciles: IntCounterVec,
-    reconcile_seconds: HistogramVec,
-    phase: IntGaugeVec,
-    progress: GaugeVec,
-    loss: GaugeVec,
-    tokens_per_second: GaugeVec,
-    restarts: IntGaugeVec,
-    rollbacks: IntGaugeVec,
-    attempt: IntGaugeVec,
-    condition: IntGaugeVec,
-    last_checkpoint: GaugeVec,
-    mfu: GaugeVec,
-    checkpoint_every_tokens: GaugeVec,
-    eval_accuracy: GaugeVec,
-    /// Condition label sets exported per run, so stale ones can be removed.
-    conditions: Mutex<HashMap<RunKey, BTreeSet<[String; 3]>>>,
-}
 
 fn phase_name(p: RunPhase) -> &'static str {
     match p {
@@ -54,11 +35,270 @@ fn phase_name(p: RunPhase) -> &'static str {
     }
 }
 
+/// The per-run gauge families. Every series also has the labels `namespace` and `name`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Family {
+    Phase,
+    Progress,
+    Loss,
+    TokensPerSecond,
+    Restarts,
+    Rollbacks,
+    Attempt,
+    Condition,
+    LastCheckpoint,
+    Mfu,
+    CheckpointEveryTokens,
+    EvalAccuracy,
+}
+
+impl Family {
+    const ALL: [Family; 12] = [
+        Family::Phase,
+        Family::Progress,
+        Family::Loss,
+        Family::TokensPerSecond,
+        Family::Restarts,
+        Family::Rollbacks,
+        Family::Attempt,
+        Family::Condition,
+        Family::LastCheckpoint,
+        Family::Mfu,
+        Family::CheckpointEveryTokens,
+        Family::EvalAccuracy,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::Phase => "trainingrun_phase",
+            Family::Progress => "trainingrun_progress_ratio",
+            Family::Loss => "trainingrun_loss",
+            Family::TokensPerSecond => "trainingrun_tokens_per_second",
+            Family::Restarts => "trainingrun_restarts",
+            Family::Rollbacks => "trainingrun_rollbacks",
+            Family::Attempt => "trainingrun_attempt",
+            Family::Condition => "trainingrun_condition",
+            Family::LastCheckpoint => "trainingrun_last_checkpoint_timestamp_seconds",
+            Family::Mfu => "trainingrun_mfu",
+            Family::CheckpointEveryTokens => "trainingrun_checkpoint_every_tokens",
+            Family::EvalAccuracy => "trainingrun_eval_accuracy",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Family::Phase => "1 for the run's current phase, 0 for the others.",
+            Family::Progress => "Tokens trained over tokens planned, 0-1.",
+            Family::Loss => "Training loss last reported by rank 0.",
+            Family::TokensPerSecond => "Training throughput, all ranks.",
+            Family::Restarts => "Gang restarts counted toward maxRestarts.",
+            Family::Rollbacks => "Rollbacks after non-finite steps (failurePolicy.onNaN: rollback).",
+            Family::Attempt => "Current attempt, from 1.",
+            Family::Condition => "1 for each current condition of a run, by type, reason and status.",
+            Family::LastCheckpoint => "Unix time of the newest complete checkpoint.",
+            Family::Mfu => "Model FLOPs utilization (0-1) last reported by rank 0.",
+            Family::CheckpointEveryTokens => {
+                "Tokens between periodic checkpoints (checkpoint.everySteps × tokens per step); over trainingrun_tokens_per_second, the expected checkpoint interval."
+            }
+            Family::EvalAccuracy => {
+                "GRPO: held-out multiple-choice accuracy (0-1) by method and time (initial or latest)."
+            }
+        }
+    }
+
+    /// Labels besides `namespace` and `name`.
+    fn labels(self) -> &'static [&'static str] {
+        match self {
+            Family::Phase => &["phase"],
+            Family::Condition => &["type", "reason", "status"],
+            Family::EvalAccuracy => &["method", "when"],
+            _ => &[],
+        }
+    }
+}
+
+/// A condition's labels: type, reason and status.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ConditionLabels {
+    type_: String,
+    reason: String,
+    status: String,
+}
+
+/// Held-out accuracies, each exported with its `method` and `when` labels.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct EvalAccuracy {
+    greedy_latest: Option<f64>,
+    log_likelihood_latest: Option<f64>,
+    greedy_initial: Option<f64>,
+}
+
+/// What one run exports; a gauge whose value is None has no series.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct RunSample {
+    phase: Option<RunPhase>,
+    progress_ratio: Option<f64>,
+    loss: Option<f64>,
+    tokens_per_second: Option<f64>,
+    restarts: u32,
+    rollbacks: usize,
+    attempt: u32,
+    conditions: Vec<ConditionLabels>,
+    last_checkpoint_seconds: Option<f64>,
+    mfu: Option<f64>,
+    checkpoint_every_tokens: Option<u64>,
+    eval_accuracy: EvalAccuracy,
+}
+
+impl RunSample {
+    fn new(s: &TrainingRunStatus, checkpoint_every_tokens: Option<u64>) -> RunSample {
+        let metrics = s.metrics.as_ref();
+        let checkpoint_time =
+            s.last_checkpoint.as_ref().and_then(|c| c.time.as_deref()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        let mut conditions: Vec<ConditionLabels> = s
+            .conditions
+            .iter()
+            .map(|c| ConditionLabels { type_: c.type_.clone(), reason: c.reason.clone(), status: c.status.clone() })
+            .collect();
+        // A repeated label set would make the scrape invalid.
+        conditions.sort();
+        conditions.dedup();
+        RunSample {
+            phase: s.phase,
+            progress_ratio: s.progress.as_ref().map(|p| p.percent / 100.0),
+            loss: metrics.and_then(|m| m.loss),
+            tokens_per_second: metrics.and_then(|m| m.tokens_per_second).map(|t| t as f64),
+            restarts: s.restarts,
+            rollbacks: s.effective.as_ref().map_or(0, |e| e.rollbacks.len()),
+            attempt: s.attempt,
+            conditions,
+            last_checkpoint_seconds: checkpoint_time.map(|t| t.as_millisecond() as f64 / 1000.0),
+            mfu: metrics.and_then(|m| m.mfu),
+            checkpoint_every_tokens,
+            eval_accuracy: EvalAccuracy {
+                greedy_latest: metrics.and_then(|m| m.eval_accuracy),
+                log_likelihood_latest: metrics.and_then(|m| m.eval_accuracy_log_likelihood),
+                greedy_initial: metrics.and_then(|m| m.initial_eval_accuracy),
+            },
+        }
+    }
+
+    /// Calls `emit` once per series: family, labels besides namespace and name, value.
+    fn series(&self, mut emit: impl FnMut(Family, &[&str], f64)) {
+        for p in PHASES {
+            emit(Family::Phase, &[phase_name(p)], f64::from(u8::from(self.phase == Some(p))));
+        }
+        let optional = [
+            (Family::Progress, self.progress_ratio),
+            (Family::Loss, self.loss),
+            (Family::TokensPerSecond, self.tokens_per_second),
+            (Family::LastCheckpoint, self.last_checkpoint_seconds),
+            (Family::Mfu, self.mfu),
+            (Family::CheckpointEveryTokens, self.checkpoint_every_tokens.map(|t| t as f64)),
+        ];
+        for (family, value) in optional {
+            if let Some(v) = value {
+                emit(family, &[], v);
+            }
+        }
+        emit(Family::Restarts, &[], f64::from(self.restarts));
+        emit(Family::Rollbacks, &[], self.rollbacks as f64);
+        emit(Family::Attempt, &[], f64::from(self.attempt));
+        for c in &self.conditions {
+            emit(Family::Condition, &[&c.type_, &c.reason, &c.status], 1.0);
+        }
+        let eval = &self.eval_accuracy;
+        for (method, when, value) in [
+            ("greedy", "latest", eval.greedy_latest),
+            ("log_likelihood", "latest", eval.log_likelihood_latest),
+            ("greedy", "initial", eval.greedy_initial),
+        ] {
+            if let Some(v) = value {
+                emit(Family::EvalAccuracy, &[method, when], v);
+            }
+        }
+    }
+}
+
+/// (namespace, name)
+type RunKey = (String, String);
+
+/// The per-run gauges, as a collector of the operator's registry.
+#[derive(Clone)]
+struct RunGauges {
+    descs: Arc<Vec<Desc>>,
+    runs: Arc<Mutex<HashMap<RunKey, RunSample>>>,
+}
+
+impl RunGauges {
+    fn new() -> Result<RunGauges, prometheus::Error> {
+        let descs = Family::ALL
+            .iter()
+            .map(|f| {
+                let labels = ["namespace", "name"].iter().chain(f.labels()).map(|l| l.to_string()).collect();
+                Desc::new(f.name().into(), f.help().into(), labels, HashMap::new())
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RunGauges { descs: Arc::new(descs), runs: Arc::default() })
+    }
+}
+
+impl Collector for RunGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut families: BTreeMap<Family, MetricFamily> = Family::ALL
+            .iter()
+            .map(|&f| {
+                let mut mf = MetricFamily::default();
+                mf.set_name(f.name().into());
+                mf.set_help(f.help().into());
+                mf.set_field_type(MetricType::GAUGE);
+                (f, mf)
+            })
+            .collect();
+        let runs = self.runs.lock().expect("metrics lock");
+        for ((ns, name), sample) in runs.iter() {
+            sample.series(|family, values, value| {
+                let mut labels: Vec<LabelPair> = ["namespace", "name"]
+                    .iter()
+                    .chain(family.labels())
+                    .zip([ns.as_str(), name.as_str()].iter().chain(values))
+                    .map(|(label, value)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name(label.to_string());
+                        pair.set_value(value.to_string());
+                        pair
+                    })
+                    .collect();
+                // The text format lists labels by name, as prometheus-rs' own vectors do.
+                labels.sort_by(|a, b| a.name().cmp(b.name()));
+                let mut gauge = Gauge::default();
+                gauge.set_value(value);
+                let mut metric = Metric::from_label(labels);
+                metric.set_gauge(gauge);
+                if let Some(mf) = families.get_mut(&family) {
+                    mf.mut_metric().push(metric);
+                }
+            });
+        }
+        families.into_values().collect()
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: IntCounterVec,
+    reconcile_seconds: HistogramVec,
+    runs: RunGauges,
+}
+
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
-        let registry = Registry::new();
-        let run = &["namespace", "name"];
         let m = Metrics {
+            registry: Registry::new(),
             reconciles: IntCounterVec::new(
                 Opts::new("trainingrun_reconcile_total", "Reconciles of TrainingRuns by result."),
                 &["result"],
@@ -68,77 +308,11 @@ impl Metrics {
                     .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
                 &["result"],
             )?,
-            phase: IntGaugeVec::new(
-                Opts::new("trainingrun_phase", "1 for the run's current phase, 0 for the others."),
-                &["namespace", "name", "phase"],
-            )?,
-            progress: GaugeVec::new(
-                Opts::new("trainingrun_progress_ratio", "Tokens trained over tokens planned, 0-1."),
-                run,
-            )?,
-            loss: GaugeVec::new(Opts::new("trainingrun_loss", "Training loss last reported by rank 0."), run)?,
-            tokens_per_second: GaugeVec::new(
-                Opts::new("trainingrun_tokens_per_second", "Training throughput, all ranks."),
-                run,
-            )?,
-            restarts: IntGaugeVec::new(
-                Opts::new("trainingrun_restarts", "Gang restarts counted toward maxRestarts."),
-                run,
-            )?,
-            rollbacks: IntGaugeVec::new(
-                Opts::new("trainingrun_rollbacks", "Rollbacks after non-finite steps (failurePolicy.onNaN: rollback)."),
-                run,
-            )?,
-            attempt: IntGaugeVec::new(Opts::new("trainingrun_attempt", "Current attempt, from 1."), run)?,
-            condition: IntGaugeVec::new(
-                Opts::new(
-                    "trainingrun_condition",
-                    "1 for each current condition of a run, by type, reason and status.",
-                ),
-                &["namespace", "name", "type", "reason", "status"],
-            )?,
-            last_checkpoint: GaugeVec::new(
-                Opts::new(
-                    "trainingrun_last_checkpoint_timestamp_seconds",
-                    "Unix time of the newest complete checkpoint.",
-                ),
-                run,
-            )?,
-            mfu: GaugeVec::new(
-                Opts::new("trainingrun_mfu", "Model FLOPs utilization (0-1) last reported by rank 0."),
-                run,
-            )?,
-            checkpoint_every_tokens: GaugeVec::new(
-                Opts::new(
-                    "trainingrun_checkpoint_every_tokens",
-                    "Tokens between periodic checkpoints (checkpoint.everySteps × tokens per step); over trainingrun_tokens_per_second, the expected checkpoint interval.",
-                ),
-                run,
-            )?,
-            eval_accuracy: GaugeVec::new(
-                Opts::new(
-                    "trainingrun_eval_accuracy",
-                    "GRPO: held-out multiple-choice accuracy (0-1) by method and time (initial or latest).",
-                ),
-                &["namespace", "name", "method", "when"],
-            )?,
-            conditions: Mutex::new(HashMap::new()),
-            registry,
+            runs: RunGauges::new()?,
         };
         m.registry.register(Box::new(m.reconciles.clone()))?;
         m.registry.register(Box::new(m.reconcile_seconds.clone()))?;
-        m.registry.register(Box::new(m.phase.clone()))?;
-        m.registry.register(Box::new(m.progress.clone()))?;
-        m.registry.register(Box::new(m.loss.clone()))?;
-        m.registry.register(Box::new(m.tokens_per_second.clone()))?;
-        m.registry.register(Box::new(m.restarts.clone()))?;
-        m.registry.register(Box::new(m.rollbacks.clone()))?;
-        m.registry.register(Box::new(m.attempt.clone()))?;
-        m.registry.register(Box::new(m.condition.clone()))?;
-        m.registry.register(Box::new(m.last_checkpoint.clone()))?;
-        m.registry.register(Box::new(m.mfu.clone()))?;
-        m.registry.register(Box::new(m.checkpoint_every_tokens.clone()))?;
-        m.registry.register(Box::new(m.eval_accuracy.clone()))?;
+        m.registry.register(Box::new(m.runs.clone()))?;
         Ok(m)
     }
 
@@ -151,87 +325,13 @@ impl Metrics {
     /// Sets every per-run gauge from the run's status; `checkpoint_every_tokens` comes
     /// from the resolved spec (absent when it does not resolve).
     pub fn observe_run(&self, ns: &str, name: &str, s: &TrainingRunStatus, checkpoint_every_tokens: Option<u64>) {
-        let run = [ns, name];
-        for p in PHASES {
-            self.phase.with_label_values(&[ns, name, phase_name(p)]).set(i64::from(s.phase == Some(p)));
-        }
-        if let Some(p) = &s.progress {
-            self.progress.with_label_values(&run).set(p.percent / 100.0);
-        }
-        let metrics = s.metrics.clone().unwrap_or_default();
-        match metrics.loss {
-            Some(l) => self.loss.with_label_values(&run).set(l),
-            None => drop(self.loss.remove_label_values(&run)),
-        }
-        match metrics.tokens_per_second {
-            Some(t) => self.tokens_per_second.with_label_values(&run).set(t as f64),
-            None => drop(self.tokens_per_second.remove_label_values(&run)),
-        }
-        match metrics.mfu {
-            Some(v) => self.mfu.with_label_values(&run).set(v),
-            None => drop(self.mfu.remove_label_values(&run)),
-        }
-        if let Some(t) = checkpoint_every_tokens {
-            self.checkpoint_every_tokens.with_label_values(&run).set(t as f64);
-        }
-        for (method, when, v) in [
-            ("greedy", "latest", metrics.eval_accuracy),
-            ("log_likelihood", "latest", metrics.eval_accuracy_log_likelihood),
-            ("greedy", "initial", metrics.initial_eval_accuracy),
-        ] {
-            if let Some(v) = v {
-                self.eval_accuracy.with_label_values(&[ns, name, method, when]).set(v);
-            }
-        }
-        self.restarts.with_label_values(&run).set(i64::from(s.restarts));
-        let rollbacks = s.effective.as_ref().map_or(0, |e| e.rollbacks.len());
-        self.rollbacks.with_label_values(&run).set(rollbacks as i64);
-        self.attempt.with_label_values(&run).set(i64::from(s.attempt));
-        let ckpt_time =
-            s.last_checkpoint.as_ref().and_then(|c| c.time.as_deref()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
-        if let Some(t) = ckpt_time {
-            self.last_checkpoint.with_label_values(&run).set(t.as_millisecond() as f64 / 1000.0);
-        }
-        let now: BTreeSet<[String; 3]> =
-            s.conditions.iter().map(|c| [c.type_.clone(), c.reason.clone(), c.status.clone()]).collect();
-        let mut exported = self.conditions.lock().expect("metrics lock");
-        let before = exported.entry((ns.to_string(), name.to_string())).or_default();
-        for gone in before.difference(&now) {
-            let _ = self.condition.remove_label_values(&[ns, name, &gone[0], &gone[1], &gone[2]]);
-        }
-        for c in &now {
-            self.condition.with_label_values(&[ns, name, &c[0], &c[1], &c[2]]).set(1);
-        }
-        *before = now;
+        let sample = RunSample::new(s, checkpoint_every_tokens);
+        self.runs.runs.lock().expect("metrics lock").insert((ns.to_string(), name.to_string()), sample);
     }
 
     /// Drops every series of a deleted run.
     pub fn forget_run(&self, ns: &str, name: &str) {
-        let run = [ns, name];
-        for p in PHASES {
-            let _ = self.phase.remove_label_values(&[ns, name, phase_name(p)]);
-        }
-        for g in [
-            &self.progress,
-            &self.loss,
-            &self.tokens_per_second,
-            &self.last_checkpoint,
-            &self.mfu,
-            &self.checkpoint_every_tokens,
-        ] {
-            let _ = g.remove_label_values(&run);
-        }
-        for (method, when) in [("greedy", "latest"), ("log_likelihood", "latest"), ("greedy", "initial")] {
-            let _ = self.eval_accuracy.remove_label_values(&[ns, name, method, when]);
-        }
-        let _ = self.restarts.remove_label_values(&run);
-        let _ = self.rollbacks.remove_label_values(&run);
-        let _ = self.attempt.remove_label_values(&run);
-        if let Some(set) = self.conditions.lock().expect("metrics lock").remove(&(ns.to_string(), name.to_string())) {
-            for c in set {
-                let _ = self.condition.remove_label_values(&[ns, name, &c[0], &c[1], &c[2]]);
-            }
-        }
+        self.runs.runs.lock().expect("metrics lock").remove(&(ns.to_string(), name.to_string()));
     }
 
     /// The Prometheus text exposition.
@@ -304,5 +404,50 @@ mod tests {
         m.forget_run("ml", "llm");
         let text = m.render();
         assert!(!text.contains(r#"name="llm""#), "{text}");
+    }
+
+    #[test]
+    fn one_run_exports_exactly_these_series() {
+        let m = Metrics::new().unwrap();
+        assert!(!m.render().contains("trainingrun_phase"), "no run, no per-run series");
+        let s = TrainingRunStatus {
+            phase: Some(RunPhase::Pending),
+            attempt: 1,
+            conditions: vec![cond("Ready", "Waiting", "False"), cond("Ready", "Waiting", "False")],
+            ..Default::default()
+        };
+        m.observe_run("ml", "a", &s, None);
+        let text = m.render();
+        let per_run: Vec<&str> = text.lines().filter(|l| l.contains(r#"name="a""#)).collect();
+        assert_eq!(
+            per_run,
+            [
+                r#"trainingrun_attempt{name="a",namespace="ml"} 1"#,
+                r#"trainingrun_condition{name="a",namespace="ml",reason="Waiting",status="False",type="Ready"} 1"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Failed"} 0"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Pending"} 1"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Restarting"} 0"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Running"} 0"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Succeeded"} 0"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Suspended"} 0"#,
+                r#"trainingrun_phase{name="a",namespace="ml",phase="Waiting"} 0"#,
+                r#"trainingrun_restarts{name="a",namespace="ml"} 0"#,
+                r#"trainingrun_rollbacks{name="a",namespace="ml"} 0"#,
+            ]
+        );
+        for family in ["trainingrun_phase", "trainingrun_condition", "trainingrun_attempt"] {
+            assert!(text.contains(&format!("# TYPE {family} gauge")), "{text}");
+        }
+        // A second run sorts with the first within each family.
+        m.observe_run("ml", "b", &TrainingRunStatus { phase: Some(RunPhase::Running), ..s.clone() }, None);
+        let text = m.render();
+        let attempts: Vec<&str> = text.lines().filter(|l| l.starts_with("trainingrun_attempt{")).collect();
+        assert_eq!(
+            attempts,
+            [r#"trainingrun_attempt{name="a",namespace="ml"} 1"#, r#"trainingrun_attempt{name="b",namespace="ml"} 1"#]
+        );
+        m.forget_run("ml", "a");
+        assert!(!m.render().contains(r#"name="a""#));
+        assert!(m.render().contains(r#"trainingrun_phase{name="b",namespace="ml",phase="Running"} 1"#));
     }
 }

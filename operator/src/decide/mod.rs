@@ -588,7 +588,10 @@ fn finish(
             message: "the step advances again".into(),
         });
     }
-    if d.create_job {
+    // A first attempt's phase change already says JobCreated; a second event with the
+    // same reason would only add a write.
+    let told = d.notes.iter().any(|n| n.reason == RunReason::JobCreated.as_str());
+    if d.create_job && !told {
         d.notes.push(Note {
             warning: false,
             reason: RunReason::JobCreated.into(),

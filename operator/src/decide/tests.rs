@@ -42,6 +42,8 @@ fn first_decision_creates_the_job_and_writes_every_condition() {
     let mut r = run(GPU_SPEC);
     let d = step(&mut r, &Observed::default(), t("00:00:00"));
     assert!(d.create_job);
+    let reasons: Vec<&str> = d.notes.iter().map(|n| n.reason.as_str()).collect();
+    assert_eq!(reasons, ["JobCreated"], "one event for the new Job");
     let s = &d.status;
     assert_eq!((s.phase, s.attempt, s.job_name.as_deref()), (Some(RunPhase::Pending), 1, Some("llm-a1")));
     assert_eq!(s.topology.as_deref(), Some("2x4"));
