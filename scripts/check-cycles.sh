@@ -10,7 +10,9 @@
 # filters apply, where every method that names its own type (`Error::reason` → `Error`)
 # is a cycle.
 #
-# Installs cargo-modules (pinned; ~6 min on 2 cores, once) and graphviz when missing.
+# Installs cargo-modules (pinned) and graphviz when missing. `--install-cargo-modules`
+# only installs cargo-modules, the slow part (.ci/run does it in the background while the
+# tests run; apt stays in the foreground, where nothing else holds its lock).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
@@ -18,6 +20,9 @@ version=0.27.0
 if ! cargo modules --version 2>/dev/null | grep -q "$version"; then
   echo "installing cargo-modules $version (the module cycle check)" >&2
   cargo install --quiet --locked "cargo-modules@$version" >&2
+fi
+if [ "${1:-}" = "--install-cargo-modules" ]; then
+  exit 0
 fi
 scripts/setup-debian.sh --lint
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"

@@ -13,10 +13,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup-debian.sh --test
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
+# The tests compile while the Python environments download (the full torch wheel is
+# ~4.6 GB): on a fresh machine the two overlap instead of following each other.
+build_log="$(mktemp)"
+cargo test --workspace --locked --no-run > "$build_log" 2>&1 &
+build=$!
+trap 'kill "$build" 2>/dev/null || true; rm -f "$build_log"' EXIT
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
 export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
 scripts/setup-s3.sh
+if ! wait "$build"; then
+  cat "$build_log" >&2
+  echo "building the tests failed (above)" >&2
+  exit 1
+fi
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 "$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
