@@ -149,29 +149,11 @@ fn bytes(t: &Tensor) -> &[u8] {
 mod tests {
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
-    use std::path::PathBuf;
 
     use tch::Kind;
 
     use super::*;
-
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let path = std::env::temp_dir().join(format!("trainer-stw-{}-{name}", std::process::id()));
-            let _ = fs::remove_dir_all(&path);
-            fs::create_dir_all(&path).unwrap();
-            TempDir(path)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::files::test_util::TempDir;
 
     /// f32 (with -0.0, NaN, a subnormal), bf16, i64, a scalar, an empty tensor, a
     /// non-contiguous view and names out of order, so that sorting and padding matter.
