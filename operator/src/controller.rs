@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crds::types::RunPhase;
 use crds::{RunConfig, TrainingRun};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
@@ -24,6 +24,7 @@ use serde_json::json;
 use crate::change::{self, Change, Claim};
 use crate::clock::{Clock, seconds_between};
 use crate::decide::{self, Decision};
+use crate::dependents::Dependents;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::observe::{self, Observed, Poll, PollError, StatusClient};
@@ -279,10 +280,11 @@ async fn finish(
         ))?;
         ctx.remember(&uid, |m| m.last_write = Some(now));
     }
+    // The gauges follow the status just written, before the events take their round trips.
+    ctx.metrics.observe_run(&ns, &name, &d.status, checkpoint_every_tokens);
     for note in &d.notes {
         ctx.publish(run, note.warning, &note.reason, &note.message).await;
     }
-    ctx.metrics.observe_run(&ns, &name, &d.status, checkpoint_every_tokens);
     let requeue = match d.status.phase {
         Some(RunPhase::Running) => s.status_poll_interval,
         Some(RunPhase::Succeeded | RunPhase::Failed) if is_terminal(&d.status) => s.requeue_interval,
@@ -344,12 +346,23 @@ pub async fn run(
     let runs: Api<TrainingRun> = api(&client, &namespace);
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
     let (store, writer) = reflector::store();
-    let triggers = watcher(runs.clone(), watcher::Config::default().any_semantic())
+    // A run waiting on `initFrom.trainingRun` wakes when that run changes.
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    let mut dependents = Dependents::default();
+    let triggers = watcher(runs, watcher::Config::default().any_semantic())
         .default_backoff()
+        .map_ok(move |event| {
+            for run in dependents.observe(&event) {
+                // Err: the controller has stopped, and wakes nobody.
+                let _ = wake.unbounded_send(run);
+            }
+            event
+        })
         .modify(trim_for_cache)
         .reflect(writer)
         .applied_objects();
-    let controller = Controller::for_stream(triggers, store.clone())
+    let controller = Controller::for_stream(triggers, store)
+        .reconcile_on(woken)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
     let mut controller = controller
         .owns(api::<Job>(&client, &namespace), owned.clone())
@@ -364,18 +377,6 @@ pub async fn run(
         .watches(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL), |pod: Pod| {
             let run = pod.labels().get(RUN_LABEL).cloned();
             run.map(|r| ObjectRef::<TrainingRun>::new(&r).within(&pod.namespace().unwrap_or_default()))
-        })
-        // A run waiting on `initFrom.trainingRun` wakes when that run changes.
-        .watches(runs, watcher::Config::default(), move |changed: TrainingRun| {
-            let ns = changed.namespace();
-            let name = changed.name_any();
-            store
-                .state()
-                .into_iter()
-                .filter(|r| r.namespace() == ns)
-                .filter(|r| r.spec.init_from.as_ref().and_then(|i| i.training_run.as_deref()) == Some(name.as_str()))
-                .map(|r| ObjectRef::from_obj(&*r))
-                .collect::<Vec<_>>()
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

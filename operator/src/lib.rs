@@ -6,6 +6,7 @@ pub mod change;
 pub mod clock;
 pub mod controller;
 pub mod decide;
+pub mod dependents;
 pub mod events;
 pub mod failure;
 pub mod http;

@@ -212,9 +212,18 @@ impl Sim {
 
     /// Waits for a line of the operator's /metrics.
     pub async fn expect_metric(&self, line: &str) {
+        self.expect_metric_where(line, |l| l == line).await;
+    }
+
+    /// Waits for `series` (name and labels) to have a value, whatever it is.
+    pub async fn expect_series(&self, series: &str) {
+        self.expect_metric_where(series, |l| l.strip_prefix(series).is_some_and(|v| v.starts_with(' '))).await;
+    }
+
+    async fn expect_metric_where(&self, what: &str, found: impl Fn(&str) -> bool) {
         let start = Instant::now();
-        while !self.metrics.render().lines().any(|l| l == line) {
-            assert!(start.elapsed() < Duration::from_secs(30), "no metric line {line}:\n{}", self.metrics.render());
+        while !self.metrics.render().lines().any(&found) {
+            assert!(start.elapsed() < Duration::from_secs(30), "no metric line {what}:\n{}", self.metrics.render());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
