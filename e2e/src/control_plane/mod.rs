@@ -1,0 +1,352 @@
+//! The real Kubernetes control plane, built from source by
+//! `scripts/setup-control-plane.sh`: etcd, kube-apiserver (token and ServiceAccount
+//! authentication, `Node,RBAC` authorization, NodeRestriction), kube-controller-manager
+//! (every default controller, each with its own ServiceAccount) and kube-scheduler, on
+//! loopback ports with a fresh data directory. Startup is waited for on `/readyz` and
+//! `/healthz`; dropping it stops every process it started.
+
+pub mod pki;
+pub mod process;
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pki::{Identity, Pki};
+use process::Daemon;
+
+/// The `kubernetes` Service's ClusterIP: the first address of the service range.
+pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("starting {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("{what} was not ready within {waited:?}: {state}")]
+    NotReady { what: String, waited: Duration, state: String },
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Error {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// Where the control plane's binaries are: `$PT_CONTROL_PLANE_BIN` (set by `make
+/// test`), else what `scripts/setup-control-plane.sh` prints (building them if needed).
+pub fn binaries() -> Result<PathBuf, Error> {
+    if let Some(dir) = std::env::var_os("PT_CONTROL_PLANE_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-control-plane.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Spawn { program: script.display().to_string(), source: e })?;
+    if !out.status.success() {
+        return Err(Error::Setup(format!("{} failed ({})", script.display(), out.status)));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A free port on 127.0.0.1 (bound and released; the kernel does not hand it out again
+/// at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+}
+
+/// Polls `check` until it returns `Ok`, or fails after `timeout` with the last state it
+/// reported.
+pub async fn wait_until<T, F: std::future::Future<Output = Result<T, String>>>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> F,
+) -> Result<T, Error> {
+    let start = Instant::now();
+    let mut interval = Duration::from_millis(20);
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(state) if start.elapsed() >= timeout => {
+                return Err(Error::NotReady { what: what.to_string(), waited: start.elapsed(), state });
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(interval).await;
+        interval = (interval * 2).min(Duration::from_millis(250));
+    }
+}
+
+pub struct ControlPlane {
+    pub bin: PathBuf,
+    pub dir: PathBuf,
+    pub pki: Pki,
+    pub api_port: u16,
+    pub admin: Identity,
+    /// Static identities of the node agents, by node name.
+    pub nodes: Vec<(String, Identity)>,
+    /// The admin's kubeconfig (what `kubectl` and the tests use).
+    pub kubeconfig: PathBuf,
+    /// Dropped last to first: the scheduler and the controllers before the API server,
+    /// the API server before etcd.
+    daemons: Vec<Daemon>,
+}
+
+impl ControlPlane {
+    /// Starts etcd, the API server, the controller manager and the scheduler with their
+    /// state under `dir`, with static tokens for the admin and for `nodes` node agents.
+    pub async fn start(dir: &Path, nodes: &[String]) -> Result<ControlPlane, Error> {
+        let bin = binaries()?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let admin = Identity::admin();
+        let controllers = Identity::new("system:kube-controller-manager", &[]);
+        let scheduler = Identity::new("system:kube-scheduler", &[]);
+        let node_ids: Vec<(String, Identity)> = nodes.iter().map(|n| (n.clone(), Identity::node(n))).collect();
+        let mut identities = vec![admin.clone(), controllers.clone(), scheduler.clone()];
+        identities.extend(node_ids.iter().map(|(_, id)| id.clone()));
+        let ips = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
+        let pki = Pki::create(&dir.join("pki"), &ips, &identities)?;
+        let mut cp = ControlPlane {
+            bin,
+            dir: dir.to_path_buf(),
+            pki,
+            api_port: free_port(),
+            admin,
+            nodes: node_ids,
+            kubeconfig: dir.join("admin.kubeconfig"),
+            daemons: Vec::new(),
+        };
+        let server = cp.server();
+        let write = |p: &Path, text: String| std::fs::write(p, text).map_err(|e| Error::io(p, e));
+        write(&cp.kubeconfig, cp.pki.kubeconfig(&server, "admin", &cp.admin.token))?;
+        let kcm_config = dir.join("controller-manager.kubeconfig");
+        write(&kcm_config, cp.pki.kubeconfig(&server, "kube-controller-manager", &controllers.token))?;
+        let scheduler_config = dir.join("scheduler.kubeconfig");
+        write(&scheduler_config, cp.pki.kubeconfig(&server, "kube-scheduler", &scheduler.token))?;
+
+        let etcd_port = cp.start_etcd().await?;
+        cp.start_apiserver(etcd_port).await?;
+        cp.start_controller_manager(&kcm_config).await?;
+        cp.start_scheduler(&scheduler_config).await?;
+        Ok(cp)
+    }
+
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// A kubeconfig file for `token` against `server`.
+    pub fn write_kubeconfig(&self, path: &Path, server: &str, user: &str, token: &str) -> Result<(), Error> {
+        std::fs::write(path, self.pki.kubeconfig(server, user, token)).map_err(|e| Error::io(path, e))
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<(), Error> {
+        let program = if name == "etcd" { self.bin.join("etcd") } else { self.bin.join(name) };
+        let mut cmd = Command::new(&program);
+        cmd.args(&args).current_dir(&self.dir);
+        let log = self.log(name);
+        self.daemons.push(Daemon::spawn(name, cmd, &log)?);
+        Ok(())
+    }
+
+    /// The daemon `name`, for the failure message of a wait.
+    fn state_of(&mut self, name: &str) -> String {
+        match self.daemons.iter_mut().find(|d| d.name == name) {
+            Some(d) => match d.exited() {
+                Some(status) => format!("{name} exited ({status}); its log ends:\n{}", d.log_tail(30)),
+                None => format!("{name} is running; its log ends:\n{}", d.log_tail(15)),
+            },
+            None => format!("{name} was not started"),
+        }
+    }
+
+    async fn start_etcd(&mut self) -> Result<u16, Error> {
+        let (client, peer) = (free_port(), free_port());
+        let data = self.dir.join("etcd");
+        let args = vec![
+            "--name=e2e".into(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster=e2e=http://127.0.0.1:{peer}"),
+            // A test cluster's state dies with it: durability buys nothing here.
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        self.spawn("etcd", args)?;
+        let probe = probe_client(&format!("http://127.0.0.1:{client}"))?;
+        self.wait_ready("etcd", &probe, "/health", |body| body.contains("\"health\":\"true\"")).await?;
+        Ok(client)
+    }
+
+    async fn start_apiserver(&mut self, etcd_port: u16) -> Result<(), Error> {
+        let p = self.pki.clone();
+        let args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", self.api_port),
+            // No Endpoints for the `kubernetes` Service: its only address is loopback,
+            // which an EndpointSlice may not hold. The node network relays it instead.
+            "--endpoint-reconciler-type=none".into(),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
+            format!("--tls-cert-file={}", p.serving_cert.display()),
+            format!("--tls-private-key-file={}", p.serving_key.display()),
+            format!("--client-ca-file={}", p.ca_cert.display()),
+            format!("--token-auth-file={}", p.token_file.display()),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!("--service-account-issuer={SA_ISSUER}"),
+            format!("--service-account-key-file={}", p.sa_pub.display()),
+            format!("--service-account-signing-key-file={}", p.sa_key.display()),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+            "--v=1".into(),
+        ];
+        self.spawn("kube-apiserver", args)?;
+        let client = self.client().await?;
+        self.wait_ready("kube-apiserver", &client, "/readyz", |body| body.trim() == "ok").await
+    }
+
+    async fn start_controller_manager(&mut self, kubeconfig: &Path) -> Result<(), Error> {
+        let port = free_port();
+        let p = self.pki.clone();
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", self.dir.join("controller-manager-certs").display()),
+            // Every default controller: job, garbage collector, namespace,
+            // serviceaccount-token, endpointslice, PV binder, node lifecycle, pod GC,
+            // ttl-after-finished, disruption, replicaset, deployment, ...
+            "--controllers=*".into(),
+            "--use-service-account-credentials=true".into(),
+            format!("--service-account-private-key-file={}", p.sa_key.display()),
+            format!("--root-ca-file={}", p.ca_cert.display()),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        self.spawn("kube-controller-manager", args)?;
+        self.wait_healthz("kube-controller-manager", port).await
+    }
+
+    async fn start_scheduler(&mut self, kubeconfig: &Path) -> Result<(), Error> {
+        let port = free_port();
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        self.spawn("kube-scheduler", args)?;
+        self.wait_healthz("kube-scheduler", port).await
+    }
+
+    /// A component's own `/healthz` (self-signed serving certificate, no credentials).
+    async fn wait_healthz(&mut self, name: &str, port: u16) -> Result<(), Error> {
+        let probe = probe_client(&format!("https://127.0.0.1:{port}"))?;
+        self.wait_ready(name, &probe, "/healthz", |body| body.trim() == "ok").await
+    }
+
+    /// Polls `GET path` until `ok(body)`; a daemon that exits fails the wait at once.
+    async fn wait_ready(
+        &mut self,
+        name: &str,
+        client: &kube::Client,
+        path: &str,
+        ok: impl Fn(&str) -> bool,
+    ) -> Result<(), Error> {
+        let timeout = Duration::from_secs(120);
+        let start = Instant::now();
+        let mut interval = Duration::from_millis(20);
+        let mut last: String;
+        loop {
+            let request = http::Request::get(path).body(Vec::new()).expect("a GET request");
+            match client.request_text(request).await {
+                Ok(body) if ok(&body) => return Ok(()),
+                Ok(body) => last = body,
+                Err(e) => last = e.to_string(),
+            }
+            let exited = self.daemons.iter_mut().find(|d| d.name == name).and_then(|d| d.exited()).is_some();
+            if exited || start.elapsed() >= timeout {
+                let state = format!("last answer: {last}; {}", self.state_of(name));
+                return Err(Error::NotReady { what: format!("{name} {path}"), waited: start.elapsed(), state });
+            }
+            tokio::time::sleep(interval).await;
+            interval = (interval * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// The log file of a component (`etcd`, `kube-apiserver`, ...).
+    pub fn log_of(&self, name: &str) -> PathBuf {
+        self.log(name)
+    }
+
+    /// `kubectl` as the admin.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.bin.join("kubectl"));
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// `helm` as the admin, with its caches under the cluster's directory.
+    pub fn helm(&self) -> Command {
+        let mut cmd = Command::new(self.bin.join("helm"));
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.join("helm/data"));
+        cmd
+    }
+
+    /// A kube-rs client as the admin.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        client_for(&self.kubeconfig).await
+    }
+}
+
+/// A kube-rs client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)
+        .map_err(|e| Error::Setup(format!("{}: {e}", kubeconfig.display())))?;
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(config, &options)
+        .await
+        .map_err(|e| Error::Setup(format!("{}: {e}", kubeconfig.display())))?;
+    kube::Client::try_from(config).map_err(|e| Error::Setup(format!("{}: {e}", kubeconfig.display())))
+}
+
+/// A client for a component's health endpoint: plain HTTP, or HTTPS that accepts the
+/// component's self-signed certificate, no credentials.
+fn probe_client(url: &str) -> Result<kube::Client, Error> {
+    let uri = url.parse().map_err(|e| Error::Setup(format!("{url}: {e}")))?;
+    let mut config = kube::Config::new(uri);
+    config.accept_invalid_certs = true;
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(5));
+    kube::Client::try_from(config).map_err(|e| Error::Setup(format!("{url}: {e}")))
+}

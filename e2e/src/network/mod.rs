@@ -1,0 +1,222 @@
+//! The test cluster's pod network, on Linux network namespaces this harness creates and
+//! deletes (needs root: `CAP_NET_ADMIN` and `CAP_SYS_ADMIN`):
+//!
+//! ```text
+//!   netns pt-<id>-c (the cluster)             netns pt-<id>-<node>-<slot> (one per pod)
+//!   ┌───────────────────────────────┐         ┌──────────────────────────────┐
+//!   │ br0 10.244.0.1/16             │◄─veth──►│ eth0 10.244.<node+1>.<slot>  │
+//!   │ lo  10.96.0.1:443 → API relay │         │ the pod's processes          │
+//!   │ the operator                  │         └──────────────────────────────┘
+//!   └───────────────────────────────┘
+//! ```
+//!
+//! Every pod has its own network namespace and address, so two pods may listen on the
+//! same port, `status.podIP` is the address the pod's processes use, and the
+//! EndpointSlice controller publishes it (it refuses loopback addresses). The control
+//! plane stays on the host's loopback; the `kubernetes` Service's ClusterIP in the
+//! cluster namespace relays to it ([`relay`]). No address exists outside these
+//! namespaces.
+//!
+//! Names resolve through hosts files ([`hosts`]): each pod's `/etc/hosts` (bind-mounted
+//! in its own mount namespace) holds what the kubelet writes (localhost, the pod's own
+//! name) and what cluster DNS would answer, generated from the real EndpointSlices.
+
+pub mod hosts;
+pub mod relay;
+
+use std::ffi::CString;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`ip {args}` failed: {stderr}")]
+    Ip { args: String, stderr: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("no free address left for node {node}")]
+    Exhausted { node: u8 },
+}
+
+/// The bridge's address and the pods' gateway.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
+pub const POD_PREFIX: u8 = 16;
+
+/// Runs `ip` with `args`.
+pub fn ip(args: &[&str]) -> Result<(), Error> {
+    let out = Command::new("ip").args(args).output().map_err(|e| Error::Io { path: PathBuf::from("ip"), source: e })?;
+    if !out.status.success() {
+        return Err(Error::Ip {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The path of a named network namespace.
+pub fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+/// A node's pod range: `10.244.<node + 1>.0/24`.
+pub fn pod_cidr(node: u8) -> String {
+    format!("10.244.{}.0/24", u16::from(node) + 1)
+}
+
+/// The address of a pod in a node's range.
+pub fn pod_ip(node: u8, slot: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, node.saturating_add(1), slot)
+}
+
+/// The cluster's network namespace and bridge; deleted with every pod namespace of
+/// this cluster when dropped.
+pub struct ClusterNetwork {
+    pub prefix: String,
+    pub netns: String,
+}
+
+impl ClusterNetwork {
+    /// Creates `<prefix>-c` with the bridge and the API relay's address. `prefix` must be
+    /// unique on the machine (the test process id and a counter).
+    pub fn create(prefix: &str) -> Result<ClusterNetwork, Error> {
+        sweep_stale();
+        let netns = format!("{prefix}-c");
+        ip(&["netns", "add", &netns])?;
+        let net = ClusterNetwork { prefix: prefix.to_string(), netns: netns.clone() };
+        let gw = format!("{GATEWAY}/{POD_PREFIX}");
+        let api = format!("{}/32", crate::control_plane::KUBERNETES_SERVICE_IP);
+        ip(&["-n", &netns, "link", "set", "lo", "up"])?;
+        ip(&["-n", &netns, "addr", "add", &api, "dev", "lo"])?;
+        ip(&["-n", &netns, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &netns, "addr", "add", &gw, "dev", "br0"])?;
+        ip(&["-n", &netns, "link", "set", "br0", "up"])?;
+        Ok(net)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        netns_path(&self.netns)
+    }
+}
+
+impl Drop for ClusterNetwork {
+    fn drop(&mut self) {
+        delete_namespaces(&format!("{}-", self.prefix));
+    }
+}
+
+/// Deletes every named network namespace that starts with `prefix`.
+fn delete_namespaces(prefix: &str) {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with(prefix) {
+            let _ = ip(&["netns", "delete", &name]);
+        }
+    }
+}
+
+/// Namespaces of test clusters whose process is gone (`pt<pid>-...`): a test killed
+/// before its clean-up.
+fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let pid = name.strip_prefix("pt").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = ip(&["netns", "delete", &name]);
+        }
+    }
+}
+
+/// One pod's network: its namespace, with a veth into the cluster's bridge.
+#[derive(Clone, Debug)]
+pub struct PodNetwork {
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    host_link: String,
+    cluster_netns: String,
+}
+
+impl PodNetwork {
+    /// Creates `<prefix>-<node>-<slot>` with `eth0` at [`pod_ip`] (what a CNI plugin's
+    /// ADD does).
+    pub fn create(prefix: &str, cluster_netns: &str, node: u8, slot: u8) -> Result<PodNetwork, Error> {
+        let netns = format!("{prefix}-{node}-{slot}");
+        let host_link = format!("veth{node}x{slot}");
+        let addr = pod_ip(node, slot);
+        let _ = ip(&["netns", "delete", &netns]);
+        let _ = ip(&["-n", cluster_netns, "link", "delete", &host_link]);
+        ip(&["netns", "add", &netns])?;
+        let cidr = format!("{addr}/{POD_PREFIX}");
+        let gw = GATEWAY.to_string();
+        ip(&["-n", cluster_netns, "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", &netns])?;
+        ip(&["-n", cluster_netns, "link", "set", &host_link, "master", "br0", "up"])?;
+        ip(&["-n", &netns, "link", "set", "lo", "up"])?;
+        ip(&["-n", &netns, "addr", "add", &cidr, "dev", "eth0"])?;
+        ip(&["-n", &netns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &netns, "route", "add", "default", "via", &gw])?;
+        Ok(PodNetwork { netns, ip: addr, host_link, cluster_netns: cluster_netns.to_string() })
+    }
+
+    /// Deletes the namespace and its link (a CNI DEL).
+    pub fn delete(&self) {
+        let _ = ip(&["netns", "delete", &self.netns]);
+        let _ = ip(&["-n", &self.cluster_netns, "link", "delete", &self.host_link]);
+    }
+}
+
+/// What a process enters before it execs: a network namespace, a private mount
+/// namespace with `hosts` bind-mounted over `/etc/hosts`, and, for a pod, its own UTS
+/// namespace with the pod's hostname.
+pub struct Enter {
+    netns: OwnedFd,
+    hosts: CString,
+    hostname: Option<CString>,
+}
+
+impl Enter {
+    pub fn new(netns: &Path, hosts: &Path, hostname: Option<&str>) -> Result<Enter, Error> {
+        let fd = std::fs::File::open(netns).map_err(|e| Error::Io { path: netns.to_path_buf(), source: e })?;
+        let cstr = |s: &str| CString::new(s).expect("no NUL in a path or hostname");
+        Ok(Enter { netns: fd.into(), hosts: cstr(&hosts.display().to_string()), hostname: hostname.map(cstr) })
+    }
+
+    /// Makes `cmd` enter these namespaces between fork and exec.
+    pub fn apply(self, cmd: &mut Command) {
+        let Enter { netns, hosts, hostname } = self;
+        // SAFETY: only async-signal-safe system calls run between fork and exec, on
+        // values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+                check(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
+                let flags = if hostname.is_some() { libc::CLONE_NEWNS | libc::CLONE_NEWUTS } else { libc::CLONE_NEWNS };
+                check(libc::unshare(flags))?;
+                check(libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+                check(libc::mount(
+                    hosts.as_ptr(),
+                    c"/etc/hosts".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))?;
+                if let Some(h) = &hostname {
+                    check(libc::sethostname(h.as_ptr(), h.as_bytes().len()))?;
+                }
+                Ok(())
+            });
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The `kubernetes` Service inside the cluster's network namespace: a TCP relay from
+//! `10.96.0.1:443` to the API server on the host's loopback, as kube-proxy would route
+//! the ClusterIP to the API server's endpoint.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::Error;
+
+pub struct Relay {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    listen: SocketAddr,
+}
+
+/// A listener created inside the network namespace at `netns` (by a thread that enters
+/// it and exits; the socket stays in that namespace).
+pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, Error> {
+    let netns = netns.to_path_buf();
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&netns).map_err(|e| Error::Io { path: netns.clone(), source: e })?;
+        // SAFETY: setns(2) on this short-lived thread only.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(Error::Io { path: netns, source: std::io::Error::last_os_error() });
+        }
+        TcpListener::bind(addr).map_err(|e| Error::Io { path: format!("{addr}").into(), source: e })
+    })
+    .join()
+    .expect("the listener thread does not panic")
+}
+
+impl Relay {
+    /// Relays `listen` (in the namespace at `netns`) to `target` (in this process's).
+    pub fn start(netns: &Path, listen: SocketAddr, target: SocketAddr) -> Result<Relay, Error> {
+        let listener = listen_in(netns, listen)?;
+        listener.set_nonblocking(true).map_err(|e| Error::Io { path: "relay".into(), source: e })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((inbound, _)) => {
+                        std::thread::spawn(move || pipe(inbound, target));
+                    }
+                    // The accept loop polls so that it can stop; connections are served
+                    // on their own threads.
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Ok(Relay { stop, thread: Some(thread), listen })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listen
+    }
+}
+
+fn pipe(inbound: TcpStream, target: SocketAddr) {
+    let _ = inbound.set_nonblocking(false);
+    let Ok(outbound) = TcpStream::connect_timeout(&target, Duration::from_secs(5)) else { return };
+    let (Ok(mut in_r), Ok(mut out_w)) = (inbound.try_clone(), outbound.try_clone()) else { return };
+    let up = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut in_r, &mut out_w);
+        let _ = out_w.shutdown(std::net::Shutdown::Write);
+    });
+    let (mut out_r, mut in_w) = (outbound, inbound);
+    let _ = std::io::copy(&mut out_r, &mut in_w);
+    let _ = in_w.shutdown(std::net::Shutdown::Write);
+    let _ = up.join();
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

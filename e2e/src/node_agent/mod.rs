@@ -1,0 +1,125 @@
+//! A node agent: the part of the kubelet this machine can be. It registers a `Node`,
+//! renews its `Lease`, watches the pods the real scheduler binds to it and runs each
+//! container's command as a process in the pod's own network namespace
+//! ([`crate::network`]), reporting what the kubelet reports. It authenticates as
+//! `system:node:<name>`, so the Node authorizer and NodeRestriction judge what it does.
+//!
+//! There is no container runtime here: an image maps to a binary built from this
+//! checkout (`--image trainer=/path/to/trainer`), and a volume is a directory the pod's
+//! mount path links to (ConfigMaps written out, a claim's PersistentVolume `hostPath`,
+//! an emptyDir).
+
+pub mod container;
+pub mod node;
+pub mod pods;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+use crate::network::hosts::HostsDir;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("starting {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("{0}")]
+    Pod(String),
+    #[error("{0}")]
+    Image(String),
+    #[error("network: {0}")]
+    Network(crate::network::Error),
+    #[error("no pod address left on this node")]
+    Exhausted,
+}
+
+impl Error {
+    pub fn kube(what: String, source: kube::Error) -> Error {
+        Error::Kube { what, source }
+    }
+    pub fn io(path: &Path, source: std::io::Error) -> Error {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// One node.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node: String,
+    /// The node's number: its pod range is `10.244.<index + 1>.0/24`.
+    pub index: u8,
+    pub root: PathBuf,
+    /// Image repository suffix → the binary it runs.
+    pub images: BTreeMap<String, PathBuf>,
+    pub cluster_netns: String,
+    /// Pod namespaces are named `<prefix>-<index>-<slot>`.
+    pub netns_prefix: String,
+    pub hosts: HostsDir,
+    pub cpu: String,
+    pub memory: String,
+    pub gpus: u32,
+    pub kubelet_version: String,
+    /// A deleted pod's processes get at most this long after SIGTERM.
+    pub max_grace: Duration,
+}
+
+/// How often the sync loop looks at its processes (the kubelet's PLEG relists every
+/// second), and how often the lease is renewed (the kubelet's default).
+const SYNC: Duration = Duration::from_millis(200);
+const RENEW: Duration = Duration::from_secs(10);
+const STATUS: Duration = Duration::from_secs(60);
+
+/// Runs the node until `stop` resolves; then kills its containers.
+pub async fn run(client: kube::Client, cfg: Config, stop: impl std::future::Future<Output = ()>) -> Result<(), Error> {
+    std::fs::create_dir_all(cfg.root.join("pods")).map_err(|e| Error::io(&cfg.root, e))?;
+    node::register(&client, &cfg).await?;
+    node::renew_lease(&client, &cfg).await?;
+    let api: Api<Pod> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let selector = format!("spec.nodeName={}", cfg.node);
+    let stream = reflector(writer, watcher(api, watcher::Config::default().fields(&selector)))
+        .default_backoff()
+        .touched_objects();
+    futures::pin_mut!(stream);
+    futures::pin_mut!(stop);
+    let mut pods = pods::Pods::default();
+    let mut sync = tokio::time::interval(SYNC);
+    let mut renew = tokio::time::interval(RENEW);
+    let mut status = tokio::time::interval(STATUS);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            event = stream.next() => {
+                if let Some(Err(e)) = event {
+                    tracing::debug!("pod watch: {e}");
+                }
+            }
+            _ = sync.tick() => {}
+            _ = renew.tick() => {
+                if let Err(e) = node::renew_lease(&client, &cfg).await {
+                    tracing::warn!("{e}");
+                }
+                continue;
+            }
+            _ = status.tick() => {
+                if let Err(e) = node::report_status(&client, &cfg).await {
+                    tracing::warn!("{e}");
+                }
+                continue;
+            }
+        }
+        let bound: Vec<Pod> = reader.state().iter().map(|p| (**p).clone()).collect();
+        pods.sync(&client, &cfg, &bound).await;
+    }
+    pods.kill_all(&cfg);
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! The operator against the real control plane: kube-apiserver, etcd, the controller
+//! manager (job, garbage collector, endpointslice, PV binder, node lifecycle, ...) and the
+//! scheduler, built from source (scripts/setup-control-plane.sh), with node agents that
+//! run pods as processes in their own network namespaces. Needs root (network and mount
+//! namespaces); fails loudly without it.
+//!
+//! Each test starts its own cluster; they run one at a time (two clusters training at
+//! once on two cores would only slow each other down).
+
+mod harness;
+
+mod crd;
