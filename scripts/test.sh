@@ -5,7 +5,9 @@
 # Debian), then runs the Rust tests, checks the golden files against PyTorch,
 # validates the CRD and the examples, compiles the jiterator kernels with NVRTC, tests
 # the GPU benchmark job on CPU, and checks the Helm chart, the alert rules and the Argo
-# CD health check.
+# CD health check. The real-control-plane suite (e2e/tests/real_cluster) runs against
+# kube-apiserver, etcd, the controller manager and the scheduler built from source by
+# scripts/setup-control-plane.sh (as root: its pods get network namespaces).
 # `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,12 +15,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup-debian.sh --test
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
-# The tests compile while the Python environments download (the full torch wheel is
-# ~4.6 GB): on a fresh machine the two overlap instead of following each other.
+# The tests compile, and the control plane's Go build runs, while the Python
+# environments download (the full torch wheel is ~4.6 GB): on a fresh machine they
+# overlap instead of following each other. The real-cluster suite runs the operator and
+# trainer binaries, so they are built first.
 build_log="$(mktemp)"
-cargo test --workspace --locked --no-run > "$build_log" 2>&1 &
+control_plane_log="$(mktemp)"
+{ cargo build --locked -p operator -p trainer && cargo test --workspace --locked --no-run; } > "$build_log" 2>&1 &
 build=$!
-trap 'kill "$build" 2>/dev/null || true; rm -f "$build_log"' EXIT
+scripts/setup-control-plane.sh > "$control_plane_log.bin" 2> "$control_plane_log" &
+control_plane=$!
+trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$control_plane_log" "$control_plane_log.bin"' EXIT
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
 export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
@@ -28,12 +35,18 @@ if ! wait "$build"; then
   echo "building the tests failed (above)" >&2
   exit 1
 fi
+if ! wait "$control_plane"; then
+  cat "$control_plane_log" >&2
+  echo "building the control plane failed (above)" >&2
+  exit 1
+fi
+PT_CONTROL_PLANE_BIN="$(cat "$control_plane_log.bin")"
+export PT_CONTROL_PLANE_BIN
 cargo test --workspace --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 "$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
-cargo build -q --locked -p operator -p trainer
 # make bench at toy sizes: every row still runs against its peer, the compile peer
 # compiles, and the sampler's greedy outputs still equal Hugging Face's.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" \

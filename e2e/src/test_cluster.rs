@@ -57,7 +57,9 @@ pub struct TestCluster {
     // controllers of this harness, the relay, the network, the control plane.
     pub operators: Vec<Operator>,
     pub agents: Vec<(String, Daemon)>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Cluster DNS and the provisioner, on a runtime of their own: a test may block its
+    /// thread (on `kubectl wait`) without stopping them.
+    controllers: Option<tokio::runtime::Runtime>,
     /// Held for its `Drop`: the `kubernetes` Service inside the cluster network.
     _relay: Relay,
     pub net: ClusterNetwork,
@@ -90,14 +92,27 @@ impl TestCluster {
         let hosts = HostsDir(dir.join("hosts.d"));
         std::fs::create_dir_all(&hosts.0).map_err(|e| Error::io(&hosts.0, e))?;
         crate::provisioner::install(&client).await.map_err(|e| Error::Setup(format!("the StorageClass: {e}")))?;
-        let tasks = vec![
-            tokio::spawn(hosts::Dns::run(client.clone(), hosts.clone())),
-            tokio::spawn(crate::provisioner::run(client.clone(), dir.join("volumes"))),
-        ];
+        let controllers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("e2e-controllers")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Setup(format!("a runtime for the cluster's controllers: {e}")))?;
+        // Their clients are made on their runtime: a client's connection tasks live on
+        // the runtime that made it.
+        let (kubeconfig, dns_dir, volumes) = (cp.kubeconfig.clone(), hosts.clone(), dir.join("volumes"));
+        controllers.spawn(async move {
+            match control_plane::client_for(&kubeconfig).await {
+                Ok(client) => {
+                    tokio::join!(hosts::Dns::run(client.clone(), dns_dir), crate::provisioner::run(client, volumes));
+                }
+                Err(e) => tracing::error!("the cluster's controllers: {e}"),
+            }
+        });
         let mut cluster = TestCluster {
             operators: Vec::new(),
             agents: Vec::new(),
-            tasks,
+            controllers: Some(controllers),
             _relay: relay,
             net,
             cp,
@@ -245,9 +260,14 @@ impl TestCluster {
         self.cp.write_kubeconfig(path, &server, &format!("system:serviceaccount:{namespace}:{account}"), token.trim())
     }
 
-    /// Starts an operator inside the cluster network with `kubeconfig`, serving
-    /// `/metrics` on its own port, with `args`.
-    pub fn start_operator(&mut self, binary: &Path, kubeconfig: &Path, args: &[&str]) -> Result<&Operator, Error> {
+    /// Starts an operator inside the cluster network with `kubeconfig` and the
+    /// environment `env` (its flags' variables), serving `/metrics` on its own address.
+    pub fn start_operator(
+        &mut self,
+        binary: &Path,
+        kubeconfig: &Path,
+        env: &[(String, String)],
+    ) -> Result<&Operator, Error> {
         let i = self.operators.len();
         let port = 18080 + i as u16;
         let metrics = SocketAddr::from((crate::network::GATEWAY, port));
@@ -259,10 +279,8 @@ impl TestCluster {
         cmd.env_clear()
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()))
-            .env("POD_NAME", format!("operator-{i}"))
-            .arg("--metrics-addr")
-            .arg(metrics.to_string())
-            .args(args);
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .env("METRICS_ADDR", metrics.to_string());
         Enter::new(&self.net.path(), &hosts, None).map_err(|e| Error::Setup(e.to_string()))?.apply(&mut cmd);
         let daemon = Daemon::spawn(&format!("operator {i}"), cmd, &self.dir.join(format!("operator-{i}.log")))?;
         self.operators.push(Operator { daemon, metrics });
@@ -297,8 +315,8 @@ impl Drop for TestCluster {
                 crate::node_agent::container::signal_group(pid, libc::SIGKILL);
             }
         }
-        for t in self.tasks.drain(..) {
-            t.abort();
+        if let Some(rt) = self.controllers.take() {
+            rt.shutdown_background();
         }
     }
 }

@@ -309,7 +309,7 @@ impl ControlPlane {
     /// `kubectl` as the admin.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new(self.bin.join("kubectl"));
-        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd.env("KUBECONFIG", &self.kubeconfig).env("KUBECACHEDIR", self.dir.join("kubectl-cache"));
         cmd
     }
 

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use e2e::test_cluster::{Options, TestCluster};
 
-pub const TR: &str = "training.puretransformer.dev/v1alpha1";
-
 /// Serialises the tests of this binary: one cluster at a time.
 pub fn serial() -> &'static tokio::sync::Mutex<()> {
     static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
@@ -36,10 +34,17 @@ fn clusters_root() -> PathBuf {
 
 /// A cluster of `nodes` nodes that run the trainer image.
 pub async fn cluster(nodes: usize) -> TestCluster {
+    cluster_with(nodes, |_| {}).await
+}
+
+/// A cluster of `nodes` nodes with `edit` applied to its options.
+pub async fn cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
     // SAFETY: geteuid(2) has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     assert!(root, "the real-cluster suite needs root: it creates network and mount namespaces for the pods");
-    let options = Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
+    let mut options =
+        Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
+    edit(&mut options);
     match TestCluster::start(&clusters_root(), options).await {
         Ok(c) => c,
         Err(e) => panic!("the test cluster did not start: {e}"),
@@ -92,4 +97,117 @@ pub fn install_crd(c: &TestCluster) {
         "condition=Established",
         Duration::from_secs(60),
     );
+}
+
+/// Polls `check` until it returns `Ok` (a condition of the cluster, not a timer), or
+/// panics after `timeout` with the last state it returned and the cluster's objects.
+pub fn poll<T>(
+    c: &TestCluster,
+    ns: &str,
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(state) if start.elapsed() >= timeout => {
+                panic!("{what}: not within {timeout:?}; last seen: {state}\n{}", c.dump(ns))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+pub const OPERATOR_NS: &str = "trainingrun-system";
+pub const RELEASE: &str = "trainingrun-operator";
+
+/// `helm install` of the chart into the real API server (its CRD from the chart's
+/// `crds/`), with `sets` (`key=value`).
+pub fn helm_install(c: &TestCluster, sets: &[&str]) {
+    let chart = repo().join("charts/trainingrun-operator");
+    let mut cmd = c.cp.helm();
+    cmd.args(["install", RELEASE]).arg(&chart).args([
+        "--namespace",
+        OPERATOR_NS,
+        "--create-namespace",
+        "--timeout",
+        "2m",
+    ]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("helm");
+    assert!(
+        out.status.success(),
+        "helm install failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        c,
+        "default",
+        "crd/trainingruns.training.puretransformer.dev",
+        "condition=Established",
+        Duration::from_secs(60),
+    );
+}
+
+/// The environment the chart's Deployment gives the operator container, with the
+/// downward-API fields resolved as the kubelet would for pod `pod`.
+pub fn chart_operator_env(c: &TestCluster, pod: &str) -> Vec<(String, String)> {
+    let json = kubectl(c, &["-n", OPERATOR_NS, "get", "deployment", RELEASE, "-o", "json"]);
+    let deploy: serde_json::Value = serde_json::from_str(&json).expect("the Deployment");
+    let env =
+        deploy["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("the operator's env").clone();
+    env.iter()
+        .map(|e| {
+            let name = e["name"].as_str().expect("env name").to_string();
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.namespace") => OPERATOR_NS.to_string(),
+                Some("metadata.name") => pod.to_string(),
+                Some(other) => panic!("the chart's env {name} reads {other}, which this test does not resolve"),
+                None => e["value"].as_str().unwrap_or_default().to_string(),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Starts operator `pod` out of cluster as the chart's ServiceAccount (a token from
+/// `kubectl create token`) with the chart's environment: RBAC is the chart's.
+pub fn start_chart_operator(c: &mut TestCluster, pod: &str) {
+    let kubeconfig = c.dir.join(format!("{pod}.kubeconfig"));
+    c.service_account_kubeconfig(OPERATOR_NS, RELEASE, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+    let env = chart_operator_env(c, pod);
+    let operator = workspace_binary("operator");
+    assert!(operator.exists(), "{} is missing: cargo build -p operator", operator.display());
+    c.start_operator(&operator, &kubeconfig, &env).unwrap_or_else(|e| panic!("starting the operator: {e}"));
+}
+
+/// A namespace for runs, with its default ServiceAccount (pods need it to be admitted).
+pub async fn namespace(c: &TestCluster, ns: &str) {
+    kubectl(c, &["create", "namespace", ns]);
+    c.wait_default_service_account(ns).await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A field of a TrainingRun by JSONPath (`{.status.attempt}`).
+pub fn run_field(c: &TestCluster, ns: &str, run: &str, path: &str) -> String {
+    c.kubectl_out(&["-n", ns, "get", "trainingrun", run, "-o", &format!("jsonpath={path}")]).unwrap_or_default()
+}
+
+/// `examples/tiny-cluster.yaml`, named `name`, with `edit` applied to the document.
+pub fn tiny_cluster(name: &str, edit: impl FnOnce(&mut serde_yaml_ng::Value)) -> String {
+    let text = std::fs::read_to_string(repo().join("examples/tiny-cluster.yaml")).expect("tiny-cluster.yaml");
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
+    doc["metadata"]["name"] = serde_yaml_ng::Value::from(name);
+    edit(&mut doc);
+    serde_yaml_ng::to_string(&doc).expect("YAML")
+}
+
+/// `kubectl apply -n ns -f -` of a manifest.
+pub fn apply(c: &TestCluster, ns: &str, manifest: &str) {
+    let (ok, _, err) = kubectl_stdin(c, &["-n", ns, "apply", "-f", "-"], manifest);
+    assert!(ok, "kubectl apply: {err}");
 }

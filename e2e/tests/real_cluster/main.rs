@@ -10,3 +10,4 @@
 mod harness;
 
 mod crd;
+mod run;

@@ -1,0 +1,107 @@
+//! §3.2 and §3.3: the chart installed by Helm, the operator running as the chart's
+//! ServiceAccount (RBAC is real), and a two-node run that the real Job controller,
+//! scheduler and EndpointSlice controller carry to Succeeded; deleting it collects its
+//! children through owner references.
+
+use std::time::Duration;
+
+use serde_yaml_ng::Value;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
+    let _one = serial().lock().await;
+    let trainer = workspace_binary("trainer");
+    assert!(trainer.exists(), "{} is missing: cargo build -p trainer", trainer.display());
+    // 1.5 CPUs a node: a 1-CPU rank fits once per node, so the scheduler must spread them.
+    let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
+
+    helm_install(&c, &["networkPolicy.enabled=true", "statusPollInterval=2s", "statusWriteInterval=2s"]);
+    let objects = kubectl(
+        &c,
+        &["-n", OPERATOR_NS, "get", "serviceaccount,deployment,service,networkpolicy,role,rolebinding", "-o", "name"],
+    );
+    for want in [
+        "serviceaccount/trainingrun-operator",
+        "deployment.apps/trainingrun-operator",
+        "service/trainingrun-operator",
+        "networkpolicy.networking.k8s.io/trainingrun-operator",
+    ] {
+        assert!(objects.contains(want), "the chart did not create {want}:\n{objects}");
+    }
+    let cluster_roles = kubectl(&c, &["get", "clusterrole,clusterrolebinding", "-o", "name"]);
+    assert!(cluster_roles.contains("clusterrole.rbac.authorization.k8s.io/trainingrun-operator"), "{cluster_roles}");
+    start_chart_operator(&mut c, "trainingrun-operator-0");
+
+    namespace(&c, "ml").await;
+    let run = tiny_cluster("tiny-cluster", |d| d["spec"]["topology"]["nodes"] = Value::from(2));
+    apply(&c, "ml", &run);
+    wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
+
+    let field = |p: &str| run_field(&c, "ml", "tiny-cluster", p);
+    assert_eq!(field("{.status.progress.percent}"), "100", "progress: {}", field("{.status.progress}"));
+    let loss: f64 =
+        field("{.status.metrics.loss}").parse().unwrap_or_else(|_| panic!("no loss: {}", field("{.status}")));
+    assert!(loss.is_finite() && loss < 6.0, "final loss {loss}");
+    assert_eq!(field("{.status.restarts}"), "0");
+    let table = kubectl(&c, &["-n", "ml", "get", "tr"]);
+    eprintln!("{table}");
+    let row = table.lines().find(|l| l.starts_with("tiny-cluster")).expect("a row for the run");
+    assert!(row.contains("Succeeded") && row.contains("100.0%"), "kubectl get tr: {row}");
+
+    // Both ranks ran, one on each node (the scheduler's doing), and rendezvoused
+    // through the headless Service's names.
+    let pods = kubectl(
+        &c,
+        &[
+            "-n",
+            "ml",
+            "get",
+            "pods",
+            "-l",
+            "job-name=tiny-cluster-a1",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{'\\n'}{end}",
+        ],
+    );
+    let mut nodes: Vec<&str> = pods.lines().map(|l| l.split(' ').next().unwrap_or_default()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-0", "node-1"], "pods:\n{pods}");
+    assert!(pods.lines().all(|l| l.ends_with("Succeeded")), "{pods}");
+
+    let events = kubectl(
+        &c,
+        &[
+            "-n",
+            "ml",
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=tiny-cluster",
+            "-o",
+            "jsonpath={range .items[*]}{.reason}{'\\n'}{end}",
+        ],
+    );
+    assert!(events.lines().any(|r| r == "JobCreated"), "the operator's events: {events}");
+
+    // Deleting the run collects its children through owner references.
+    let job = field("{.status.jobName}");
+    assert_eq!(job, "tiny-cluster-a1");
+    kubectl(&c, &["-n", "ml", "delete", "trainingrun", "tiny-cluster", "--wait=true", "--timeout=60s"]);
+    for what in
+        ["configmap/tiny-cluster-config", "service/tiny-cluster", "job/tiny-cluster-a1", "pvc/tiny-cluster-checkpoints"]
+    {
+        poll(&c, "ml", &format!("{what} collected"), Duration::from_secs(60), || {
+            match c.kubectl_out(&["-n", "ml", "get", what, "--ignore-not-found", "-o", "name"]) {
+                Ok(out) if out.trim().is_empty() => Ok(()),
+                Ok(out) => Err(out),
+                Err(e) => Err(e),
+            }
+        });
+    }
+    poll(&c, "ml", "the run's pods collected", Duration::from_secs(60), || {
+        let left = c.kubectl_out(&["-n", "ml", "get", "pods", "-o", "name"])?;
+        if left.trim().is_empty() { Ok(()) } else { Err(left) }
+    });
+}
