@@ -49,6 +49,25 @@ pub enum Change {
     Refused { message: String },
 }
 
+fn refused(problems: &[String], accepted: &RunConfig) -> Change {
+    Change::Refused {
+        message: format!(
+            "refused: {}. The run goes on as accepted ({} on {}, {} steps); change these back to lift this",
+            problems.join("; "),
+            accepted.model.preset,
+            accepted.topology.display,
+            accepted.schedule.total_steps
+        ),
+    }
+}
+
+/// A spec that no longer resolves, for a run that has an accepted config: refused like
+/// any change it cannot take, naming the fields, so the running attempt goes on.
+pub fn unresolvable(invalid: &crds::InvalidSpec, accepted: &RunConfig) -> Change {
+    let problems: Vec<String> = invalid.0.iter().map(|e| e.to_string()).collect();
+    refused(&problems, accepted)
+}
+
 /// What the change from `accepted` (the ConfigMap's config; `None` before there is
 /// one) to `wanted` (the spec, resolved) does, for a run that has trained
 /// `trained_tokens` tokens and whose checkpoint claim is `claim` (`None` before it
@@ -90,15 +109,7 @@ pub fn admit(accepted: Option<&RunConfig>, wanted: &RunConfig, claim: Option<&Cl
         ));
     }
     if !problems.is_empty() {
-        return Change::Refused {
-            message: format!(
-                "refused: {}. The run goes on as accepted ({} on {}, {} steps); change these back to lift this",
-                problems.join("; "),
-                accepted.model.preset,
-                was.display,
-                accepted.schedule.total_steps
-            ),
-        };
+        return refused(&problems, accepted);
     }
     if changes.iter().all(|c| spec_field(c) == "spec.failurePolicy") {
         return Change::Operator { changes };

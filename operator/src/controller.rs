@@ -145,25 +145,32 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let old = run.status.clone().unwrap_or_default();
 
     // 1. validate
-    let wanted = match validate::validate(&run, old.attempt) {
-        Ok(cfg) => cfg,
-        Err(invalid) => {
-            let d = decide::invalid(&run, &invalid, now);
-            return finish(&ctx, &runs, &run, d, None, now).await;
-        }
-    };
+    let wanted = validate::validate(&run, old.attempt);
     let s = &ctx.settings;
     // What the run's attempts run under, and whether the spec may change it (a run that
     // failed is final; one that succeeded may be given more tokens).
     let ended = is_terminal(&old) && old.phase != Some(RunPhase::Succeeded);
     let live = if ended { observe::Accepted::default() } else { observe::accepted(&ctx.client, &run).await? };
-    let claim = live.claim.clone().map(|modes| Claim {
-        name: resources::pvc_name(&name),
-        modes,
-        wanted: resources::access_mode(&run.spec, &wanted),
-    });
-    let trained = old.progress.as_ref().map_or(0, |p| p.tokens);
-    let change = change::admit(live.config.as_ref(), &wanted, claim.as_ref(), trained);
+    let (wanted, change) = match (wanted, &live.config) {
+        (Ok(wanted), _) => {
+            let claim = live.claim.clone().map(|modes| Claim {
+                name: resources::pvc_name(&name),
+                modes,
+                wanted: resources::access_mode(&run.spec, &wanted),
+            });
+            let trained = old.progress.as_ref().map_or(0, |p| p.tokens);
+            let change = change::admit(live.config.as_ref(), &wanted, claim.as_ref(), trained);
+            (wanted, change)
+        }
+        // An edit that no longer resolves is refused while an accepted config runs.
+        (Err(invalid), Some(accepted)) if !is_terminal(&old) => {
+            (RunConfig { attempt: old.attempt.max(1), ..accepted.clone() }, change::unresolvable(&invalid, accepted))
+        }
+        (Err(invalid), _) => {
+            let d = decide::invalid(&run, &invalid, now);
+            return finish(&ctx, &runs, &run, d, None, now).await;
+        }
+    };
     // A refused change leaves the run under the accepted config.
     let cfg = match (&change, live.config) {
         (Change::Refused { .. }, Some(accepted)) => RunConfig { attempt: wanted.attempt, ..accepted },

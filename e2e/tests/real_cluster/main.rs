@@ -10,4 +10,5 @@
 mod harness;
 
 mod crd;
+mod failures;
 mod run;
