@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,6 +50,7 @@ use crds::contract::{self, env};
 use serde_json::{Value, json};
 
 use crate::fake_api::FakeApi;
+use crate::node_agent::container::{children, signal_group, tail};
 
 /// Holds a pod object until the kubelet has stopped its processes.
 pub const KUBELET_FINALIZER: &str = "e2e.puretransformer.dev/kubelet";
@@ -144,13 +145,6 @@ fn index_of(pod: &Value) -> Option<u32> {
     str_at(pod, &format!("/metadata/annotations/{}", INDEX_ANNOTATION.replace('/', "~1")))?.parse().ok()
 }
 
-fn signal_group(pid: u32, signal: libc::c_int) {
-    // SAFETY: kill(2) on the process group of a child we spawned (its own group).
-    unsafe {
-        libc::kill(-(pid as libc::pid_t), signal);
-    }
-}
-
 /// Host ports come from below Linux's ephemeral range (32768–60999), so no outgoing
 /// connection or `bind(0)` takes a port between its allocation and the trainer's bind.
 const HOST_PORTS: std::ops::Range<u16> = 20000..32000;
@@ -172,17 +166,6 @@ fn free_port() -> u16 {
         }
     }
     panic!("no free port in {HOST_PORTS:?}")
-}
-
-/// The last `max` bytes of a file, from a line start where possible.
-fn tail(path: &Path, max: usize) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let start = text.len().saturating_sub(max);
-    let s = String::from_utf8_lossy(&text[start..]).to_string();
-    match (start > 0, s.find('\n')) {
-        (true, Some(i)) => s[i + 1..].to_string(),
-        _ => s,
-    }
 }
 
 impl SimulatedCluster {
@@ -292,25 +275,6 @@ impl Drop for SimulatedCluster {
             let _ = t.join();
         }
     }
-}
-
-/// Direct children of a process, from /proc.
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
-    for e in dir.flatten() {
-        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
-        // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
 }
 
 impl Shared {

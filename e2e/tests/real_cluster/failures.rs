@@ -25,7 +25,7 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
     namespace(&c, "ml").await;
     let run = tiny_cluster("restart", |d| {
         d["spec"]["topology"]["nodes"] = Value::from(2);
-        d["spec"]["tokens"] = Value::from("2M");
+        d["spec"]["tokens"] = Value::from("1M");
     });
     apply(&c, "ml", &run);
     let field = |c: &e2e::test_cluster::TestCluster, p: &str| run_field(c, "ml", "restart", p);
@@ -98,20 +98,8 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
         .find_map(|l| l.split("resuming from ").nth(1)?.split(" at step ").nth(1)?.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("attempt 2 did not resume from a checkpoint:\n{log}"));
     assert!(resumed >= step && resumed > 0, "attempt 2 resumed at step {resumed}; a checkpoint of step {step} existed");
-    let events = kubectl(
-        &c,
-        &[
-            "-n",
-            "ml",
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=restart",
-            "-o",
-            "jsonpath={range .items[*]}{.reason}{'\\n'}{end}",
-        ],
-    );
-    assert!(events.lines().any(|r| r == "ChangeRefused"), "events: {events}");
+    let events = event_reasons(&c, "ml", "restart");
+    assert!(events.iter().any(|r| r == "ChangeRefused"), "events: {events:?}");
 }
 
 #[tokio::test]

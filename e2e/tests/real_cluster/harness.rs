@@ -211,3 +211,22 @@ pub fn apply(c: &TestCluster, ns: &str, manifest: &str) {
     let (ok, _, err) = kubectl_stdin(c, &["-n", ns, "apply", "-f", "-"], manifest);
     assert!(ok, "kubectl apply: {err}");
 }
+
+/// The reasons of the events about object `name`, oldest first.
+pub fn event_reasons(c: &TestCluster, ns: &str, name: &str) -> Vec<String> {
+    let selector = format!("involvedObject.name={name}");
+    let out = kubectl(
+        c,
+        &[
+            "-n",
+            ns,
+            "get",
+            "events",
+            "--field-selector",
+            &selector,
+            "-o",
+            "jsonpath={range .items[*]}{.reason}{'\\n'}{end}",
+        ],
+    );
+    out.lines().map(String::from).collect()
+}

@@ -11,4 +11,5 @@ mod harness;
 
 mod crd;
 mod failures;
+mod operator;
 mod run;

@@ -70,20 +70,8 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     assert_eq!(nodes, ["node-0", "node-1"], "pods:\n{pods}");
     assert!(pods.lines().all(|l| l.ends_with("Succeeded")), "{pods}");
 
-    let events = kubectl(
-        &c,
-        &[
-            "-n",
-            "ml",
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=tiny-cluster",
-            "-o",
-            "jsonpath={range .items[*]}{.reason}{'\\n'}{end}",
-        ],
-    );
-    assert!(events.lines().any(|r| r == "JobCreated"), "the operator's events: {events}");
+    let events = event_reasons(&c, "ml", "tiny-cluster");
+    assert!(events.iter().any(|r| r == "JobCreated"), "the operator's events: {events:?}");
 
     // Deleting the run collects its children through owner references.
     let job = field("{.status.jobName}");
