@@ -5,6 +5,7 @@
 # With --test also what the tests need:
 #   prometheus   promtool, for the alert rules' unit tests.
 #   lua5.1       Argo CD's Lua dialect, for the health check's tests.
+#   iproute2     ip, which gives the real-cluster suite's pods their network namespaces.
 # With --lint what scripts/check-cycles.sh needs:
 #   graphviz     sccmap, which finds the cycles in the module graph.
 # With --image what scripts/check-image.sh needs:
@@ -17,6 +18,7 @@ missing=()
 if [ "${1:-}" = --test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v lua5.1 >/dev/null || missing+=(lua5.1)
+  command -v ip >/dev/null || missing+=(iproute2)
 fi
 if [ "${1:-}" = --lint ]; then
   command -v sccmap >/dev/null || missing+=(graphviz)

@@ -329,8 +329,15 @@ impl ControlPlane {
     }
 }
 
+/// Chooses rustls' ring provider for this process: a workspace build enables both ring
+/// and aws-lc-rs (the AWS SDK), and rustls then cannot pick one on its own.
+fn tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A kube-rs client from a kubeconfig file.
 pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    tls_provider();
     let config = kube::config::Kubeconfig::read_from(kubeconfig)
         .map_err(|e| Error::Setup(format!("{}: {e}", kubeconfig.display())))?;
     let options = kube::config::KubeConfigOptions::default();
@@ -343,6 +350,7 @@ pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
 /// A client for a component's health endpoint: plain HTTP, or HTTPS that accepts the
 /// component's self-signed certificate, no credentials.
 fn probe_client(url: &str) -> Result<kube::Client, Error> {
+    tls_provider();
     let uri = url.parse().map_err(|e| Error::Setup(format!("{url}: {e}")))?;
     let mut config = kube::Config::new(uri);
     config.accept_invalid_certs = true;
