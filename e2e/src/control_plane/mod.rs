@@ -5,8 +5,11 @@
 //! loopback ports with a fresh data directory. Startup is waited for on `/readyz` and
 //! `/healthz`; dropping it stops every process it started.
 
+mod error;
 pub mod pki;
 pub mod process;
+
+pub use error::Error;
 
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -20,26 +23,6 @@ use process::Daemon;
 pub const SERVICE_RANGE: &str = "10.96.0.0/16";
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("starting {program}: {source}")]
-    Spawn { program: String, source: std::io::Error },
-    #[error("certificates: {0}")]
-    Pki(String),
-    #[error("{what} was not ready within {waited:?}: {state}")]
-    NotReady { what: String, waited: Duration, state: String },
-    #[error("{0}")]
-    Setup(String),
-}
-
-impl Error {
-    pub fn io(path: &Path, source: std::io::Error) -> Error {
-        Error::Io { path: path.to_path_buf(), source }
-    }
-}
 
 /// Where the control plane's binaries are: `$PT_CONTROL_PLANE_BIN` (set by `make
 /// test`), else what `scripts/setup-control-plane.sh` prints (building them if needed).

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
-use super::Error;
+use super::error::Error;
 
 /// Who a static token authenticates as.
 #[derive(Clone, Debug, PartialEq, Eq)]

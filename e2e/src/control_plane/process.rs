@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::Error;
+use super::error::Error;
 
 pub struct Daemon {
     pub name: String,
