@@ -34,7 +34,6 @@ pub struct Process {
     pub started_at: String,
     pub termination: PathBuf,
     pub log: PathBuf,
-    pub message_policy: String,
     /// When SIGTERM was sent, and the grace period that followed.
     pub term_sent: Option<(Instant, std::time::Duration)>,
     /// The next exit is reported as the kernel's OOM kill (a test's marker file).
@@ -118,7 +117,6 @@ pub struct Launch<'a> {
     pub cwd: &'a Path,
     pub log: PathBuf,
     pub termination: PathBuf,
-    pub message_policy: String,
     pub enter: crate::network::Enter,
     pub oom_marker: PathBuf,
 }
@@ -144,7 +142,6 @@ pub fn start(l: Launch<'_>) -> Result<Process, Error> {
         started_at: now_rfc3339(),
         termination: l.termination,
         log: l.log,
-        message_policy: l.message_policy,
         term_sent: None,
         oom_marker: l.oom_marker,
     })

@@ -308,7 +308,6 @@ impl Pods {
                 cwd: &root,
                 log: dir.join("log"),
                 termination,
-                message_policy: container.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
                 enter,
                 oom_marker: dir.join("oom"),
             })

@@ -9,15 +9,6 @@ use serde_yaml_ng::Value;
 
 use crate::harness::*;
 
-/// `examples/tiny-cluster.yaml` with `edit` applied.
-fn variant(name: &str, edit: impl FnOnce(&mut Value)) -> String {
-    let text = std::fs::read_to_string(repo().join("examples/tiny-cluster.yaml")).expect("tiny-cluster.yaml");
-    let mut doc: Value = serde_yaml_ng::from_str(&text).expect("YAML");
-    doc["metadata"]["name"] = Value::from(name);
-    edit(&mut doc);
-    serde_yaml_ng::to_string(&doc).expect("YAML")
-}
-
 fn set(doc: &mut Value, path: &str, value: Value) {
     let mut at = &mut doc["spec"];
     let keys: Vec<&str> = path.split('.').collect();
@@ -104,7 +95,7 @@ async fn the_api_server_judges_the_crd_as_the_readme_says() {
     let cases: Vec<(&str, String, Option<&str>)> = vec![
         (
             "weights-do-not-sum-to-one",
-            variant("w", |d| {
+            tiny_cluster("w", |d| {
                 set(
                     d,
                     "data.mix",
@@ -117,46 +108,50 @@ async fn the_api_server_judges_the_crd_as_the_readme_says() {
         ),
         (
             "weight-above-one",
-            variant("w1", |d| set(d, "data.mix", yaml("[{name: a, weight: 1.5, uri: 'embedded:textbook'}]"))),
+            tiny_cluster("w1", |d| set(d, "data.mix", yaml("[{name: a, weight: 1.5, uri: 'embedded:textbook'}]"))),
             Some("weight must be in (0, 1]"),
         ),
-        ("no-nodes", variant("n0", |d| set(d, "topology.nodes", Value::from(0))), Some("nodes must be at least 1")),
+        (
+            "no-nodes",
+            tiny_cluster("n0", |d| set(d, "topology.nodes", Value::from(0))),
+            Some("nodes must be at least 1"),
+        ),
         (
             "micro-batch-zero",
-            variant("mb0", |d| set(d, "batch.microBatch", Value::from(0))),
+            tiny_cluster("mb0", |d| set(d, "batch.microBatch", Value::from(0))),
             Some("microBatch must be at least 1"),
         ),
         (
             "checkpoint-every-zero",
-            variant("ck0", |d| set(d, "checkpoint.everySteps", Value::from(0))),
+            tiny_cluster("ck0", |d| set(d, "checkpoint.everySteps", Value::from(0))),
             Some("everySteps must be at least 1"),
         ),
         (
             "grpo-phase-without-grpo",
-            variant("g", |d| set(d, "phase", Value::from("grpo"))),
+            tiny_cluster("g", |d| set(d, "phase", Value::from("grpo"))),
             Some("spec.grpo must be set exactly when spec.phase is grpo"),
         ),
         (
             "pretrain-without-data",
-            variant("nd", |d| remove(d, "data")),
+            tiny_cluster("nd", |d| remove(d, "data")),
             Some("spec.data is required when spec.phase is pretrain"),
         ),
         (
             "pretrain-without-global-batch",
-            variant("nb", |d| remove(d, "batch.globalTokens")),
+            tiny_cluster("nb", |d| remove(d, "batch.globalTokens")),
             Some("spec.batch.globalTokens is required when spec.phase is pretrain"),
         ),
         (
             "init-from-both",
-            variant("if", |d| set(d, "initFrom", yaml("{trainingRun: base, uri: 's3://b/p'}"))),
+            tiny_cluster("if", |d| set(d, "initFrom", yaml("{trainingRun: base, uri: 's3://b/p'}"))),
             Some("set exactly one of initFrom.trainingRun and initFrom.uri"),
         ),
         (
             "unknown-field",
-            variant("uf", |d| set(d, "batch.microbatch", Value::from(8))),
+            tiny_cluster("uf", |d| set(d, "batch.microbatch", Value::from(8))),
             Some("unknown field \"spec.batch.microbatch\""),
         ),
-        ("global-batch-not-divisible", variant("gb", |d| set(d, "batch.globalTokens", Value::from(10000))), None),
+        ("global-batch-not-divisible", tiny_cluster("gb", |d| set(d, "batch.globalTokens", Value::from(10000))), None),
     ];
     let mut disagreements = Vec::new();
     for (case, manifest, message) in &cases {

@@ -34,19 +34,7 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
     });
 
     // An edit that no longer resolves: refused, naming the field; attempt 1 goes on.
-    kubectl(
-        &c,
-        &[
-            "-n",
-            "ml",
-            "patch",
-            "trainingrun",
-            "restart",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"batch":{"globalTokens":10000}}}"#,
-        ],
-    );
+    patch_run(&c, "ml", "restart", r#"{"spec":{"batch":{"globalTokens":10000}}}"#);
     wait_for(&c, "ml", "trainingrun/restart", "condition=Accepted=false", Duration::from_secs(60));
     let message = field(&c, "{.status.conditions[?(@.type==\"Accepted\")].message}");
     assert!(message.contains("spec.batch.globalTokens"), "Accepted=False must name the field: {message}");
@@ -54,19 +42,7 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
     assert_eq!(field(&c, "{.status.attempt}"), "1");
     let active = kubectl(&c, &["-n", "ml", "get", "job", "restart-a1", "-o", "jsonpath={.status.active}"]);
     assert_eq!(active, "2", "attempt 1's pods keep running");
-    kubectl(
-        &c,
-        &[
-            "-n",
-            "ml",
-            "patch",
-            "trainingrun",
-            "restart",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"batch":{"globalTokens":8192}}}"#,
-        ],
-    );
+    patch_run(&c, "ml", "restart", r#"{"spec":{"batch":{"globalTokens":8192}}}"#);
     wait_for(&c, "ml", "trainingrun/restart", "condition=Accepted=true", Duration::from_secs(60));
 
     // Rank 0's trainer worker dies (SIGKILL, exit 137): the real Job controller fails

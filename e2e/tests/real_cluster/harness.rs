@@ -230,3 +230,8 @@ pub fn event_reasons(c: &TestCluster, ns: &str, name: &str) -> Vec<String> {
     );
     out.lines().map(String::from).collect()
 }
+
+/// `kubectl patch trainingrun <run> --type=merge -p <patch>`, as a user edits a run.
+pub fn patch_run(c: &TestCluster, ns: &str, run: &str, patch: &str) {
+    kubectl(c, &["-n", ns, "patch", "trainingrun", run, "--type=merge", "-p", patch]);
+}
