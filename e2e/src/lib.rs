@@ -1,11 +1,10 @@
 //! End-to-end harnesses. Against the real control plane (the suite CI runs): the control
 //! plane built from source ([`control_plane`]), the pod network ([`network`]), node
 //! agents that run pods as processes ([`node_agent`]), a volume provisioner
-//! ([`provisioner`]), all composed by [`test_cluster`]. Against stand-ins, where the real
-//! control plane cannot do the job: a stateful fake API server ([`fake_api`]) and a
-//! simulated cluster ([`cluster`]) (see docs/testing.md).
+//! ([`provisioner`]), all composed by [`test_cluster`]. Against a stand-in, where the real
+//! control plane cannot do the job (an injected clock, a reconcile driven by hand): a
+//! stateful fake API server ([`fake_api`]) (see docs/testing.md).
 
-pub mod cluster;
 pub mod control_plane;
 pub mod fake_api;
 pub mod network;

@@ -18,9 +18,12 @@ pub struct Relay {
     listen: SocketAddr,
 }
 
-/// A listener created inside the network namespace at `netns` (by a thread that enters
-/// it and exits; the socket stays in that namespace).
-pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, Error> {
+/// Runs `f` on a short-lived thread that has entered the network namespace at `netns`:
+/// a socket it makes stays in that namespace.
+pub fn in_netns<T: Send + 'static>(
+    netns: &Path,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, Error> {
     let netns = netns.to_path_buf();
     std::thread::spawn(move || {
         let ns = std::fs::File::open(&netns).map_err(|e| Error::Io { path: netns.clone(), source: e })?;
@@ -28,10 +31,20 @@ pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, Error> {
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(Error::Io { path: netns, source: std::io::Error::last_os_error() });
         }
-        TcpListener::bind(addr).map_err(|e| Error::Io { path: format!("{addr}").into(), source: e })
+        f().map_err(|e| Error::Io { path: netns, source: e })
     })
     .join()
-    .expect("the listener thread does not panic")
+    .expect("the namespace thread does not panic")
+}
+
+/// A listener created inside the network namespace at `netns`.
+pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, Error> {
+    in_netns(netns, move || TcpListener::bind(addr))
+}
+
+/// A connection made from inside the network namespace at `netns`.
+pub fn connect_in(netns: &Path, addr: SocketAddr) -> Result<TcpStream, Error> {
+    in_netns(netns, move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
 }
 
 impl Relay {

@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 pub mod harness;
-pub mod sim;
 
 use crds::types::TrainingRunStatus;
 use e2e::fake_api::FakeApi;

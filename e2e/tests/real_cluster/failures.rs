@@ -1,8 +1,8 @@
 //! §3.4: failures the real way. A running run edited into a spec that no longer
 //! resolves is refused (Accepted=False naming the field) while its attempt goes on; a
 //! rank's process killed (exit 137) goes through the Job's pod failure policy and the
-//! operator's gang restart to attempt 2, which resumes from the last checkpoint; a NaN
-//! fails the run with no second attempt.
+//! operator's gang restart to attempt 2, which resumes from the last checkpoint. (A NaN,
+//! an OOM kill, a full disk, suspend and resize are in `scenarios.rs`.)
 
 use std::time::Duration;
 
@@ -76,30 +76,4 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
     assert!(resumed >= step && resumed > 0, "attempt 2 resumed at step {resumed}; a checkpoint of step {step} existed");
     let events = event_reasons(&c, "ml", "restart");
     assert!(events.iter().any(|r| r == "ChangeRefused"), "events: {events:?}");
-}
-
-#[tokio::test]
-async fn a_nan_fails_the_run_with_no_second_attempt() {
-    let _one = serial().lock().await;
-    let mut c = cluster(1).await;
-    helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
-    start_chart_operator(&mut c, "trainingrun-operator-0");
-    namespace(&c, "ml").await;
-    let run = tiny_cluster("nan", |d| {
-        d["spec"]["env"] = serde_yaml_ng::from_str("[{name: TRAINER_INJECT_NAN_AT_STEP, value: '5'}]").expect("YAML");
-    });
-    apply(&c, "ml", &run);
-    wait_for(&c, "ml", "trainingrun/nan", "condition=Failed", Duration::from_secs(300));
-    let field = |p: &str| run_field(&c, "ml", "nan", p);
-    assert_eq!(field("{.status.reason}"), "NaNLoss", "{}", field("{.status}"));
-    assert_eq!(field("{.status.attempt}"), "1");
-    assert_eq!(field("{.status.restarts}"), "0");
-    let jobs = kubectl(&c, &["-n", "ml", "get", "jobs", "-o", "name"]);
-    assert!(!jobs.contains("nan-a2"), "a NaN must not be retried: {jobs}");
-    wait_for(&c, "ml", "job/nan-a1", "condition=Failed", Duration::from_secs(60));
-    let reason = kubectl(
-        &c,
-        &["-n", "ml", "get", "job", "nan-a1", "-o", "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}"],
-    );
-    assert_eq!(reason, "PodFailurePolicy", "the Job failed by its pod failure policy (the trainer's NaN exit code)");
 }

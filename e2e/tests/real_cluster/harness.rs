@@ -178,9 +178,16 @@ pub fn chart_operator_env(c: &TestCluster, pod: &str) -> Vec<(String, String)> {
 /// Starts operator `pod` out of cluster as the chart's ServiceAccount (a token from
 /// `kubectl create token`) with the chart's environment: RBAC is the chart's.
 pub fn start_chart_operator(c: &mut TestCluster, pod: &str) {
+    start_chart_operator_with(c, pod, &[]);
+}
+
+/// [`start_chart_operator`] with `extra` added to the chart's environment (settings the
+/// chart leaves at their defaults).
+pub fn start_chart_operator_with(c: &mut TestCluster, pod: &str, extra: &[(&str, &str)]) {
     let kubeconfig = c.dir.join(format!("{pod}.kubeconfig"));
     c.service_account_kubeconfig(OPERATOR_NS, RELEASE, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-    let env = chart_operator_env(c, pod);
+    let mut env = chart_operator_env(c, pod);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let operator = workspace_binary("operator");
     assert!(operator.exists(), "{} is missing: cargo build -p operator", operator.display());
     c.start_operator(&operator, &kubeconfig, &env).unwrap_or_else(|e| panic!("starting the operator: {e}"));

@@ -8,8 +8,10 @@
 //! once on two cores would only slow each other down).
 
 mod harness;
+mod scenario;
 
 mod crd;
 mod failures;
 mod operator;
 mod run;
+mod scenarios;

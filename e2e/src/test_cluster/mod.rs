@@ -1,7 +1,7 @@
 //! A whole test cluster on this machine: the real control plane, the pod network, one
 //! node agent process per node, cluster DNS as hosts files, the volume provisioner, and
 //! operators started out of cluster as a ServiceAccount. Dropping it stops everything
-//! and deletes its network namespaces.
+//! and deletes its network namespaces, and its directory unless the test failed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,8 +13,10 @@ use std::time::Duration;
 use crate::control_plane::process::Daemon;
 use crate::control_plane::{self, ControlPlane, Error, KUBERNETES_SERVICE_IP};
 use crate::network::hosts::{self, HostsDir};
-use crate::network::relay::Relay;
+use crate::network::relay::{self, Relay};
 use crate::network::{ClusterNetwork, Enter};
+
+mod pods;
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
 
@@ -287,21 +289,26 @@ impl TestCluster {
         Ok(self.operators.last().expect("just pushed"))
     }
 
-    /// The directory of node `node`'s pod `namespace/name` (the newest, if several).
-    pub fn pod_dir(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
-        for (node, _) in &self.agents {
-            let pods = self.dir.join("nodes").join(node).join("pods");
-            let Ok(dir) = std::fs::read_dir(&pods) else { continue };
-            for e in dir.flatten() {
-                let file = e.file_name().to_string_lossy().to_string();
-                if file.starts_with(&format!("{namespace}_{name}_")) {
-                    let t = e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    found.push((t, e.path()));
-                }
-            }
+    /// Operator `i`'s `/metrics`, fetched from inside the cluster network as Prometheus
+    /// would scrape it.
+    pub fn operator_metrics(&self, i: usize) -> Result<String, Error> {
+        use std::io::{Read, Write};
+        let op = self.operators.get(i).ok_or_else(|| Error::Setup(format!("no operator {i}")))?;
+        let addr = op.metrics;
+        let setup = |e: std::io::Error| Error::Setup(format!("GET http://{addr}/metrics: {e}"));
+        let mut stream = relay::connect_in(&self.net.path(), addr).map_err(|e| Error::Setup(e.to_string()))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(setup)?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: operator\r\n\r\n").map_err(setup)?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).map_err(setup)?;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+        if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+            return Err(Error::Setup(format!(
+                "GET http://{addr}/metrics: {}",
+                head.lines().next().unwrap_or("no response")
+            )));
         }
-        found.into_iter().max().map(|(_, p)| p)
+        Ok(body.to_string())
     }
 }
 
@@ -317,6 +324,11 @@ impl Drop for TestCluster {
         }
         if let Some(rt) = self.controllers.take() {
             rt.shutdown_background();
+        }
+        // A failed test's cluster stays for its logs; a passed one's goes (etcd alone
+        // preallocates 64 MB of WAL).
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }

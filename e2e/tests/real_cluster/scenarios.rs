@@ -1,20 +1,18 @@
-//! The real operator (its kube-runtime Controller) and the real trainer (`trainer
-//! launch` from the operator's pod templates) together, with only the API server
-//! (`e2e::fake_api`) and the job controller, kubelet and pod network
-//! (`e2e::cluster`) simulated. Each test is one cluster; each scenario asserts
-//! status, conditions, events, metrics and the files on the checkpoint "PVC".
-//!
-//! Needs the trainer binary: `cargo test --workspace` builds it; otherwise set
-//! `TRAINER_BIN` or run `cargo build -p trainer` first.
+//! A run's life on the real control plane, as its user sees it: the chart's operator,
+//! the real Job controller and scheduler, the trainer in the node agents' pods. Each
+//! test is one cluster; each scenario asserts status, conditions, events, the
+//! operator's metrics and the files on the checkpoint claim: a run to Succeeded across
+//! an operator crash, a killed worker, a resize and an out-of-memory (each resuming to
+//! the uninterrupted run's losses); NaN, OOM and full-disk failures; a stall and a
+//! straggler; suspend and resume; GRPO from a base run.
 
 use std::time::{Duration, Instant};
 
 use crds::types::RunPhase;
 use serde_json::{Value, json};
 
-mod common;
-use common::sim::{MINUTES, Sim, checkpoint_step, step};
-use common::{NS, TR};
+use crate::harness::workspace_binary;
+use crate::scenario::{MINUTES, Scenario, checkpoint_step, step};
 
 /// nano on the embedded corpus, 2 nodes × 1 process, 64-token sequences:
 /// 40 steps of 1,024 tokens, a checkpoint every 8, and a final evaluation of 2K tokens
@@ -41,7 +39,7 @@ const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
 /// `onOutOfMemory: reduceMicroBatch`, which both continue on the same losses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_losses() {
-    let mut sim = Sim::new("pretrain").await;
+    let mut sim = Scenario::new().await;
 
     // --- 2 × 1 to Succeeded, surviving an operator crash.
     sim.apply("base", SPEC);
@@ -65,15 +63,14 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     // Checkpoints land on the PVC while it runs; status names them.
     let s = sim.wait("base", "a checkpoint in status", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
     let uri = s.last_checkpoint.unwrap().uri;
-    // The pod's `/` is a directory here, so the trainer names `<pod root>/checkpoints/…`.
     assert!(
-        sim.checkpoints("base").iter().any(|c| uri.ends_with(&format!("/root/checkpoints/{c}"))),
+        sim.checkpoints("base").iter().any(|c| uri.ends_with(&format!("/checkpoints/{c}"))),
         "{uri} in {:?}",
         sim.checkpoints("base")
     );
 
     // The operator dies mid-run; the Job keeps running; a new operator picks it up.
-    sim.kill_operator().await;
+    sim.kill_operator();
     let before = step(&sim.status("base"));
     tokio::time::sleep(Duration::from_secs(3)).await;
     sim.start_operator();
@@ -97,7 +94,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     sim.apply("crash", SPEC);
     let s = sim.wait("crash", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
     let pod = sim.pod("crash-a1", 1).await;
-    assert_eq!(sim.cluster.kill_worker(&pod), 1, "one worker per node");
+    assert_eq!(sim.kill_workers(&pod), 1, "one worker per node");
     let restarting = sim.wait("crash", "a gang restart", MINUTES(2), |s| s.attempt == 2).await;
     assert_eq!(restarting.restarts, 1);
     let s2 = sim.wait_phase("crash", RunPhase::Succeeded, MINUTES(10)).await;
@@ -169,7 +166,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
 /// samples and succeeds as the run given that rollback from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
-    let sim = Sim::new("failures").await;
+    let sim = Scenario::new().await;
     let nan = format!("{SPEC}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"3\"}}\n");
     sim.apply("nan", &nan);
     let rollback = format!(
@@ -193,10 +190,18 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
         r#"trainingrun_condition{name="nan",namespace="ml",reason="NaNLoss",status="True",type="Failed"} 1"#,
     )
     .await;
+    // The real Job controller failed the Job by its pod failure policy (the trainer's
+    // NaN exit code), so no pod was retried.
+    let start = Instant::now();
+    while sim.job_condition("nan-a1", "Failed").is_none() {
+        assert!(start.elapsed() < MINUTES(1), "Job nan-a1 never failed\n{}", sim.diagnose("nan"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(sim.job_condition("nan-a1", "Failed"), Some(("True".into(), "PodFailurePolicy".into())));
 
     sim.wait("oom", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
     let pod = sim.pod("oom-a1", 1).await;
-    sim.cluster.oom_kill(&pod);
+    sim.oom_kill(&pod);
     let s = sim.wait_phase("oom", RunPhase::Failed, MINUTES(2)).await;
     assert_eq!(s.reason.as_deref(), Some("OutOfMemory"));
     let (_, _, message) = sim.condition("oom", "Failed");
@@ -264,7 +269,7 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     let reference = dir.parent().unwrap().join("rollback-reference");
     std::fs::create_dir_all(&reference).unwrap();
     std::fs::write(reference.join("run.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
-    let out = std::process::Command::new(common::sim::trainer_bin())
+    let out = std::process::Command::new(workspace_binary("trainer"))
         .args(["worker", "--no-sample", "--config"])
         .arg(reference.join("run.json"))
         .arg("--output")
@@ -288,10 +293,10 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
 
     // The failed runs' surviving ranks learned of its peer's death at its next collective, then exits.
     let start = Instant::now();
-    while !sim.cluster.running().is_empty() && start.elapsed() < MINUTES(1) {
+    while !sim.running().is_empty() && start.elapsed() < MINUTES(1) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(sim.cluster.running().is_empty(), "every trainer process has ended: {:?}", sim.cluster.running());
+    assert!(sim.running().is_empty(), "every trainer process has ended: {:?}", sim.running());
 }
 
 /// A trainer process that stops (SIGSTOP) stalls the run, and the operator says so;
@@ -299,12 +304,12 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
 /// second a step is a straggler, named with its pod and node, and the run goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
-    let sim = Sim::new("stall").await;
+    let sim = Scenario::new().await;
     let spec = SPEC.to_string() + "  failurePolicy: {stallTimeout: 1m}\n";
     sim.apply("stuck", &spec);
     sim.wait("stuck", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
     let pod = sim.pod("stuck-a1", 1).await;
-    sim.cluster.pause(&pod);
+    sim.pause(&pod);
     // While it is paused: rank 1 (node rank 1, one process a node) of another run of 16
     // steps sleeps 1.5 s a step before its forward pass, far more than the few tens of
     // milliseconds of nano's work. One intra-op thread a process: with two, the other
@@ -326,7 +331,8 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     assert!(straggler.compute_seconds >= 1.5 && straggler.readings >= 3, "{straggler:?}");
     let (_, reason, message) = sim.condition("slow", "Straggler");
     assert_eq!(reason, "Straggler");
-    assert!(message.starts_with(&format!("rank 1 ({slow_pod} on node simulated-node) takes")), "{message}");
+    let node = sim.node_of(&slow_pod);
+    assert!(message.starts_with(&format!("rank 1 ({slow_pod} on node {node}) takes")), "{message}");
     sim.expect_event("slow", "Warning", "Straggler").await;
     sim.expect_metric(
         r#"trainingrun_condition{name="slow",namespace="ml",reason="Straggler",status="True",type="Straggler"} 1"#,
@@ -347,7 +353,7 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     )
     .await;
 
-    sim.cluster.resume(&pod);
+    sim.resume(&pod);
     sim.wait("stuck", "Stalled to clear", MINUTES(2), |s| {
         s.conditions.iter().any(|c| c.type_ == "Stalled" && c.status == "False")
     })
@@ -364,18 +370,21 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
 /// resumes the same Job from that checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
-    let sim = Sim::new("suspend").await;
+    let sim = Scenario::new().await;
     sim.apply("pause", SPEC);
     sim.wait("pause", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
     sim.edit_spec("pause", |spec| spec["suspend"] = json!(true));
-    let s = sim.wait_phase("pause", RunPhase::Suspended, MINUTES(1)).await;
+    sim.wait_phase("pause", RunPhase::Suspended, MINUTES(1)).await;
     assert_eq!(sim.condition("pause", "Suspended").0, "True");
-    let job = sim.fake.get("batch/v1", "Job", Some(NS), "pause-a1").unwrap();
-    assert_eq!(job["spec"]["suspend"], true);
-    // The pods go; the trainer's final checkpoint is the step it stopped at.
+    // The operator suspends the Job (after the status says so); the real Job controller
+    // deletes its pods and says so; the trainer's final checkpoint is the step it
+    // stopped at.
     let start = Instant::now();
-    while !sim.fake.list("v1", "Pod", Some(NS)).is_empty() {
-        assert!(start.elapsed() < MINUTES(1), "pods still there: {}", sim.diagnose("pause"));
+    while !sim.job_suspended("pause-a1")
+        || !sim.pod_names().is_empty()
+        || sim.job_condition("pause-a1", "Suspended").map(|c| c.0) != Some("True".into())
+    {
+        assert!(start.elapsed() < MINUTES(1), "the Job is not suspended yet: {}", sim.diagnose("pause"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let stopped_at = sim.step_losses("pause").last().unwrap().0;
@@ -385,7 +394,6 @@ async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
         "a checkpoint on SIGTERM"
     );
     assert!(stopped_at < 40, "suspended before the end ({stopped_at})");
-    let _ = s;
 
     sim.edit_spec("pause", |spec| spec["suspend"] = json!(false));
     let s = sim.wait_phase("pause", RunPhase::Succeeded, MINUTES(10)).await;
@@ -404,7 +412,7 @@ async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
 /// weights and reports accuracy. Deleting both keeps only the retained checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
-    let sim = Sim::new("grpo").await;
+    let sim = Scenario::new().await;
     let grpo = r#"  phase: grpo
   model: {preset: nano, tokenizer: embedded}
   tokens: 16K
@@ -451,17 +459,8 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     assert!(m.reward.is_some() && m.kl.is_some(), "{m:?}");
     let phases = sim.phases_through("tune", RunPhase::Succeeded).await;
     assert_eq!(phases.first(), Some(&RunPhase::Waiting), "{phases:?}");
-    let log = std::fs::read_to_string(
-        sim.cluster.log(
-            &sim.fake
-                .list("v1", "Pod", Some(NS))
-                .iter()
-                .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
-                .find(|n| n.starts_with("tune-a1-0"))
-                .unwrap(),
-        ),
-    )
-    .unwrap();
+    let pod = sim.pod_names().into_iter().find(|n| n.starts_with("tune-a1-0")).expect("tune's pod");
+    let log = sim.log(&pod);
     assert!(log.contains("initial weights from"), "the GRPO run starts from base's weights:\n{log}");
     assert!(sim.records("tune").iter().any(|r| r["kind"] == "accuracy"));
 
@@ -471,15 +470,19 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
     sim.delete("tune");
     sim.delete("base");
     let start = Instant::now();
-    while sim.exists(TR, "TrainingRun", "tune")
-        || sim.exists(TR, "TrainingRun", "base")
-        || sim.exists("v1", "PersistentVolumeClaim", "tune-checkpoints")
+    while sim.exists("trainingrun", "tune")
+        || sim.exists("trainingrun", "base")
+        || sim.exists("pvc", "tune-checkpoints")
     {
         assert!(start.elapsed() < MINUTES(1), "deletion does not finish");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(sim.exists("v1", "PersistentVolumeClaim", "base-checkpoints"), "retainOnDelete keeps the PVC");
+    assert!(sim.exists("pvc", "base-checkpoints"), "retainOnDelete keeps the PVC");
     assert_eq!(sim.checkpoints("base"), kept, "and its checkpoints");
-    assert!(!sim.checkpoint_dir("tune").exists(), "tune's checkpoints went with its PVC");
+    // tune's volume is Released with its claim, and its reclaim policy deletes it.
+    let start = Instant::now();
+    while sim.checkpoint_dir("tune").exists() {
+        assert!(start.elapsed() < MINUTES(1), "tune's checkpoints outlive its PVC\n{}", sim.diagnose("tune"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
