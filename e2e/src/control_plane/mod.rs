@@ -22,6 +22,10 @@ use process::Daemon;
 /// The `kubernetes` Service's ClusterIP: the first address of the service range.
 pub const SERVICE_RANGE: &str = "10.96.0.0/16";
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// How long the node-lifecycle controller waits for a node's Lease renewal (the agents
+/// renew every 10 s) before it marks the node NotReady.
+pub const NODE_MONITOR_GRACE: Duration = Duration::from_secs(30);
+
 pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// Where the control plane's binaries are: `$PT_CONTROL_PLANE_BIN` (set by `make
@@ -222,6 +226,10 @@ impl ControlPlane {
             // ttl-after-finished, disruption, replicaset, deployment, ...
             "--controllers=*".into(),
             "--use-service-account-credentials=true".into(),
+            // A node whose agent stops renewing its Lease is NotReady within
+            // NODE_MONITOR_GRACE (the default, 50 s, would double the wait).
+            format!("--node-monitor-grace-period={}s", NODE_MONITOR_GRACE.as_secs()),
+            "--node-monitor-period=2s".into(),
             format!("--service-account-private-key-file={}", p.sa_key.display()),
             format!("--root-ca-file={}", p.ca_cert.display()),
             "--leader-elect=false".into(),

@@ -73,9 +73,10 @@ pub struct Config {
 }
 
 /// How often the sync loop looks at its processes (the kubelet's PLEG relists every
-/// second), and how often the lease is renewed (the kubelet's default).
+/// second).
 const SYNC: Duration = Duration::from_millis(200);
-const RENEW: Duration = Duration::from_secs(10);
+/// How often the agent renews its nodes' Leases (the kubelet's default).
+pub const LEASE_RENEW: Duration = Duration::from_secs(10);
 const STATUS: Duration = Duration::from_secs(60);
 
 /// Runs the node until `stop` resolves; then kills its containers.
@@ -93,7 +94,7 @@ pub async fn run(client: kube::Client, cfg: Config, stop: impl std::future::Futu
     futures::pin_mut!(stop);
     let mut pods = pods::Pods::default();
     let mut sync = tokio::time::interval(SYNC);
-    let mut renew = tokio::time::interval(RENEW);
+    let mut renew = tokio::time::interval(LEASE_RENEW);
     let mut status = tokio::time::interval(STATUS);
     loop {
         tokio::select! {

@@ -12,6 +12,7 @@ mod scenario;
 
 mod crd;
 mod failures;
+mod nodes;
 mod operator;
 mod run;
 mod scenarios;
