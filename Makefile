@@ -1,5 +1,5 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator e2e-kind
+.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator bench-control-plane e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
@@ -39,3 +39,7 @@ bench-ddp: ## Gloo all-reduce bandwidth and the 2-rank DDP step-time ratio on th
 
 bench-operator: ## reconcile BENCH_RUNS (10,000) TrainingRuns against the fake API: p50/p99, the operator's RSS, writes once settled
 	. scripts/env.sh && cargo build -q --release --locked -p operator && cargo bench -q --locked -p e2e --bench operator
+
+bench-control-plane: ## on the real control plane (root): apply → first step, rank death → attempt 2's first step, API requests per steady reconcile
+	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" \
+	  && cargo build -q --locked -p operator -p trainer && cargo bench -q --locked -p e2e --bench control_plane --profile dev

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-use crate::resources::APPLIED_HASH;
+use crate::resources::{APPLIED_HASH, applied_hash};
 use crate::{Error, MANAGER, Verb};
 
 pub fn params() -> PatchParams {
@@ -32,7 +32,17 @@ where
     let name = obj.name_any();
     let ns = obj.namespace().unwrap_or_default();
     let live = api.get_opt(&name).await.map_err(Error::kube(Verb::Get, kind_of::<K>(), &ns, &name))?;
-    if live.as_ref().is_some_and(|l| l.annotations().get(APPLIED_HASH) == Some(&hash(&obj))) {
+    ensure_over(api, live.as_ref().and_then(applied_hash), obj).await
+}
+
+/// [`ensure`] against the applied-hash of the live object read earlier in this
+/// reconcile (`None`: absent, or without one), instead of reading it again.
+pub async fn ensure_over<K>(api: &Api<K>, live_hash: Option<String>, obj: K) -> Result<bool, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
+    K::DynamicType: Default,
+{
+    if live_hash.as_deref() == Some(hash(&obj).as_str()) {
         return Ok(false);
     }
     write(api, obj).await?;

@@ -181,9 +181,10 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         // 2. build, 3. apply. A config the gang restarts for is written once the
         // restart is recorded (below), so a crash in between cannot lose it.
         let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
+        // The ConfigMap and the claim were read by `observe::accepted` above.
         if !restart {
-            apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs))
-                .await?;
+            let configmaps = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
+            apply::ensure_over(&configmaps, live.configmap_hash.clone(), resources::configmap(&inputs)).await?;
         }
         apply::ensure(&Api::<Service>::namespaced(ctx.client.clone(), &ns), resources::service(&inputs)).await?;
         let mut pvc = resources::pvc(&inputs);
@@ -191,7 +192,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
             // A claim's access modes never change; a ReadWriteMany claim serves one node too.
             spec.access_modes = Some(modes.clone());
         }
-        apply::ensure(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), pvc).await?;
+        let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns);
+        apply::ensure_over(&claims, live.claim_hash.clone(), pvc).await?;
         if let Some(operator_ns) = &s.network_policy {
             let policies = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
             let scraper = s.scrape_namespace.as_deref();

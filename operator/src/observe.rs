@@ -23,7 +23,7 @@ use kube::{Client, ResourceExt};
 use crate::clock::seconds_between;
 use crate::failure::completion_index;
 use crate::plausible::plausible;
-use crate::resources::{ATTEMPT_LABEL, RUN_LABEL, configmap_name, pvc_name};
+use crate::resources::{ATTEMPT_LABEL, RUN_LABEL, applied_hash, configmap_name, pvc_name};
 use crate::{Error, Verb};
 
 /// State of the run named by `initFrom.trainingRun`.
@@ -168,6 +168,10 @@ pub struct Accepted {
     pub config: Option<RunConfig>,
     /// `None` before the claim exists.
     pub claim: Option<Vec<String>>,
+    /// The applied-hashes of the live ConfigMap and claim, so that step 3 need not
+    /// read them again.
+    pub configmap_hash: Option<String>,
+    pub claim_hash: Option<String>,
 }
 
 /// Reads the run's ConfigMap and checkpoint claim.
@@ -177,6 +181,7 @@ pub async fn accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Er
     let cm_name = configmap_name(&name);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let cm = cms.get_opt(&cm_name).await.map_err(Error::kube(Verb::Get, "ConfigMap", &ns, &cm_name))?;
+    let configmap_hash = cm.as_ref().and_then(applied_hash);
     let text = cm.and_then(|c| c.data).and_then(|mut d| d.remove(CONFIG_KEY));
     let config = text.and_then(|t| match serde_json::from_str::<RunConfig>(&t) {
         Ok(c) => Some(c),
@@ -187,12 +192,11 @@ pub async fn accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Er
     });
     let claim_name = pvc_name(&name);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-    let claim = claims
-        .get_opt(&claim_name)
-        .await
-        .map_err(Error::kube(Verb::Get, "PersistentVolumeClaim", &ns, &claim_name))?
-        .map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
-    Ok(Accepted { config, claim })
+    let live_claim =
+        claims.get_opt(&claim_name).await.map_err(Error::kube(Verb::Get, "PersistentVolumeClaim", &ns, &claim_name))?;
+    let claim_hash = live_claim.as_ref().and_then(applied_hash);
+    let claim = live_claim.map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
+    Ok(Accepted { config, claim, configmap_hash, claim_hash })
 }
 
 /// Whether rank 0 of `attempt` is running, so that its `/status` can answer.

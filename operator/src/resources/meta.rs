@@ -12,6 +12,11 @@ pub const ATTEMPT_LABEL: &str = "training.puretransformer.dev/attempt";
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// Hash of what the operator last applied, so an unchanged child is never re-applied.
 pub const APPLIED_HASH: &str = "training.puretransformer.dev/applied-hash";
+/// The applied-hash a live child carries.
+pub fn applied_hash<K: Resource>(live: &K) -> Option<String> {
+    live.annotations().get(APPLIED_HASH).cloned()
+}
+
 /// On a Job the operator suspended for `spec.suspend`; a Job suspended without it
 /// (by Kueue) is never un-suspended by the operator.
 pub const SUSPENDED_BY_OPERATOR: &str = "training.puretransformer.dev/suspended-by-operator";
