@@ -3,10 +3,10 @@
 //! the real control plane with the chart's operator as its ServiceAccount (status polled
 //! and written every 2 s), and three figures:
 //! - **apply → first step**: from `kubectl apply` to the first step record rank 0
-//!   writes on the checkpoint claim, split into what comes before the trainer starts
-//!   (the operator's children, the Job controller, the scheduler, the node agents) and
-//!   the trainer's own start (its `start` record to its first step): the second part is
-//!   the peer, what the same trainer takes without Kubernetes around it;
+//!   writes on the checkpoint claim, split at rank 0's container start into what
+//!   Kubernetes takes (the operator's children, the Job controller, the scheduler, the
+//!   node agent) and what the trainer takes alone (launch, rendezvous, data, step 1):
+//!   the second part is the peer, the same trainer without Kubernetes around it;
 //! - **rank death → the new attempt's first step**: rank 0's worker SIGKILLed, until
 //!   attempt 2's first step record (the Job's pod failure policy, the operator's gang
 //!   restart, new pods, the resume from the checkpoint), with the same split;
@@ -77,17 +77,26 @@ fn records(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// The times of attempt `attempt`'s `start` (or `resume`) record and of its first step.
-fn first_step(dir: &Path, attempt: u64) -> Result<(f64, f64), String> {
+/// The time of attempt `attempt`'s first step record.
+fn first_step(dir: &Path, attempt: u64) -> Result<f64, String> {
     let all = records(dir);
     let began = all
         .iter()
         .position(|r| (r["kind"] == "start" || r["kind"] == "resume") && r["attempt"].as_u64() == Some(attempt))
         .ok_or_else(|| format!("no start record of attempt {attempt} yet ({} records)", all.len()))?;
-    // A resume record follows its attempt's start record; the trainer's start is the first.
-    let started = all[began]["time"].as_f64().ok_or("a start record without a time")?;
     let step = all[began..].iter().find(|r| r["kind"] == "step").ok_or("no step of the attempt yet")?;
-    Ok((started, step["time"].as_f64().ok_or("a step record without a time")?))
+    step["time"].as_f64().ok_or_else(|| "a step record without a time".to_string())
+}
+
+/// When rank 0's container of `attempt` started (the agent's `startedAt`, to the second).
+fn container_started(c: &TestCluster, attempt: u32) -> f64 {
+    let pod = rank0_pod(c, attempt);
+    let at = kubectl(
+        c,
+        &["-n", NS, "get", "pod", &pod, "-o", "jsonpath={.status.containerStatuses[0].state.running.startedAt}"],
+    );
+    let t: jiff::Timestamp = at.parse().unwrap_or_else(|e| panic!("pod {pod}'s startedAt {at:?}: {e}"));
+    t.as_millisecond() as f64 / 1000.0
 }
 
 /// `apiserver_request_total` summed by "VERB resource[/subresource]" over the run's
@@ -144,12 +153,14 @@ fn main() {
     let applied = unix_now();
     apply(&c, NS, &run);
     let dir = claim_dir(&c);
-    let (started, stepped) = until("attempt 1's first step", Duration::from_secs(300), || first_step(&dir, 1));
+    let stepped = until("attempt 1's first step", Duration::from_secs(300), || first_step(&dir, 1));
+    let started = container_started(&c, 1);
     let to_first_step = stepped - applied;
-    let (before_trainer, trainer_start) = (started - applied, stepped - started);
     println!(
-        "apply → first step: {to_first_step:.1} s = {before_trainer:.1} s until the trainer starts (operator, Job controller, scheduler, agents) + {trainer_start:.1} s the trainer's own start (the peer: {:.2}x of the total is Kubernetes)",
-        before_trainer / to_first_step
+        "apply → first step: {to_first_step:.1} s = {:.1} s until rank 0's container starts (the operator's children, the Job controller, the scheduler, the agent) + {:.1} s the trainer alone (launch, rendezvous, data, step 1): Kubernetes takes {:.2} of it",
+        started - applied,
+        stepped - started,
+        (started - applied) / to_first_step
     );
 
     // Steady state: a checkpoint written, the run Running; RECONCILES reconciles.
@@ -184,10 +195,11 @@ fn main() {
     let killed = unix_now();
     let workers = c.kill_workers(NS, &pod).unwrap_or_else(|e| panic!("{e}"));
     assert!(workers > 0, "pod {pod} has no workers");
-    let (started2, stepped2) = until("attempt 2's first step", Duration::from_secs(300), || first_step(&dir, 2));
+    let stepped2 = until("attempt 2's first step", Duration::from_secs(300), || first_step(&dir, 2));
+    let started2 = container_started(&c, 2);
     let recovery = stepped2 - killed;
     println!(
-        "rank death → attempt 2's first step: {recovery:.1} s = {:.1} s until the trainer starts again (pod failure policy, gang restart, new pods) + {:.1} s the trainer's start and resume",
+        "rank death → attempt 2's first step: {recovery:.1} s = {:.1} s until rank 0's new container starts (the pod failure policy, the gang restart, new pods) + {:.1} s the trainer's start and resume",
         started2 - killed,
         stepped2 - started2
     );
@@ -195,10 +207,10 @@ fn main() {
         "BENCH_JSON {}",
         json!({
             "apply_to_first_step_s": to_first_step,
-            "apply_to_trainer_start_s": before_trainer,
-            "trainer_start_to_first_step_s": trainer_start,
+            "apply_to_container_start_s": started - applied,
+            "container_start_to_first_step_s": stepped - started,
             "rank_death_to_first_step_s": recovery,
-            "rank_death_to_trainer_start_s": started2 - killed,
+            "rank_death_to_container_start_s": started2 - killed,
             "requests_per_reconcile": total,
             "requests_per_reconcile_by_kind": per_reconcile,
             "reconciles": n,

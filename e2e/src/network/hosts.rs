@@ -87,6 +87,29 @@ pub fn pod_head(ip: &str, hostname: &str, subdomain: Option<&str>, namespace: &s
     format!("# Kubernetes-managed hosts file (e2e node agent).\n{LOCALHOST}{own}")
 }
 
+/// A consumer's name files, bind-mounted over `/etc/hosts` and `/etc/resolv.conf` in its
+/// mount namespace.
+#[derive(Clone, Debug)]
+pub struct NameFiles {
+    pub hosts: PathBuf,
+    pub resolv: PathBuf,
+}
+
+/// The `resolv.conf` the kubelet writes for a `ClusterFirst` pod of `namespace`, with a
+/// server that answers nothing: inside the pod network nothing listens on
+/// 127.0.0.1:53, so a name missing from the hosts file fails at once, as cluster DNS's
+/// NXDOMAIN would, instead of waiting out the host's resolver (5 s a try, which a
+/// rendezvous retrying on a name not yet published pays in full).
+pub fn resolv_conf(namespace: Option<&str>) -> String {
+    let search = match namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}"),
+        _ => format!("svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}"),
+    };
+    format!(
+        "# e2e node agent: names resolve through /etc/hosts\nnameserver 127.0.0.1\nsearch {search}\noptions ndots:5 timeout:1 attempts:1\n"
+    )
+}
+
 /// The `hosts.d` of a cluster.
 #[derive(Clone, Debug)]
 pub struct HostsDir(pub PathBuf);
@@ -97,8 +120,8 @@ impl HostsDir {
     }
 
     /// Registers a consumer `id` with its head and namespace; returns its `hosts` file,
-    /// already complete.
-    pub fn register(&self, id: &str, head: &str, namespace: Option<&str>) -> Result<PathBuf, Error> {
+    /// already complete, and its `resolv.conf`.
+    pub fn register(&self, id: &str, head: &str, namespace: Option<&str>) -> Result<NameFiles, Error> {
         let dir = self.0.join("consumers").join(id);
         std::fs::create_dir_all(&dir).map_err(Self::io(&dir))?;
         let write = |name: &str, text: &str| {
@@ -107,12 +130,13 @@ impl HostsDir {
         };
         write("head", head)?;
         write("namespace", namespace.unwrap_or(""))?;
+        write("resolv.conf", &resolv_conf(namespace))?;
         let hosts = dir.join("hosts");
         if !hosts.exists() {
             write("hosts", head)?;
         }
         self.refresh(&dir)?;
-        Ok(hosts)
+        Ok(NameFiles { hosts, resolv: dir.join("resolv.conf") })
     }
 
     pub fn unregister(&self, id: &str) {
@@ -262,7 +286,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let hosts = HostsDir(dir.clone());
         let head = pod_head("10.244.1.2", "llm-0", Some("llm"), "ml");
-        let file = hosts.register("pod-a", &head, Some("ml")).unwrap();
+        let file = hosts.register("pod-a", &head, Some("ml")).unwrap().hosts;
         assert_eq!(std::fs::read_to_string(&file).unwrap(), head);
         let inode = std::fs::metadata(&file).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
         let r = records(&[slice("ml", "llm", &[(Some("llm-1"), "10.244.2.2")])]);

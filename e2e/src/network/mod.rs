@@ -19,7 +19,9 @@
 //!
 //! Names resolve through hosts files ([`hosts`]): each pod's `/etc/hosts` (bind-mounted
 //! in its own mount namespace) holds what the kubelet writes (localhost, the pod's own
-//! name) and what cluster DNS would answer, generated from the real EndpointSlices.
+//! name) and what cluster DNS would answer, generated from the real EndpointSlices; its
+//! `/etc/resolv.conf` has the kubelet's search path and a server that refuses at once,
+//! so a name not yet published fails as fast as cluster DNS's NXDOMAIN.
 
 pub mod hosts;
 pub mod relay;
@@ -172,24 +174,33 @@ impl PodNetwork {
 }
 
 /// What a process enters before it execs: a network namespace, a private mount
-/// namespace with `hosts` bind-mounted over `/etc/hosts`, and, for a pod, its own UTS
+/// namespace with its name files bind-mounted over `/etc/hosts` and `/etc/resolv.conf`,
+/// and, for a pod, its own UTS
 /// namespace with the pod's hostname.
 pub struct Enter {
     netns: OwnedFd,
     hosts: CString,
+    /// `None` where this machine has no `/etc/resolv.conf` to mount over.
+    resolv: Option<CString>,
     hostname: Option<CString>,
 }
 
 impl Enter {
-    pub fn new(netns: &Path, hosts: &Path, hostname: Option<&str>) -> Result<Enter, Error> {
+    pub fn new(netns: &Path, names: &hosts::NameFiles, hostname: Option<&str>) -> Result<Enter, Error> {
         let fd = std::fs::File::open(netns).map_err(|e| Error::Io { path: netns.to_path_buf(), source: e })?;
         let cstr = |s: &str| CString::new(s).expect("no NUL in a path or hostname");
-        Ok(Enter { netns: fd.into(), hosts: cstr(&hosts.display().to_string()), hostname: hostname.map(cstr) })
+        let resolv = Path::new("/etc/resolv.conf").exists().then(|| cstr(&names.resolv.display().to_string()));
+        Ok(Enter {
+            netns: fd.into(),
+            hosts: cstr(&names.hosts.display().to_string()),
+            resolv,
+            hostname: hostname.map(cstr),
+        })
     }
 
     /// Makes `cmd` enter these namespaces between fork and exec.
     pub fn apply(self, cmd: &mut Command) {
-        let Enter { netns, hosts, hostname } = self;
+        let Enter { netns, hosts, resolv, hostname } = self;
         // SAFETY: only async-signal-safe system calls run between fork and exec, on
         // values prepared before the fork.
         unsafe {
@@ -212,6 +223,15 @@ impl Enter {
                     libc::MS_BIND,
                     std::ptr::null(),
                 ))?;
+                if let Some(r) = &resolv {
+                    check(libc::mount(
+                        r.as_ptr(),
+                        c"/etc/resolv.conf".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
                 if let Some(h) = &hostname {
                     check(libc::sethostname(h.as_ptr(), h.as_bytes().len()))?;
                 }

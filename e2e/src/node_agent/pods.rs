@@ -297,10 +297,10 @@ impl Pods {
                 spec.subdomain.as_deref(),
                 &ns,
             );
-            let hosts_file = cfg.hosts.register(&uid, &head, Some(&ns)).map_err(Error::Network)?;
+            let names = cfg.hosts.register(&uid, &head, Some(&ns)).map_err(Error::Network)?;
             let hostname = spec.hostname.clone().unwrap_or(name.clone());
-            let enter = Enter::new(&crate::network::netns_path(&net.netns), &hosts_file, Some(&hostname))
-                .map_err(Error::Network)?;
+            let enter =
+                Enter::new(&crate::network::netns_path(&net.netns), &names, Some(&hostname)).map_err(Error::Network)?;
             container::start(container::Launch {
                 program,
                 args,

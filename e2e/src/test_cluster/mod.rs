@@ -273,7 +273,7 @@ impl TestCluster {
         let i = self.operators.len();
         let port = 18080 + i as u16;
         let metrics = SocketAddr::from((crate::network::GATEWAY, port));
-        let hosts = self
+        let names = self
             .hosts
             .register(&format!("operator-{i}"), &format!("# the operator's hosts file\n{}", hosts::LOCALHOST), None)
             .map_err(|e| Error::Setup(e.to_string()))?;
@@ -283,7 +283,7 @@ impl TestCluster {
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env("METRICS_ADDR", metrics.to_string());
-        Enter::new(&self.net.path(), &hosts, None).map_err(|e| Error::Setup(e.to_string()))?.apply(&mut cmd);
+        Enter::new(&self.net.path(), &names, None).map_err(|e| Error::Setup(e.to_string()))?.apply(&mut cmd);
         let daemon = Daemon::spawn(&format!("operator {i}"), cmd, &self.dir.join(format!("operator-{i}.log")))?;
         self.operators.push(Operator { daemon, metrics });
         Ok(self.operators.last().expect("just pushed"))
@@ -325,9 +325,9 @@ impl Drop for TestCluster {
         if let Some(rt) = self.controllers.take() {
             rt.shutdown_background();
         }
-        // A failed test's cluster stays for its logs; a passed one's goes (etcd alone
-        // preallocates 64 MB of WAL).
-        if !std::thread::panicking() {
+        // A failed test's cluster stays for its logs, and every cluster with
+        // `E2E_KEEP_CLUSTERS=1`; a passed one's goes (etcd alone preallocates 64 MB of WAL).
+        if !std::thread::panicking() && std::env::var_os("E2E_KEEP_CLUSTERS").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
