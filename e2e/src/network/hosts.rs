@@ -20,7 +20,7 @@ use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::Error;
+use super::error::Error;
 
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// What every hosts file starts with.

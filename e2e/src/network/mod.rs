@@ -23,8 +23,11 @@
 //! `/etc/resolv.conf` has the kubelet's search path and a server that refuses at once,
 //! so a name not yet published fails as fast as cluster DNS's NXDOMAIN.
 
+mod error;
 pub mod hosts;
 pub mod relay;
+
+pub use error::Error;
 
 use std::ffi::CString;
 use std::net::Ipv4Addr;
@@ -32,16 +35,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("`ip {args}` failed: {stderr}")]
-    Ip { args: String, stderr: String },
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("no free address left for node {node}")]
-    Exhausted { node: u8 },
-}
 
 /// The bridge's address and the pods' gateway.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);

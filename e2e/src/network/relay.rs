@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::Error;
+use super::error::Error;
 
 pub struct Relay {
     stop: Arc<AtomicBool>,
