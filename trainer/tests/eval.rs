@@ -117,3 +117,34 @@ fn benchmark_files_are_scored_as_lm_eval_scores_them() {
     fails(&["--dataset", path(&dir.join("missing.jsonl"))], &["missing.jsonl"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench-generate --checkpoint`: GRPO's cached sampler and the full-prefix loop decode
+/// a trained model's validation questions; in f32 on the CPU every greedy row agrees,
+/// and a prompt length the questions cannot fill is refused naming the flag.
+#[test]
+fn the_sampler_decodes_a_trained_checkpoint_as_the_full_prefix_loop_does() {
+    let dir = scratch("eval-bench-generate");
+    let (out, _) = run_logged(&dir, RUN, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = dir.join("out");
+    let bench = |prompt_tokens: &str| {
+        trainer_bin()
+            .args(["bench-generate", "--device", "cpu", "--batch", "6", "--new-tokens", "24", "--checkpoint"])
+            .arg(&run)
+            .args(["--prompt-tokens", prompt_tokens])
+            .output()
+            .unwrap()
+    };
+    let out = bench("32");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(out.stdout.split(|&b| b == b'\n').rfind(|l| !l.is_empty()).unwrap()).unwrap();
+    assert_eq!((v["preset"].as_str(), v["dtype"].as_str(), v["batch"].as_u64()), (Some("nano"), Some("f32"), Some(6)));
+    assert_eq!(v["weights"].as_str(), run.to_str());
+    assert_eq!(v["greedy_agreement"].as_f64(), Some(1.0), "{v}");
+    assert_eq!(v["partings"], serde_json::json!([]));
+
+    let out = bench("100000");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--prompt-tokens 100000"), "{err}");
+}

@@ -48,6 +48,12 @@ pub struct BenchGenerateArgs {
     /// decoded, for Hugging Face's `generate` to decode the same.
     #[arg(long)]
     pub hf_dir: Option<PathBuf>,
+    /// A `trainer run` checkpoint (or run directory) to decode with, in place of
+    /// --preset's random initialisation; the prompts are then the last
+    /// --prompt-tokens tokens of the run's validation questions, as GRPO samples them,
+    /// and each row where the decoders part reports the top-2 margin there.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -236,10 +242,17 @@ pub fn data(a: BenchDataArgs) -> Result<(), Error> {
 
 /// `trainer bench-generate`.
 pub fn generate(a: BenchGenerateArgs) -> Result<(), Error> {
-    let model = preset_arg(&a.preset)?;
+    let (model, trained) = match &a.checkpoint {
+        Some(dir) => {
+            let (cfg, trained) = super::inspect::trained_prompts(dir, a.batch, a.prompt_tokens)?;
+            (cfg.model, Some(trained))
+        }
+        None => (preset_arg(&a.preset)?, None),
+    };
     let device = bench_device(a.device.as_deref())?;
     let opts = crate::bench::generate::GenerateBenchOptions {
         model,
+        trained,
         device,
         batch: a.batch,
         prompt_tokens: a.prompt_tokens,

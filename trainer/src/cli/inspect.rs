@@ -110,6 +110,41 @@ fn load_model(checkpoint: &Path) -> Result<(RunConfig, VarStore, Model), Error> 
     Ok((cfg, vs, model))
 }
 
+/// A checkpoint's weights and `batch` prompts for `bench-generate`: the run's
+/// validation questions, each after as many answered ones as fill `prompt_tokens`
+/// (few-shot, as an evaluation prompts), cut to its last `prompt_tokens` tokens, so that
+/// every prompt ends where an answer begins.
+pub(super) fn trained_prompts(
+    checkpoint: &Path,
+    batch: usize,
+    prompt_tokens: usize,
+) -> Result<(RunConfig, crate::bench::generate::Trained), Error> {
+    /// Answered questions before one, at most: 64 fill a context of several thousand tokens.
+    const MAX_SHOTS: usize = 64;
+    let cfg = run_config(checkpoint)?;
+    let weights = crate::checkpoint::load_weights(checkpoint)?;
+    let tokenizer = sources::load_tokenizer(&cfg)?;
+    let questions = corpus::mcq_records(cfg.seed, batch.max(MAX_SHOTS + 1), Split::Validation);
+    let prompts = (0..batch)
+        .map(|row| {
+            let mut text = questions[row].prompt();
+            for shot in 1..=MAX_SHOTS + 1 {
+                let ids = tokenizer.encode(&text);
+                if let Some(start) = ids.len().checked_sub(prompt_tokens) {
+                    return Ok(ids[start..].iter().map(|&t| i64::from(t)).collect());
+                }
+                text = format!("{}\n\n{text}", questions[(row + shot) % questions.len()].text());
+            }
+            Err(Error::InvalidSpec(format!(
+                "--prompt-tokens {prompt_tokens}: validation question {row} after {MAX_SHOTS} answered ones is \
+                 still shorter"
+            )))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let source = checkpoint.to_path_buf();
+    Ok((cfg, crate::bench::generate::Trained { weights, source, prompts }))
+}
+
 pub fn eval(args: &EvalArgs) -> Result<(), Error> {
     if args.task == EvalTask::Mcq {
         return eval_mcq(args);

@@ -10,7 +10,7 @@ use super::dims::Dims;
 pub struct Step<'a> {
     /// (B, T_new) position of each new token in its own row (RoPE / learned positions).
     pub positions: &'a Tensor,
-    /// (B, 1, T_new, len + T_new) true where a new token may attend to a key.
+    /// (B, 1, T_new, capacity) true where a new token may attend to a key.
     pub mask: &'a Tensor,
     /// Index of the first new token in the cache.
     pub start: i64,
@@ -68,10 +68,13 @@ impl KvCache {
             real_i.f_cumsum(1, Kind::Int64)?.f_add(&self.seen.f_unsqueeze(1)?)?.f_sub_scalar(1)?.f_clamp_min(0)?;
         self.valid.f_narrow(1, self.len, t)?.f_copy_(real)?;
         let total = self.len + t;
-        let keys = self.valid.f_narrow(1, 0, total)?; // (B, L)
+        // Attention spans the whole capacity, the keys not yet written masked by
+        // causality: every decoding step has the same shapes, so backends that plan per
+        // shape (cuDNN's) plan once, and a captured step can be replayed.
+        let keys = &self.valid; // (B, capacity)
         let q_index = Tensor::f_arange_start(self.len, total, (Kind::Int64, device))?.f_unsqueeze(1)?; // (T_new, 1)
-        let k_index = Tensor::f_arange(total, (Kind::Int64, device))?.f_unsqueeze(0)?; // (1, L)
-        let causal = k_index.f_le_tensor(&q_index)?; // (T_new, L)
+        let k_index = Tensor::f_arange(self.capacity, (Kind::Int64, device))?.f_unsqueeze(0)?; // (1, capacity)
+        let causal = k_index.f_le_tensor(&q_index)?; // (T_new, capacity)
         // A padding query attends to itself alone, so no row of the softmax is empty.
         let own = k_index.f_eq_tensor(&q_index)?;
         let mask = causal.f_unsqueeze(0)?.f_logical_and(&keys.f_unsqueeze(1)?)?.f_logical_or(&own.f_unsqueeze(0)?)?;
@@ -84,7 +87,8 @@ impl KvCache {
     }
 }
 
-/// Writes `k`, `v` (B, H, T, d_head) at `start` and returns the keys and values so far.
+/// Writes `k`, `v` (B, H, T, d_head) at `start` and returns the whole buffers
+/// (B, H, capacity, d_head), which [`Step::mask`] covers.
 pub(super) fn extend(
     kv: &mut (Tensor, Tensor),
     k: &Tensor,
@@ -94,5 +98,5 @@ pub(super) fn extend(
     let t = k.size()[2];
     kv.0.f_narrow(2, start, t)?.f_copy_(k)?;
     kv.1.f_narrow(2, start, t)?.f_copy_(v)?;
-    Ok((kv.0.f_narrow(2, 0, start + t)?, kv.1.f_narrow(2, 0, start + t)?))
+    Ok((kv.0.shallow_clone(), kv.1.shallow_clone()))
 }

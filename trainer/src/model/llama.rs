@@ -92,7 +92,7 @@ impl Attention {
         let (q, k, v) = self.project(x)?;
         let q = rope.apply_at(&q.f_transpose(1, 2)?, step.positions)?;
         let k = rope.apply_at(&k.f_transpose(1, 2)?, step.positions)?;
-        let (k, v) = super::cache::extend(kv, &k, &v.f_transpose(1, 2)?, step.start)?; // (B, n_kv_head, L, d_head)
+        let (k, v) = super::cache::extend(kv, &k, &v.f_transpose(1, 2)?, step.start)?; // (B, n_kv_head, capacity, d_head)
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(step.mask), 0.0, false, None, gqa)?;
         self.output(&y)
     }
