@@ -104,4 +104,12 @@ if grep -qE "^(medium-large|xlarge) " <<<"$out"; then fail "PRESETS=\"\" still r
 if out="$(fake PRESETS="" LOSS=12.5)"; then fail "losses 12.5 vs 10.0 passed the correctness check: $out"; fi
 grep -qF "correctness check FAILED: losses 12.500 vs 10.000" <<<"$out" || fail "no correctness failure: $out"
 
-echo "bench/gpu.sh: dry run on CPU, micro-batch search and failure reports ok"
+# bench/profile_step.py (the runbook's profile of eager and compile), eager on CPU: it runs
+# and groups every op it profiled.
+out="$("$PYTHON" bench/profile_step.py --device cpu --no-compile --preset tiny --micro-batch 1 --seq 32 --steps 1 --warmup 1 \
+  --precision f32 2>/dev/null)" || fail "bench/profile_step.py failed"
+"$PYTHON" -c 'import json,sys; r=json.loads(sys.stdin.read()); g=r["groups_ms_per_step"]
+assert r["impl"] == "torch-eager" and r["kernel_ms_per_step"] > 0 and abs(sum(g.values()) - r["kernel_ms_per_step"]) < 0.01 * len(g), r
+assert "matmul" in g or "other" in g, g' <<<"$out" || fail "bench/profile_step.py printed: $out"
+
+echo "bench/gpu.sh: dry run on CPU, micro-batch search and failure reports ok; bench/profile_step.py runs"
