@@ -6,8 +6,6 @@
 #   prometheus   promtool, for the alert rules' unit tests.
 #   lua5.1       Argo CD's Lua dialect, for the health check's tests.
 #   iproute2     ip, which gives the real-cluster suite's pods their network namespaces.
-# With --lint what scripts/check-cycles.sh needs:
-#   graphviz     sccmap, which finds the cycles in the module graph.
 # With --image what scripts/check-image.sh needs:
 #   debootstrap  builds the image's Debian root file system without Docker.
 #   iproute2     ip, which brings up the loopback of its network namespace.
@@ -19,9 +17,6 @@ if [ "${1:-}" = --test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v lua5.1 >/dev/null || missing+=(lua5.1)
   command -v ip >/dev/null || missing+=(iproute2)
-fi
-if [ "${1:-}" = --lint ]; then
-  command -v sccmap >/dev/null || missing+=(graphviz)
 fi
 if [ "${1:-}" = --image ]; then
   command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)

@@ -420,6 +420,46 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The rollback this run's failure policy asks for after the non-finite step `at` of
+    /// `attempt` (an unknown step is taken as the one after `trained`), given the
+    /// rollbacks `done` so far; or why the run fails instead (empty under `onNaN: fail`).
+    /// The operator and `trainer run` both decide with it; the arithmetic is
+    /// [`crate::rollback`]'s.
+    pub fn rollback_plan(
+            &self,
+            done: &[Rollback],
+            attempt: u32,
+            at: crate::rollback::NonFinite,
+            trained: u64,
+        ) -> Result<Rollback, String> {
+        let f = &self.failure;
+        if f.on_nan == OnNaN::Fail {
+            return Err(String::new());
+        }
+        if done.len() as u64 >= u64::from(f.max_rollbacks) {
+            return Err(format!(
+                "; no rollbacks left after {} (failurePolicy.maxRollbacks {})",
+                done.len(),
+                f.max_rollbacks
+            ));
+        }
+        let step = at.step.unwrap_or(trained + 1);
+        let (skip_from, skip_to) = match (at.samples, f.rollback_skip) {
+            (Some(s), RollbackSkip::FailingStep) => (s.from, s.to),
+            (Some(s), RollbackSkip::SinceCheckpoint) => (s.checkpoint.min(s.from), s.to),
+            (None, _) => (0, 0),
+        };
+        Ok(Rollback {
+            step,
+            attempt,
+            skip_from,
+            skip_to,
+            lr_factor: f.rollback_lr_factor,
+            lr_until_step: step + f.rollback_lr_steps,
+            from_step: None,
+        })
+    }
+
     /// The learning rate of optimizer step `step` (1-based), taken after `tokens`
     /// tokens: the schedule's, times the factor of the rollbacks that lower it.
     pub fn lr_at(&self, step: u64, tokens: u64) -> f64 {

@@ -1,14 +1,15 @@
-//! Rollbacks after a non-finite step (`failurePolicy.onNaN: rollback`), pure: the
-//! samples the run's data order passes over, the learning rate's factor at a step, and
-//! how the rollbacks a checkpoint recorded join the ones the operator asks for. The
+//! Rollbacks after a non-finite step (`failurePolicy.onNaN: rollback`), pure arithmetic
+//! over the rollbacks below the run's config: the samples the run's data order passes
+//! over, the learning rate's factor at a step, and how the rollbacks a checkpoint
+//! recorded join the ones the operator asks for ([`crate::RunConfig::rollback_plan`]
+//! decides the next one). The
 //! data order is a function of (seed, position, rollbacks) alone, so a run that rolled
 //! back trains exactly what an uninterrupted run with the same rollbacks would.
 
 use std::ops::Range;
 
-use crate::RunConfig;
 use crate::contract::FailedSamples;
-use crate::types::{OnNaN, Rollback, RollbackSkip};
+use crate::types::Rollback;
 
 /// A step whose loss or gradient norm was not finite, as its trainer reported it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -17,39 +18,6 @@ pub struct NonFinite {
     pub step: Option<u64>,
     /// Its place in the sample order; `None`: unknown, and nothing is skipped.
     pub samples: Option<FailedSamples>,
-}
-
-/// The rollback `cfg`'s failure policy asks for after the non-finite step `at` of
-/// `attempt` (an unknown step is taken as the one after `trained`), given the
-/// rollbacks `done` so far; or why the run fails instead (empty under `onNaN: fail`).
-/// The operator and `trainer run` both decide with it.
-pub fn plan(cfg: &RunConfig, done: &[Rollback], attempt: u32, at: NonFinite, trained: u64) -> Result<Rollback, String> {
-    let f = &cfg.failure;
-    if f.on_nan == OnNaN::Fail {
-        return Err(String::new());
-    }
-    if done.len() as u64 >= u64::from(f.max_rollbacks) {
-        return Err(format!(
-            "; no rollbacks left after {} (failurePolicy.maxRollbacks {})",
-            done.len(),
-            f.max_rollbacks
-        ));
-    }
-    let step = at.step.unwrap_or(trained + 1);
-    let (skip_from, skip_to) = match (at.samples, f.rollback_skip) {
-        (Some(s), RollbackSkip::FailingStep) => (s.from, s.to),
-        (Some(s), RollbackSkip::SinceCheckpoint) => (s.checkpoint.min(s.from), s.to),
-        (None, _) => (0, 0),
-    };
-    Ok(Rollback {
-        step,
-        attempt,
-        skip_from,
-        skip_to,
-        lr_factor: f.rollback_lr_factor,
-        lr_until_step: step + f.rollback_lr_steps,
-        from_step: None,
-    })
 }
 
 /// Where a batch that would start at global sample `position` starts: past every
@@ -116,6 +84,7 @@ pub fn resumed_at(rollbacks: &mut [Rollback], step: u64) -> Vec<Rollback> {
 
 #[cfg(test)]
 mod tests {
+    use crate::RunConfig;
     use super::*;
 
     /// A 2-node run checkpointing every 100 steps, under failure policy `policy`.
@@ -132,7 +101,7 @@ mod tests {
     #[test]
     fn the_policy_decides_what_a_rollback_skips_and_lowers() {
         let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 1536, to: 1664, checkpoint: 1280 }) };
-        let earlier = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
+        let earlier = config("    onNaN: rollback\n").rollback_plan(&[], 1, at, 12).unwrap();
         struct Case {
             policy: &'static str,
             done: usize,
@@ -167,7 +136,7 @@ mod tests {
         ];
         for c in cases {
             let done = vec![earlier.clone(); c.done];
-            let got = plan(&config(c.policy), &done, 2, c.at, 12)
+            let got = config(c.policy).rollback_plan(&done, 2, c.at, 12)
                 .map(|r| (r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step));
             assert_eq!(got, c.want.map_err(String::from), "{}", c.policy);
         }

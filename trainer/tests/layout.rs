@@ -1,7 +1,8 @@
 //! The crate's layout rules, read from the map in `src/lib.rs` (the one place they are
 //! written): every `crate::<module>` path in a top-level module names a module of the
 //! same layer or a lower one, the top-level modules import each other without a cycle,
-//! `model/` imports only `kernels/` and the shim, and `cli/` is used by `main.rs` alone.
+//! `model/` imports only `kernels/` and the shim, `cli/` is used by `main.rs` alone, and
+//! the crate root holds no code of its own (which could call up into any layer).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -80,6 +81,33 @@ fn the_map_lists_every_top_level_module() {
     let mapped: BTreeSet<String> = layers(&lib).into_keys().collect();
     assert!(declared.len() > 10, "lib.rs declares its modules as `pub mod x;`: {declared:?}");
     assert_eq!(declared, mapped, "every `pub mod` of lib.rs has a layer in its map, and no other");
+}
+
+#[test]
+fn the_crate_root_only_declares_and_reexports_modules() {
+    let code: Vec<(usize, &str)> = lib_rs()
+        .lines()
+        .enumerate()
+        .map(|(n, l)| (n + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with("//"))
+        .collect();
+    let allowed = |l: &str| {
+        l.starts_with("#![")
+            || ((l.starts_with("pub mod ") || l.starts_with("mod ")) && l.ends_with(';'))
+            || ((l.starts_with("pub use ") || l.starts_with("pub(crate) use ")) && l.ends_with(';'))
+    };
+    let other: Vec<String> = code.iter().filter(|(_, l)| !allowed(l)).map(|(n, l)| format!("src/lib.rs:{n}: {l}")).collect();
+    assert!(
+        other.is_empty(),
+        "lib.rs declares the modules and re-exports from the lowest layer; code goes in a module of its layer:\n{}",
+        other.join("\n")
+    );
+    // What it re-exports comes from layer 1, which every module may use.
+    let layers = layers(&lib_rs());
+    for (n, l) in code.iter().filter(|(_, l)| l.contains(" use ")) {
+        let from = l.split(" use ").nth(1).unwrap().split("::").next().unwrap();
+        assert_eq!(layers.get(from), Some(&1), "src/lib.rs:{n}: re-exports from {from}, not a layer-1 module");
+    }
 }
 
 #[test]

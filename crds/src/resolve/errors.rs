@@ -4,10 +4,10 @@
 use std::fmt;
 
 use crate::quantity::TokenQuantity;
+use crate::types::bounds;
 
-/// Longest TrainingRun name: children append suffixes such as `-a12-3` and pod
-/// hostnames must stay within 63 characters.
-pub const MAX_NAME_LEN: usize = 48;
+/// Longest TrainingRun name ([`bounds::TRAINING_RUN_NAME`]).
+pub const MAX_NAME_LEN: usize = bounds::TRAINING_RUN_NAME;
 
 /// One problem with a spec, named by its field path.
 #[derive(Clone, Debug, PartialEq, Eq)]

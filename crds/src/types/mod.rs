@@ -29,9 +29,9 @@ pub mod bounds {
     /// A qualified name such as an extended resource name: a DNS-subdomain prefix, '/'
     /// and a name of at most 63 characters.
     pub const QUALIFIED_NAME: usize = DNS_SUBDOMAIN + 1 + DNS_LABEL;
-    /// The name of a TrainingRun: what `resolve` accepts (its children's names append
-    /// suffixes to it).
-    pub const TRAINING_RUN_NAME: usize = crate::resolve::MAX_NAME_LEN;
+    /// The longest TrainingRun name, what `resolve` accepts: children append suffixes
+    /// such as `-a12-3`, and pod hostnames must stay within 63 characters.
+    pub const TRAINING_RUN_NAME: usize = 48;
     /// A URI or a path: `s3://…`, `pvc://…`, `embedded:<name>`, a path in the pod, an
     /// endpoint URL.
     pub const URI: usize = 2048;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::Error;
+use super::config::Error;
 
 /// The kubelet cuts the termination message here.
 pub const MESSAGE_BYTES: usize = 4096;

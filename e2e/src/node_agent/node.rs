@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{Config, Error};
+use super::config::{Config, Error};
 
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 pub const LEASE_SECONDS: i32 = 40;

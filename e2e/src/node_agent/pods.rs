@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::container::{self, Process, Terminated, now_rfc3339};
-use super::{Config, Error};
+use super::config::{Config, Error};
 use crate::network::{Enter, PodNetwork, hosts};
 
 /// A pod this agent has started.

@@ -23,7 +23,11 @@ use crate::straggler;
 
 mod learning_signal;
 mod out_of_memory;
+mod outcome;
 mod rollback;
+
+use outcome::{Outcome, next_attempt};
+pub use outcome::{Decision, Note};
 
 /// The conditions a run's failure policies add, when they apply to it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -48,46 +52,8 @@ impl Policies {
     }
 }
 
-/// An event to emit on the run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Note {
-    pub warning: bool,
-    pub reason: String,
-    pub message: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
-    pub status: TrainingRunStatus,
-    /// Create the Job of `status.attempt`. That is always the attempt the reconcile
-    /// started with (a restart's Job is created by a later reconcile), so the ConfigMap
-    /// applied before deciding already holds it.
-    pub create_job: bool,
-    /// Jobs of earlier attempts (or the failed current one) to delete with their pods.
-    pub delete_jobs: Vec<String>,
-    /// Pods no live Job owns (their Job was deleted with orphan propagation): they
-    /// would hold their hostnames and GPUs forever.
-    pub delete_pods: Vec<String>,
-    /// Set `spec.suspend` of the current Job.
-    pub suspend_job: Option<bool>,
-    pub notes: Vec<Note>,
-}
-
 fn attempt_of<K: kube::Resource>(obj: &K) -> Option<u32> {
     obj.labels().get(ATTEMPT_LABEL)?.parse().ok()
-}
-
-/// Phase, reason and message of the run, before they become status and conditions.
-struct Outcome {
-    phase: RunPhase,
-    reason: String,
-    message: String,
-}
-
-impl Outcome {
-    fn new(phase: RunPhase, reason: impl Into<String>, message: impl Into<String>) -> Outcome {
-        Outcome { phase, reason: reason.into(), message: message.into() }
-    }
 }
 
 /// A spec the resolver rejected: Failed/InvalidSpec, Accepted=False naming every field.
@@ -397,15 +363,6 @@ pub fn decide(
         }
     };
     finish(run, &old, new, outcome, accepted, stall, policies, now, d)
-}
-
-/// Starts the next attempt: the run's attempt goes up and `job`, the current one's
-/// Job, goes with its pods. Returns the new attempt.
-fn next_attempt(new: &mut TrainingRunStatus, d: &mut Decision, job: &str) -> u32 {
-    new.attempt += 1;
-    new.straggler = None;
-    d.delete_jobs.push(job.to_string());
-    new.attempt
 }
 
 /// Why the gang is restarting, kept until the new attempt runs.

@@ -7,7 +7,7 @@ use crds::types::{OnOutOfMemory, RunPhase, TrainingRunStatus};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Decision, Outcome, next_attempt};
+use super::outcome::{Decision, Outcome, next_attempt};
 
 /// A trainer ran out of GPU memory: with `onOutOfMemory: reduceMicroBatch` and a
 /// micro-batch left to reduce, a restart (not counted) at the reduced one, recorded in

@@ -9,7 +9,7 @@ use crds::types::{RollbackSkip, RunPhase, TrainingRunStatus};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Decision, Outcome, next_attempt};
+use super::outcome::{Decision, Outcome, next_attempt};
 use crate::status::{Cond, ROLLED_BACK};
 use crds::rollback::NonFinite;
 
@@ -26,7 +26,7 @@ pub(super) fn non_finite(
 ) -> Outcome {
     let done = new.effective.as_ref().map_or(&[][..], |e| &e.rollbacks[..]);
     let trained = new.progress.as_ref().map_or(0, |p| p.step);
-    match crds::rollback::plan(cfg, done, new.attempt, *at, trained) {
+    match cfg.rollback_plan(done, new.attempt, *at, trained) {
         Ok(r) => {
             let n = done.len() + 1;
             let skipped = match (at.samples, cfg.failure.rollback_skip) {
@@ -93,7 +93,6 @@ mod tests {
     use super::*;
     use crate::resources::testing::{GPU_SPEC, run};
     use crds::contract::FailedSamples;
-    use crds::rollback::plan;
 
     fn config(policy: &str) -> RunConfig {
         let spec = format!("{GPU_SPEC}  checkpoint: {{everySteps: 100}}\n  failurePolicy:\n{policy}");
@@ -106,7 +105,7 @@ mod tests {
         let c = rolled_back(&s, 2);
         assert_eq!((c.status, c.reason.as_str()), (false, "NotRolledBack"));
         let at = NonFinite { step: Some(13), samples: Some(FailedSamples { from: 96, to: 104, checkpoint: 80 }) };
-        let r = plan(&config("    onNaN: rollback\n"), &[], 1, at, 12).unwrap();
+        let r = config("    onNaN: rollback\n").rollback_plan(&[], 1, at, 12).unwrap();
         s.effective.get_or_insert_default().rollbacks.push(r);
         let c = rolled_back(&s, 2);
         assert_eq!((c.status, c.reason.as_str()), (true, "NaNRollback"));

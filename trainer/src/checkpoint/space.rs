@@ -1,5 +1,5 @@
-//! Room for checkpoints: the preflight before training, and what a full file system
-//! looks like in an error.
+//! Room for checkpoints: the preflight before training, and the error that names the
+//! room a checkpoint needed.
 
 use std::io;
 use std::path::Path;
@@ -7,20 +7,6 @@ use std::path::Path;
 use bytesize::ByteSize;
 
 use crate::Error;
-
-/// The text of ENOSPC and EDQUOT, which errors of libraries that keep only a message
-/// (safetensors through tch) still carry.
-const FULL_TEXTS: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
-
-/// Whether `e` is a full file system or an exceeded quota.
-pub fn is_full(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
-}
-
-/// Whether an error message reports a full file system or an exceeded quota.
-pub fn mentions_full(message: &str) -> bool {
-    FULL_TEXTS.iter().any(|t| message.contains(t))
-}
 
 /// Bytes this process may still write on the file system holding `dir`.
 pub fn available(dir: &Path) -> io::Result<u64> {
@@ -85,15 +71,6 @@ pub fn explain(e: Error, dir: &Path, needed: u64) -> Error {
 mod tests {
     use super::*;
     use crate::files::test_util::TempDir;
-
-    #[test]
-    fn full_file_systems_are_recognised_by_errno_and_by_text() {
-        assert!(is_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
-        assert!(is_full(&io::Error::from_raw_os_error(libc::EDQUOT)));
-        assert!(!is_full(&io::Error::from_raw_os_error(libc::EACCES)));
-        assert!(mentions_full(&io::Error::from_raw_os_error(libc::ENOSPC).to_string()));
-        assert!(!mentions_full("Permission denied (os error 13)"));
-    }
 
     #[test]
     fn the_preflight_counts_existing_checkpoints_as_room() {

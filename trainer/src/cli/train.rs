@@ -136,7 +136,7 @@ pub struct WorkerArgs {
 /// 127.0.0.1 through the same launcher a pod uses. A non-finite step under
 /// `failurePolicy.onNaN: rollback` rolls back here as the operator would: the next
 /// attempt resumes from the checkpoint before it, past its samples
-/// ([`crds::rollback::plan`]), up to `maxRollbacks` times in one `trainer run`.
+/// ([`crds::RunConfig::rollback_plan`]), up to `maxRollbacks` times in one `trainer run`.
 pub fn run(args: &RunArgs) -> Result<(), Error> {
     let manifest = crds::manifest::from_file(&args.manifest)?;
     let mut cfg =
@@ -155,7 +155,7 @@ pub fn run(args: &RunArgs) -> Result<(), Error> {
         write_run_file(&output, &cfg)?;
         let (result, non_finite) = run_attempt(args, &cfg, &output, stop.clone());
         let Some(at) = non_finite else { return result };
-        match crds::rollback::plan(&cfg, &cfg.rollbacks, cfg.attempt, at, 0) {
+        match cfg.rollback_plan(&cfg.rollbacks, cfg.attempt, at, 0) {
             Ok(r) => {
                 tracing::warn!(
                     "the loss or gradient norm of step {} was not finite: rolling back ({} of {}, \

@@ -14,7 +14,9 @@ use crate::Error;
 use crate::ffi::take_message;
 
 mod raw {
-    use super::*;
+    use std::ffi::{c_char, c_int, c_void};
+
+    use torch_sys::C_tensor;
 
     unsafe extern "C" {
         #[allow(clippy::too_many_arguments)]

@@ -29,7 +29,9 @@ use crate::Error;
 use crate::ffi::{StreamMark, ptrs, take_message};
 
 mod raw {
-    use super::*;
+    use std::ffi::{c_char, c_int, c_void};
+
+    use torch_sys::C_tensor;
 
     unsafe extern "C" {
         pub fn shim_reducer_new(

@@ -11,7 +11,9 @@ use torch_sys::C_tensor;
 use crate::Error;
 
 mod raw {
-    use super::*;
+    use std::ffi::{c_char, c_int};
+
+    use torch_sys::C_tensor;
 
     unsafe extern "C" {
         pub fn shim_backward(roots: *const *mut C_tensor, grads: *const *mut C_tensor, n: usize) -> *mut c_char;
