@@ -426,12 +426,12 @@ impl RunConfig {
     /// The operator and `trainer run` both decide with it; the arithmetic is
     /// [`crate::rollback`]'s.
     pub fn rollback_plan(
-            &self,
-            done: &[Rollback],
-            attempt: u32,
-            at: crate::rollback::NonFinite,
-            trained: u64,
-        ) -> Result<Rollback, String> {
+        &self,
+        done: &[Rollback],
+        attempt: u32,
+        at: crate::rollback::NonFinite,
+        trained: u64,
+    ) -> Result<Rollback, String> {
         let f = &self.failure;
         if f.on_nan == OnNaN::Fail {
             return Err(String::new());

@@ -84,8 +84,8 @@ pub fn resumed_at(rollbacks: &mut [Rollback], step: u64) -> Vec<Rollback> {
 
 #[cfg(test)]
 mod tests {
-    use crate::RunConfig;
     use super::*;
+    use crate::RunConfig;
 
     /// A 2-node run checkpointing every 100 steps, under failure policy `policy`.
     fn config(policy: &str) -> RunConfig {
@@ -136,7 +136,8 @@ mod tests {
         ];
         for c in cases {
             let done = vec![earlier.clone(); c.done];
-            let got = config(c.policy).rollback_plan(&done, 2, c.at, 12)
+            let got = config(c.policy)
+                .rollback_plan(&done, 2, c.at, 12)
                 .map(|r| (r.skip_from, r.skip_to, r.lr_factor, r.lr_until_step));
             assert_eq!(got, c.want.map_err(String::from), "{}", c.policy);
         }

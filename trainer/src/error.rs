@@ -98,9 +98,7 @@ impl Error {
             Error::Collective { .. } | Error::Rendezvous { .. } => Some(FailureReason::CollectiveTimeout),
             Error::StorageFull { .. } => Some(FailureReason::StorageFull),
             Error::Io { source, .. } if is_full(source) => Some(FailureReason::StorageFull),
-            Error::Checkpoint { message, .. } | Error::Storage { message, .. }
-                if mentions_full(message) =>
-            {
+            Error::Checkpoint { message, .. } | Error::Storage { message, .. } if mentions_full(message) => {
                 Some(FailureReason::StorageFull)
             }
             Error::Torch(e) if mentions_full(&e.to_string()) => Some(FailureReason::StorageFull),

@@ -85,7 +85,8 @@ fn the_map_lists_every_top_level_module() {
 
 #[test]
 fn the_crate_root_only_declares_and_reexports_modules() {
-    let code: Vec<(usize, &str)> = lib_rs()
+    let lib = lib_rs();
+    let code: Vec<(usize, &str)> = lib
         .lines()
         .enumerate()
         .map(|(n, l)| (n + 1, l.trim()))
@@ -96,14 +97,15 @@ fn the_crate_root_only_declares_and_reexports_modules() {
             || ((l.starts_with("pub mod ") || l.starts_with("mod ")) && l.ends_with(';'))
             || ((l.starts_with("pub use ") || l.starts_with("pub(crate) use ")) && l.ends_with(';'))
     };
-    let other: Vec<String> = code.iter().filter(|(_, l)| !allowed(l)).map(|(n, l)| format!("src/lib.rs:{n}: {l}")).collect();
+    let other: Vec<String> =
+        code.iter().filter(|(_, l)| !allowed(l)).map(|(n, l)| format!("src/lib.rs:{n}: {l}")).collect();
     assert!(
         other.is_empty(),
         "lib.rs declares the modules and re-exports from the lowest layer; code goes in a module of its layer:\n{}",
         other.join("\n")
     );
     // What it re-exports comes from layer 1, which every module may use.
-    let layers = layers(&lib_rs());
+    let layers = layers(&lib);
     for (n, l) in code.iter().filter(|(_, l)| l.contains(" use ")) {
         let from = l.split(" use ").nth(1).unwrap().split("::").next().unwrap();
         assert_eq!(layers.get(from), Some(&1), "src/lib.rs:{n}: re-exports from {from}, not a layer-1 module");

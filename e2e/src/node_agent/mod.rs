@@ -16,16 +16,12 @@ pub mod pods;
 
 pub use config::{Config, Error};
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-
-use crate::network::hosts::HostsDir;
 
 /// How often the sync loop looks at its processes (the kubelet's PLEG relists every
 /// second).

@@ -11,8 +11,8 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
-use super::container::{self, Process, Terminated, now_rfc3339};
 use super::config::{Config, Error};
+use super::container::{self, Process, Terminated, now_rfc3339};
 use crate::network::{Enter, PodNetwork, hosts};
 
 /// A pod this agent has started.

@@ -26,8 +26,8 @@ mod out_of_memory;
 mod outcome;
 mod rollback;
 
-use outcome::{Outcome, next_attempt};
 pub use outcome::{Decision, Note};
+use outcome::{Outcome, next_attempt};
 
 /// The conditions a run's failure policies add, when they apply to it.
 #[derive(Clone, Copy, Debug, Default)]

@@ -118,7 +118,8 @@ fn use_paths(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(Optio
 
 fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
-        a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().split_whitespace().any(|t| t == "test"))
+        a.path().is_ident("cfg")
+            && a.meta.require_list().is_ok_and(|l| l.tokens.to_string().split_whitespace().any(|t| t == "test"))
     })
 }
 
@@ -154,13 +155,18 @@ impl Crate {
     /// A module's file, whose child modules live in `children_dir`.
     fn load_file(&mut self, file: &Path, module: ModPath, children_dir: &Path) -> Result<(), String> {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let parsed = syn::parse_file(&text).map_err(|e| {
-            format!("{}:{}: {e}", file.display(), e.span().start().line)
-        })?;
+        let parsed =
+            syn::parse_file(&text).map_err(|e| format!("{}:{}: {e}", file.display(), e.span().start().line))?;
         self.load_items(&parsed.items, module, file, children_dir)
     }
 
-    fn load_items(&mut self, items: &[syn::Item], module: ModPath, file: &Path, children_dir: &Path) -> Result<(), String> {
+    fn load_items(
+        &mut self,
+        items: &[syn::Item],
+        module: ModPath,
+        file: &Path,
+        children_dir: &Path,
+    ) -> Result<(), String> {
         self.modules.entry(module.clone()).or_default();
         for item in items {
             if is_cfg_test(item_attrs(item)) {
@@ -223,7 +229,7 @@ impl Crate {
                 let declares = self.items.get(&source).is_some_and(|i| i.contains(name))
                     || self.reexports.get(&source).is_some_and(|rs| rs.iter().any(|r| r.name.as_deref() == Some(name)));
                 if declares {
-                    return self.resolve_within(&source, &[name.clone()], depth + 1).or(Some(source));
+                    return self.resolve_within(&source, std::slice::from_ref(name), depth + 1).or(Some(source));
                 }
             }
         }
@@ -316,7 +322,11 @@ struct Collector<'a> {
 impl Collector<'_> {
     fn push(&mut self, segments: Vec<String>, line: usize) {
         if segments.len() >= 2 || segments.first().is_some_and(|s| matches!(s.as_str(), "crate" | "super" | "self")) {
-            self.out.push(Reference { from: self.module.clone(), segments, site: Site { file: self.file.to_path_buf(), line } });
+            self.out.push(Reference {
+                from: self.module.clone(),
+                segments,
+                site: Site { file: self.file.to_path_buf(), line },
+            });
         }
     }
 
@@ -515,10 +525,8 @@ fn check(lib: &Path) -> Result<Vec<String>, String> {
         .into_iter()
         .map(|component| {
             let members: BTreeSet<&ModPath> = component.iter().collect();
-            let mut text = format!(
-                "cycle between {}:",
-                component.iter().map(|m| display(m)).collect::<Vec<_>>().join(", ")
-            );
+            let mut text =
+                format!("cycle between {}:", component.iter().map(|m| display(m)).collect::<Vec<_>>().join(", "));
             for ((from, to), site) in &edges {
                 if members.contains(from) && members.contains(to) {
                     text.push_str(&format!("\n  {} -> {}   ({site})", display(from), display(to)));
@@ -576,7 +584,10 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name).join("lib.rs")
+        // Read at run time: cargo runs tests with it set, and a binary built in another
+        // checkout of the same target directory would carry that checkout's path.
+        let dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test");
+        Path::new(&dir).join("fixtures").join(name).join("lib.rs")
     }
 
     #[test]
@@ -586,7 +597,11 @@ mod tests {
         let lines: Vec<&str> = report[0].lines().map(|l| l.split("   (").next().unwrap().trim()).collect();
         assert_eq!(
             lines,
-            ["cycle between crate::config, crate::rollback:", "crate::config -> crate::rollback", "crate::rollback -> crate::config"]
+            [
+                "cycle between crate::config, crate::rollback:",
+                "crate::config -> crate::rollback",
+                "crate::rollback -> crate::config"
+            ]
         );
         assert!(report[0].contains("config.rs:6)"), "the edge's site: {}", report[0]);
     }
@@ -600,18 +615,18 @@ mod tests {
             edges.contains_key(&(p(a), p(b)))
         };
         let table = [
-            ("config", "rollback", true),    // a call in a method's body
-            ("rollback", "config", true),    // a type in a signature, through the root's re-export
-            ("rollback", "", false),         // … which is followed to the module that declares it
-            ("types", "resolve", true),      // a constant's initialiser
-            ("resolve", "plan", true),       // a path in a macro's arguments
-            ("plan", "plan::detail", true),  // a child module by its bare name
-            ("types::bounds", "types", true), // super:: from a child
+            ("config", "rollback", true),      // a call in a method's body
+            ("rollback", "config", true),      // a type in a signature, through the root's re-export
+            ("rollback", "", false),           // … which is followed to the module that declares it
+            ("types", "resolve", true),        // a constant's initialiser
+            ("resolve", "plan", true),         // a path in a macro's arguments
+            ("plan", "plan::detail", true),    // a child module by its bare name
+            ("types::bounds", "types", true),  // super:: from a child
             ("types", "types::bounds", false), // declaring a child is not using it
-            ("types::bounds", "", false),    // pub(super), pub(crate): visibility, not use
-            ("facade", "config", false),     // a re-export
-            ("config", "resolve", false),    // only in #[cfg(test)] code
-            ("plan", "config", false),       // a local variable named like a module
+            ("types::bounds", "", false),      // pub(super), pub(crate): visibility, not use
+            ("facade", "config", false),       // a re-export
+            ("config", "resolve", false),      // only in #[cfg(test)] code
+            ("plan", "config", false),         // a local variable named like a module
         ];
         for (a, b, want) in table {
             assert_eq!(has(a, b), want, "{a} -> {b}; edges: {:?}", edges.keys().collect::<Vec<_>>());
@@ -624,7 +639,11 @@ mod tests {
         assert_eq!(report.len(), 1, "{report:#?}");
         let lines: Vec<&str> = report[0].lines().map(str::trim).collect();
         assert_eq!(lines[0], "cycle between crate::a, crate::b:");
-        assert!(lines[1].starts_with("crate::a -> crate::b   (via crate::a::inner -> crate::b::leaf, "), "{}", report[0]);
+        assert!(
+            lines[1].starts_with("crate::a -> crate::b   (via crate::a::inner -> crate::b::leaf, "),
+            "{}",
+            report[0]
+        );
         assert!(lines[2].starts_with("crate::b -> crate::a   (via crate::b::other -> crate::a, "), "{}", report[0]);
         assert_eq!(lines.len(), 3, "{}", report[0]);
     }

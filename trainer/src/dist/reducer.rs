@@ -16,7 +16,7 @@
 //! Every strategy clips by [`GradReducer::grad_norm`], the norm of the per-shard norms
 //! of the buckets, which each can compute from the same values in the same order.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! The raw declarations stay private; every wrapper turns the shim's error string
 //! into [`Error::Shim`]. Tensors cross as tch's `C_tensor`, which is an `at::Tensor*`.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 
 use tch::{Device, Kind, TchError, Tensor};
 use torch_sys::C_tensor;
