@@ -330,38 +330,6 @@ impl Collector<'_> {
         }
     }
 
-    fn use_tree(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
-        match tree {
-            syn::UseTree::Path(p) => {
-                prefix.push(p.ident.to_string());
-                self.use_tree(&p.tree, prefix);
-                prefix.pop();
-            }
-            syn::UseTree::Name(n) => {
-                let line = n.ident.span().start().line;
-                let mut path = prefix.clone();
-                if n.ident != "self" {
-                    path.push(n.ident.to_string());
-                }
-                self.push(path, line);
-            }
-            syn::UseTree::Rename(r) => {
-                let line = r.ident.span().start().line;
-                let mut path = prefix.clone();
-                if r.ident != "self" {
-                    path.push(r.ident.to_string());
-                }
-                self.push(path, line);
-            }
-            syn::UseTree::Glob(g) => self.push(prefix.clone(), g.star_token.span.start().line),
-            syn::UseTree::Group(g) => {
-                for t in &g.items {
-                    self.use_tree(t, prefix);
-                }
-            }
-        }
-    }
-
     /// `a::b::c` sequences of identifiers in a macro's tokens.
     fn tokens(&mut self, tokens: TokenStream) {
         let trees: Vec<TokenTree> = tokens.into_iter().collect();
@@ -407,7 +375,11 @@ impl<'ast> Visit<'ast> for Collector<'_> {
 
     fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
         if u.leading_colon.is_none() && matches!(u.vis, syn::Visibility::Inherited) {
-            self.use_tree(&u.tree, &mut Vec::new());
+            let mut paths = Vec::new();
+            use_paths(&u.tree, &mut Vec::new(), &mut paths);
+            for (_, path, line) in paths {
+                self.push(path, line);
+            }
         }
     }
 
