@@ -419,7 +419,7 @@ where
 /// and replays read and write the same tensors (the captured ones), so inputs are
 /// copied into them and outputs read from them.
 #[cfg(feature = "cuda")]
-type GraphCall = unsafe extern "C" fn(*mut std::ffi::c_void) -> *mut c_char;
+type GraphCall = unsafe extern "C" fn(*mut std::ffi::c_void) -> *mut std::ffi::c_char;
 
 #[cfg(feature = "cuda")]
 pub struct CudaGraph {
