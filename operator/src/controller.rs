@@ -222,7 +222,7 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     }
 
     // 5. decide, then act
-    let d = decide::decide(&run, &cfg, &obs, now, s, &change);
+    let d = decide::decide(&decide::Situation { run: &run, cfg: &cfg, obs: &obs, now, settings: s, change: &change });
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     // Status first: a restart is recorded before its Job goes, so a crash in between
     // cannot lose or double-count it.

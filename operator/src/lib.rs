@@ -13,6 +13,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod observe;
+pub mod observed;
 pub mod plausible;
 pub mod resources;
 pub mod settings;

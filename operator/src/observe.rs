@@ -7,7 +7,6 @@ use bytes::Bytes;
 use crds::config::ResolvedInit;
 use crds::contract::CONFIG_KEY;
 use crds::contract::TrainerStatus;
-use crds::types::RunPhase;
 use crds::{RunConfig, TrainingRun};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::header::CONTENT_LENGTH;
@@ -21,29 +20,11 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::clock::seconds_between;
-use crate::failure::completion_index;
 use crate::plausible::plausible;
-use crate::resources::{ATTEMPT_LABEL, RUN_LABEL, applied_hash, configmap_name, pvc_name};
+use crate::resources::{RUN_LABEL, applied_hash, configmap_name, pvc_name};
 use crate::{Error, Verb};
 
-/// State of the run named by `initFrom.trainingRun`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum InitRun {
-    Missing,
-    Phase(Option<RunPhase>),
-}
-
-/// What the observe step saw.
-#[derive(Clone, Debug, Default)]
-pub struct Observed {
-    /// Every Job of the run, all attempts.
-    pub jobs: Vec<Job>,
-    /// Every pod of the run, all attempts.
-    pub pods: Vec<Pod>,
-    pub init_run: Option<InitRun>,
-    /// Rank 0's `/status`, when it was polled in this reconcile.
-    pub trainer: Option<TrainerStatus>,
-}
+pub use crate::observed::{InitRun, Observed, rank0_running};
 
 /// The most of an answer to `GET /status` the operator reads. A trainer's document is
 /// a few KiB plus about 90 bytes per rank, so this serves ten thousand ranks and stops
@@ -197,15 +178,6 @@ pub async fn accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Er
     let claim_hash = live_claim.as_ref().and_then(applied_hash);
     let claim = live_claim.map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
     Ok(Accepted { config, claim, configmap_hash, claim_hash })
-}
-
-/// Whether rank 0 of `attempt` is running, so that its `/status` can answer.
-pub fn rank0_running(obs: &Observed, attempt: u32) -> bool {
-    obs.pods.iter().any(|p| {
-        p.labels().get(ATTEMPT_LABEL) == Some(&attempt.to_string())
-            && completion_index(p) == Some(0)
-            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    })
 }
 
 /// What a poll of rank 0 came to.

@@ -41,12 +41,3 @@ impl Outcome {
         Outcome { phase, reason: reason.into(), message: message.into() }
     }
 }
-
-/// Starts the next attempt: the run's attempt goes up and `job`, the current one's
-/// Job, goes with its pods. Returns the new attempt.
-pub(super) fn next_attempt(new: &mut TrainingRunStatus, d: &mut Decision, job: &str) -> u32 {
-    new.attempt += 1;
-    new.straggler = None;
-    d.delete_jobs.push(job.to_string());
-    new.attempt
-}

@@ -3,27 +3,19 @@
 //! maxRestarts, never training on the step's samples again and at a lowered learning
 //! rate for a while; and the RolledBack condition that stays once a run has rolled back.
 
-use crds::RunConfig;
 use crds::contract::{FailureReason, RunReason};
 use crds::types::{RollbackSkip, RunPhase, TrainingRunStatus};
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::outcome::{Decision, Outcome, next_attempt};
+use super::context::{Ctx, Draft};
+use super::outcome::Outcome;
 use crate::status::{Cond, ROLLED_BACK};
 use crds::rollback::NonFinite;
 
 /// A trainer's step was not finite: a rollback recorded in `status.effective.rollbacks`
 /// and a new attempt, or the run fails as NaNLoss.
-pub(super) fn non_finite(
-    new: &mut TrainingRunStatus,
-    d: &mut Decision,
-    cfg: &RunConfig,
-    job: &str,
-    message: &str,
-    at: &NonFinite,
-    now: Timestamp,
-) -> Outcome {
+pub(super) fn non_finite(ctx: &Ctx, draft: &mut Draft, message: &str, at: &NonFinite) -> Outcome {
+    let (cfg, new) = (ctx.cfg, &mut draft.new);
     let done = new.effective.as_ref().map_or(&[][..], |e| &e.rollbacks[..]);
     let trained = new.progress.as_ref().map_or(0, |p| p.step);
     match cfg.rollback_plan(done, new.attempt, *at, trained) {
@@ -50,11 +42,11 @@ pub(super) fn non_finite(
                 r.lr_until_step
             );
             new.effective.get_or_insert_default().rollbacks.push(r);
-            next_attempt(new, d, job);
+            draft.next_attempt(&ctx.current_name);
             Outcome::new(RunPhase::Restarting, RunReason::NaNRollback, outcome_message)
         }
         Err(why) => {
-            new.completion_time = Some(Time(now));
+            new.completion_time = Some(Time(ctx.now));
             Outcome::new(RunPhase::Failed, FailureReason::NaNLoss.as_str(), format!("{message}{why}"))
         }
     }
@@ -92,6 +84,7 @@ pub(super) fn rolled_back(new: &TrainingRunStatus, max_rollbacks: u32) -> Cond {
 mod tests {
     use super::*;
     use crate::resources::testing::{GPU_SPEC, run};
+    use crds::RunConfig;
     use crds::contract::FailedSamples;
 
     fn config(policy: &str) -> RunConfig {

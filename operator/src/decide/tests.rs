@@ -1,4 +1,11 @@
 use super::*;
+use crate::change::Change;
+use crate::observed::{InitRun, Observed};
+use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR};
+use crate::settings::Settings;
+use crate::status;
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::failure::tests::{exited, job as job_with, running};
 use crate::resources::testing::{GPU_SPEC, GRPO_SPEC, run};
 use crds::contract::{FailureReason, TerminationMessage, TrainerStatus};
@@ -12,7 +19,8 @@ fn t(s: &str) -> Timestamp {
 /// Decides for `r`, then stores the decided status on it, as the API would.
 fn step(r: &mut TrainingRun, obs: &Observed, now: Timestamp) -> Decision {
     let cfg = crate::validate::validate(r, r.status.as_ref().map_or(0, |s| s.attempt)).unwrap();
-    let d = decide(r, &cfg, obs, now, &Settings::default(), &Change::Unchanged);
+    let d =
+        decide(&Situation { run: r, cfg: &cfg, obs, now, settings: &Settings::default(), change: &Change::Unchanged });
     if d.create_job {
         assert_eq!(d.status.attempt, cfg.attempt, "the ConfigMap built from cfg holds the new Job's attempt");
     }
