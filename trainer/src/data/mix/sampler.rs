@@ -1,185 +1,14 @@
-//! Token streams and the deterministic weighted mix.
-//!
-//! The mix is a pure function of the global sample index: sample `i` comes from the
-//! source chosen by Megatron's BlendedDataset greedy rule and, within that source, from
-//! a seeded per-epoch permutation of its non-overlapping windows. Resuming at global
-//! sample `N` is therefore exact and needs only `N` (no replay of the data).
+//! The sampler: the deterministic weighted mix of token sources ([`Mix`]), a pure
+//! function of the global sample index, cut into samples and batches.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use sha2::{Digest, Sha256};
-
-use super::corpus::{self, CORPUS_VERSION, Split};
-use super::remote::RemoteShards;
-use super::shard::ShardSet;
-use super::tokenizer::Tokenizer;
+use super::permutation::permute;
+use super::tokens::{SourceTokens, Tokens};
 use crate::Error;
 use crate::rng::splitmix64;
-
-/// Generating and tokenizing a stream for longer than this caches it on disk.
-const CACHE_IF_SLOWER_THAN_S: f64 = 1.0;
-
-/// Documents are tokenized in batches of about this many bytes (one `encode_batch` each).
-const ENCODE_BATCH_BYTES: usize = 1 << 20;
-
-/// Tokens of the embedded `source` (`split`, document seed `seed`): its documents
-/// tokenized and concatenated, each followed by EOS, stopping at the first document end
-/// at or after `n_tokens_min` tokens. A longer request extends the same stream. Streams
-/// that take more than a second to make are cached under [`super::cache_dir`].
-pub fn embedded_source_tokens(
-    tok: &Tokenizer,
-    source: &str,
-    seed: u64,
-    split: Split,
-    n_tokens_min: usize,
-) -> Result<Vec<u32>, Error> {
-    embedded_source_tokens_in(Some(&super::cache_dir()), tok, source, seed, split, n_tokens_min)
-}
-
-/// [`embedded_source_tokens`] with an explicit cache directory (`None`: no caching).
-pub fn embedded_source_tokens_in(
-    cache_dir: Option<&Path>,
-    tok: &Tokenizer,
-    source: &str,
-    seed: u64,
-    split: Split,
-    n_tokens_min: usize,
-) -> Result<Vec<u32>, Error> {
-    corpus::source_index(source)?;
-    let path = cache_dir.map(|dir| tokens_cache_path(dir, tok, source, seed, split, n_tokens_min));
-    if let Some(path) = path.as_deref().filter(|p| p.exists()) {
-        match read_tokens(path) {
-            Some(tokens) if tokens.len() >= n_tokens_min && tokens.last() == Some(&tok.eos_id()) => return Ok(tokens),
-            _ => tracing::warn!("discarding the corrupt token cache {}; tokenizing again", path.display()),
-        }
-    }
-    let start = Instant::now();
-    let mut tokens = Vec::with_capacity(n_tokens_min + 1024);
-    let mut docs = corpus::stream(source, seed, split)?;
-    while tokens.len() < n_tokens_min {
-        // Tokenize in batches but keep only whole documents up to the first one that
-        // reaches the target, so the result does not depend on the batch size.
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        let want_bytes = ((n_tokens_min - tokens.len()) * 3).clamp(4096, ENCODE_BATCH_BYTES);
-        while bytes < want_bytes {
-            let doc = docs.next().expect("document streams are endless");
-            bytes += doc.len();
-            batch.push(doc);
-        }
-        for ids in tok.encode_batch(&batch) {
-            if tokens.len() >= n_tokens_min {
-                break;
-            }
-            tokens.extend_from_slice(&ids);
-            tokens.push(tok.eos_id());
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    tracing::debug!(source, tokens = tokens.len(), seconds, "tokenized an embedded source");
-    if let Some(path) = path.filter(|_| seconds > CACHE_IF_SLOWER_THAN_S)
-        && let Err(e) = crate::files::write_atomic(&path, &encode_tokens(&tokens))
-    {
-        tracing::warn!("could not cache tokens at {}: {e}", path.display());
-    }
-    Ok(tokens)
-}
-
-fn tokens_cache_path(dir: &Path, tok: &Tokenizer, source: &str, seed: u64, split: Split, n: usize) -> PathBuf {
-    let name = format!("{source}-{}-seed{seed}-corpus{CORPUS_VERSION}-tok{}-{n}.bin", split.name(), &tok.hash()[..16]);
-    dir.join("tokens").join(name)
-}
-
-const TOKENS_MAGIC: &[u8; 8] = b"TRTOKv01";
-
-/// Cache format: magic, count (u64 LE), SHA-256 of the payload, payload (u32 LE each).
-fn encode_tokens(tokens: &[u32]) -> Vec<u8> {
-    let payload: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let mut out = Vec::with_capacity(48 + payload.len());
-    out.extend_from_slice(TOKENS_MAGIC);
-    out.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&payload));
-    out.extend_from_slice(&payload);
-    out
-}
-
-fn read_tokens(path: &Path) -> Option<Vec<u32>> {
-    let bytes = std::fs::read(path).ok()?;
-    let (head, payload) = bytes.split_at_checked(48)?;
-    let count = u64::from_le_bytes(head[8..16].try_into().ok()?) as usize;
-    if &head[..8] != TOKENS_MAGIC || payload.len() != count * 4 || Sha256::digest(payload)[..] != head[16..48] {
-        return None;
-    }
-    Some(payload.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
-}
-
-/// Entropy, in nats per token, of the unigram distribution of `tokens` (0 when empty):
-/// the loss of a model that ignores context, which a trained model must beat.
-pub fn unigram_entropy(tokens: &[u32]) -> f64 {
-    let mut counts: HashMap<u32, u64> = HashMap::new();
-    for t in tokens {
-        *counts.entry(*t).or_default() += 1;
-    }
-    let n = tokens.len() as f64;
-    -counts.values().map(|&c| (c as f64 / n) * (c as f64 / n).ln()).sum::<f64>()
-}
-
-/// One source of a mix: its tokens and its weight.
-#[derive(Clone, Debug)]
-pub struct SourceTokens {
-    /// The mix entry's name, for logs and per-source losses.
-    pub name: String,
-    /// Positive; the mix normalises the weights to sum to 1.
-    pub weight: f64,
-    pub tokens: Tokens,
-}
-
-/// A source's token stream: one block in memory, memory-mapped local shards, or
-/// shards in S3 behind a bounded cache. Samples never cross a block (shard) boundary.
-#[derive(Clone, Debug)]
-pub enum Tokens {
-    Memory(Arc<[u32]>),
-    Shards(Arc<ShardSet>),
-    Remote(Arc<RemoteShards>),
-}
-
-impl From<Vec<u32>> for Tokens {
-    fn from(v: Vec<u32>) -> Tokens {
-        Tokens::Memory(v.into())
-    }
-}
-
-impl Tokens {
-    /// Token count of each block.
-    pub fn blocks(&self) -> Vec<u64> {
-        match self {
-            Tokens::Memory(t) => vec![t.len() as u64],
-            Tokens::Shards(s) => s.shards.iter().map(|s| s.len()).collect(),
-            Tokens::Remote(r) => r.entries().iter().map(|e| e.tokens).collect(),
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        self.blocks().iter().sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Tokens `start..start + len` of block `b` (fetching a remote shard if needed).
-    pub fn slice(&self, b: usize, start: u64, len: usize) -> Result<Cow<'_, [u32]>, Error> {
-        Ok(match self {
-            Tokens::Memory(t) => Cow::Borrowed(&t[start as usize..start as usize + len]),
-            Tokens::Shards(s) => s.shards[b].tokens(start, len),
-            Tokens::Remote(r) => Cow::Owned(r.shard(b)?.tokens(start, len).into_owned()),
-        })
-    }
-}
 
 /// Row-major `[n, seq_len]` inputs and targets, and each sample's source index.
 pub type Batch = (Vec<i64>, Vec<i64>, Vec<usize>);
@@ -193,6 +22,11 @@ struct BlockOrder {
 
 /// The deterministic weighted mix of token sources, cut into samples of
 /// `seq_len + 1` tokens (inputs and targets shifted by one).
+///
+/// The mix is a pure function of the global sample index: sample `i` comes from the
+/// source chosen by Megatron's BlendedDataset greedy rule and, within that source, from
+/// a seeded per-epoch permutation of its non-overlapping windows. Resuming at global
+/// sample `N` is therefore exact and needs only `N` (no replay of the data).
 ///
 /// Sample indices are global: sample `i` is the same on every rank and at every
 /// resume. Data-parallel ranks take disjoint slices of each global batch (rank `r` of
@@ -460,30 +294,10 @@ impl Mix {
     }
 }
 
-/// A keyed pseudo-random permutation of `0..n` evaluated at `j` in O(1): a balanced
-/// four-round Feistel network on the smallest even-bit power of two ≥ n, cycle-walked
-/// back into range (at most 4 expected rounds trips).
-pub(crate) fn permute(j: u64, n: u64, key: u64) -> u64 {
-    debug_assert!(j < n);
-    let bits = (64 - (n - 1).leading_zeros()).max(2).div_ceil(2);
-    let mask = (1u64 << bits) - 1;
-    let mut x = j;
-    loop {
-        let (mut l, mut r) = (x >> bits, x & mask);
-        for round in 0..4u64 {
-            let f = splitmix64(key ^ splitmix64(round ^ (r << 8))) & mask;
-            (l, r) = (r, l ^ f);
-        }
-        x = (l << bits) | r;
-        if x < n {
-            return x;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+    use std::time::Instant;
 
     use super::*;
 
@@ -499,22 +313,6 @@ mod tests {
             synthetic("mcq", 0.10, 9 * 5, 300_000),
         ]
     }
-
-    #[test]
-    fn permutation_is_a_bijection_and_changes_per_key() {
-        for n in [1u64, 2, 3, 5, 16, 17, 100, 1000, 4097] {
-            let p: Vec<u64> = (0..n).map(|j| permute(j, n, 42)).collect();
-            let set: BTreeSet<u64> = p.iter().copied().collect();
-            assert_eq!(set.len() as u64, n);
-            assert!(p.iter().all(|&x| x < n));
-            if n >= 16 {
-                let q: Vec<u64> = (0..n).map(|j| permute(j, n, 43)).collect();
-                assert_ne!(p, q, "n = {n}");
-                assert_ne!(p, (0..n).collect::<Vec<_>>(), "n = {n}");
-            }
-        }
-    }
-
     #[test]
     fn proportions_track_weights_at_every_prefix() {
         let mix = Mix::new(four(), 8, 1).unwrap();
@@ -650,106 +448,8 @@ mod tests {
     }
 
     #[test]
-    fn entropy() {
-        assert_eq!(unigram_entropy(&[]), 0.0);
-        assert!((unigram_entropy(&[1, 2, 3, 4]) - 4f64.ln()).abs() < 1e-12);
+    fn mix_entropy() {
         let mix = Mix::new(vec![synthetic("a", 0.5, 90, 0), synthetic("b", 0.5, 90, 0)], 8, 0).unwrap();
         assert!((mix.unigram_entropy().unwrap() - 90f64.ln()).abs() < 1e-9);
-    }
-
-    /// Held-out cross-entropy (nats/token) of an interpolated bigram model fitted on `train`.
-    fn bigram_cross_entropy(train: &[u32], held_out: &[u32]) -> f64 {
-        let mut uni: HashMap<u32, f64> = HashMap::new();
-        let mut bi: HashMap<(u32, u32), f64> = HashMap::new();
-        for w in train.windows(2) {
-            *uni.entry(w[0]).or_default() += 1.0;
-            *bi.entry((w[0], w[1])).or_default() += 1.0;
-        }
-        let n = (train.len() - 1) as f64;
-        let vocab = 4096.0;
-        let total: f64 = held_out
-            .windows(2)
-            .map(|w| {
-                let p_uni = (uni.get(&w[1]).copied().unwrap_or(0.0) + 1.0) / (n + vocab);
-                let p_bi = match uni.get(&w[0]) {
-                    Some(c) => bi.get(&(w[0], w[1])).copied().unwrap_or(0.0) / c,
-                    None => 0.0,
-                };
-                -(0.9 * p_bi + 0.1 * p_uni).ln()
-            })
-            .sum();
-        total / (held_out.len() - 1) as f64
-    }
-
-    #[test]
-    fn the_corpus_is_learnable_from_context() {
-        // Even a bigram model beats the unigram entropy by a wide margin on held-out data;
-        // a transformer with 256 tokens of context does much better.
-        let dir = crate::files::test_util::TempDir::new("learn");
-        let tok = Tokenizer::embedded_in(&dir.0).unwrap();
-        let (mut unigram, mut bigram) = (0.0, 0.0);
-        for (name, weight) in [("textbook", 0.45), ("facts", 0.25), ("arithmetic", 0.20), ("mcq", 0.10)] {
-            let train = embedded_source_tokens_in(None, &tok, name, 0, Split::Train, 200_000).unwrap();
-            let val = embedded_source_tokens_in(None, &tok, name, 0, Split::Validation, 20_000).unwrap();
-            let (u, b) = (unigram_entropy(&train), bigram_cross_entropy(&train, &val));
-            eprintln!("{name}: unigram entropy {u:.3}, held-out bigram cross-entropy {b:.3} nats");
-            unigram += weight * u;
-            bigram += weight * b;
-        }
-        eprintln!("weighted: unigram {unigram:.3}, bigram {bigram:.3} nats");
-        assert!(bigram < unigram - 1.5, "bigram {bigram:.3} vs unigram {unigram:.3}");
-    }
-
-    fn big_prefix(tok: &Tokenizer, source: &str, n: usize) -> Vec<u32> {
-        embedded_source_tokens_in(None, tok, source, 0, Split::Train, n).unwrap()
-    }
-
-    #[test]
-    fn embedded_tokens_cache_and_report() {
-        let dir = crate::files::test_util::TempDir::new("mix");
-        let tok = Tokenizer::embedded_in(&dir.0.join("cache")).unwrap();
-        let mut sources = Vec::new();
-        for (name, weight) in [("textbook", 0.45), ("facts", 0.25), ("arithmetic", 0.20), ("mcq", 0.10)] {
-            let start = Instant::now();
-            let docs = corpus::documents(name, 0, Split::Train, 1 << 20).unwrap();
-            let gen_s = start.elapsed().as_secs_f64();
-            let tokens = embedded_source_tokens_in(None, &tok, name, 0, Split::Train, 100_000).unwrap();
-            assert!(tokens.len() >= 100_000 && tokens.last() == Some(&0));
-            let per_mb = tok.encode_batch(&docs).iter().map(Vec::len).sum::<usize>() as f64;
-            eprintln!(
-                "{name}: 1 MB generated in {gen_s:.3}s, {per_mb:.0} tokens/MB, unigram entropy {:.3} nats",
-                unigram_entropy(&tokens)
-            );
-            // A longer request extends the same stream.
-            let shorter = embedded_source_tokens_in(None, &tok, name, 0, Split::Train, 50_000).unwrap();
-            assert_eq!(shorter[..], tokens[..shorter.len()]);
-            sources.push(SourceTokens { name: name.into(), weight, tokens: tokens.into() });
-        }
-        let mix = Mix::new(sources, 256, 0).unwrap();
-        eprintln!("mixed unigram entropy {:.3} nats", mix.unigram_entropy().unwrap());
-
-        // The tiny-local run's textbook share, through the on-disk cache.
-        let cache = dir.0.join("cache");
-        let start = Instant::now();
-        let big = embedded_source_tokens_in(Some(&cache), &tok, "textbook", 0, Split::Train, 450_000).unwrap();
-        eprintln!("450K textbook tokens made in {:.2?}", start.elapsed());
-        // A valid cache file is used as is; a corrupt one is replaced.
-        let path = tokens_cache_path(&cache, &tok, "arithmetic", 0, Split::Train, 1000);
-        let fake: Vec<u32> = [vec![9; 1000], vec![0]].concat();
-        crate::files::write_atomic(&path, &encode_tokens(&fake)).unwrap();
-        assert_eq!(embedded_source_tokens_in(Some(&cache), &tok, "arithmetic", 0, Split::Train, 1000).unwrap(), fake);
-        std::fs::write(&path, b"TRTOKv01 truncated").unwrap();
-        let fresh = embedded_source_tokens_in(Some(&cache), &tok, "arithmetic", 0, Split::Train, 1000).unwrap();
-        assert_eq!(fresh[..], big_prefix(&tok, "arithmetic", fresh.len())[..]);
-        assert!(big.len() >= 450_000);
-
-        let tokens = vec![5u32, 6, 7, 0];
-        let path = dir.0.join("t.bin");
-        std::fs::write(&path, encode_tokens(&tokens)).unwrap();
-        assert_eq!(read_tokens(&path), Some(tokens.clone()));
-        let mut bytes = encode_tokens(&tokens);
-        *bytes.last_mut().unwrap() ^= 1;
-        std::fs::write(&path, bytes).unwrap();
-        assert_eq!(read_tokens(&path), None);
     }
 }
