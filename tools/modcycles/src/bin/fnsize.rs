@@ -99,10 +99,10 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
-        if let Some(block) = &f.default {
-            if !is_test(&f.attrs) {
-                self.record(&f.sig.ident, &f.sig, block);
-            }
+        if let Some(block) = &f.default
+            && !is_test(&f.attrs)
+        {
+            self.record(&f.sig.ident, &f.sig, block);
         }
         syn::visit::visit_trait_item_fn(self, f);
     }
@@ -138,7 +138,11 @@ fn sources(root: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 fn scan(file: &Path) -> Result<Vec<Finding>, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let ast = syn::parse_file(&text).map_err(|e| format!("{}:{}: {e}", file.display(), e.span().start().line))?;
+    scan_text(file, &text)
+}
+
+fn scan_text(file: &Path, text: &str) -> Result<Vec<Finding>, String> {
+    let ast = syn::parse_file(text).map_err(|e| format!("{}:{}: {e}", file.display(), e.span().start().line))?;
     let mut walker = Walker { file, found: Vec::new(), owner: None };
     walker.visit_file(&ast);
     Ok(walker.found)
@@ -207,4 +211,49 @@ fn main() -> ExitCode {
         }
     }
     if over == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measures_functions_methods_and_defaults_but_not_tests() {
+        let text = "
+/// Docs are not counted.
+#[inline]
+fn three(a: u8, b: u8) -> u8 {
+    a + b
+}
+
+struct S;
+impl S {
+    fn method(&self, x: u8, y: u8, z: u8, w: u8, v: u8) {
+        let _ = (x, y, z, w, v);
+    }
+}
+
+trait T {
+    fn default(&self) {
+        // one
+        // two
+    }
+    fn required(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    fn helper() {}
+    #[test]
+    fn case() {}
+}
+
+#[test]
+fn alone() {}
+";
+        let found = scan_text(Path::new("x.rs"), text).unwrap();
+        let got: Vec<(&str, usize, usize, usize)> =
+            found.iter().map(|f| (f.name.as_str(), f.line, f.lines, f.args)).collect();
+        assert_eq!(got, [("three", 4, 3, 2), ("S::method", 10, 3, 6), ("T::default", 16, 4, 1)]);
+    }
 }
