@@ -5,7 +5,7 @@ use crds::config::RunConfig;
 use crds::contract::TrainerPhase;
 use tch::{Device, Tensor};
 
-use super::Trainer;
+use super::trainer::Trainer;
 use crate::Error;
 use crate::data::corpus::{self, Split};
 use crate::data::mix::Mix;
@@ -24,7 +24,7 @@ impl Trainer {
         if self.val.is_empty() {
             return Ok(None);
         }
-        let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
+        let group = self.group();
         evaluate(&self.model, &self.cfg, &self.val, self.device, self.autocast, group).map(Some)
     }
 
@@ -43,7 +43,7 @@ impl Trainer {
     /// GRPO: scores the policy on the held-out questions and on each of
     /// `evalDatasets` (every rank takes part) and reports each to the sinks.
     pub(super) fn report_accuracy(&self, sinks: &mut Sinks, initial: bool) -> Result<Vec<SetScore>, Error> {
-        let Some(g) = &self.grpo else { return Ok(Vec::new()) };
+        let Some(g) = self.phase.grpo() else { return Ok(Vec::new()) };
         let settings = self.cfg.grpo.as_ref().expect("phase grpo");
         let questions = g.questions();
         let sets = std::iter::once((HELD_OUT, &questions.held_out))
@@ -60,11 +60,11 @@ impl Trainer {
             device: self.device,
             autocast: self.autocast,
         };
-        let group = self.ddp.as_ref().map(|(g, _)| g.as_ref());
+        let group = self.group();
         let mut scores = Vec::with_capacity(sets.len());
         for (name, set) in sets {
             let score = crate::eval::evaluate(&self.model, &self.tokenizer, set, None, &options, group)?;
-            let (step, tokens) = (self.step, self.tokens);
+            let (step, tokens) = (self.progress.step, self.progress.tokens);
             sinks.emit(Event::Accuracy { step, tokens, set: name, score: &score, initial })?;
             scores.push(SetScore { name: name.to_string(), score });
         }

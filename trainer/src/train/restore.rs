@@ -4,11 +4,15 @@
 
 use std::path::PathBuf;
 
+use std::path::Path;
+
 use crds::config::{Location, ResolvedInit, RunConfig};
+use crds::types::Attention;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use super::{RunOptions, Trainer};
+use super::options::RunOptions;
+use super::trainer::Trainer;
 use crate::Error;
 use crate::checkpoint::resume::{copy_weights, resume_fingerprint};
 use crate::checkpoint::{self, ConfigChange, Loaded, Payload, TrainState, mirror};
@@ -99,6 +103,50 @@ fn log_rollbacks(cfg: &mut RunConfig, step: u64, rank0: bool) {
     }
 }
 
+/// Where `spec.initFrom`'s weights are on this machine (`init_dir`: where
+/// `initFrom.trainingRun` runs and PVCs are found).
+fn init_source(cfg: &RunConfig, init_dir: &Path) -> Result<Option<PathBuf>, Error> {
+    let source = match &cfg.init_from {
+        None => return Ok(None),
+        Some(ResolvedInit::TrainingRun { name }) => init_dir.join(name),
+        Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
+        Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => init_dir.join(path),
+        Some(ResolvedInit::Checkpoint { uri, .. }) => {
+            return Err(Error::Data {
+                name: "spec.initFrom.uri".into(),
+                message: format!("{uri}: this build reads initial weights from a path or a PVC only"),
+            });
+        }
+    };
+    Ok(Some(source))
+}
+
+/// GRPO's frozen reference policy: `spec.initFrom`'s weights, whatever the policy
+/// resumes from, in `kind` on `device`.
+pub(super) fn reference_model(
+    cfg: &RunConfig,
+    init_dir: &Path,
+    device: Device,
+    attention: Attention,
+    kind: Kind,
+) -> Result<(VarStore, Model), Error> {
+    let source = init_source(cfg, init_dir)?
+        .ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
+    let mut vs = VarStore::new(Device::Cpu);
+    let mut model = {
+        let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        Model::new(&vs.root(), &cfg.model, device)?
+    };
+    model.set_attention(attention);
+    copy_weights(&vs, &checkpoint::load_weights(&source)?, &source)?;
+    if kind == Kind::BFloat16 {
+        vs.bfloat16();
+    }
+    vs.set_device(device);
+    vs.freeze();
+    Ok((vs, model))
+}
+
 impl Trainer {
     /// Loads the checkpoint found by [`find_resume`], or else `initFrom`'s weights;
     /// returns where weights came from, if anywhere.
@@ -107,15 +155,15 @@ impl Trainer {
             let state = &loaded.state;
             copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
             self.opt.load_state(&loaded.optimizer)?;
-            self.step = state.step;
-            self.tokens = state.tokens;
-            self.data_position = state.data_position;
-            self.checkpoint_position = state.data_position;
-            self.resumed_from = Some(self.step);
-            self.history = state.history.clone();
+            self.progress.step = state.step;
+            self.progress.tokens = state.tokens;
+            self.progress.data_position = state.data_position;
+            self.progress.checkpoint_position = state.data_position;
+            self.progress.resumed_from = Some(self.progress.step);
+            self.progress.history = state.history.clone();
             let changes = state.config.as_ref().map(|was| self.cfg.record_differences(was)).unwrap_or_default();
             if !changes.is_empty() {
-                self.history.push(ConfigChange {
+                self.progress.history.push(ConfigChange {
                     step: state.step,
                     tokens: state.tokens,
                     attempt: self.cfg.attempt,
@@ -124,7 +172,12 @@ impl Trainer {
                 });
             }
             if self.rank0() {
-                tracing::info!("resuming from {} at step {} ({} tokens)", loaded.dir.display(), self.step, self.tokens);
+                tracing::info!(
+                    "resuming from {} at step {} ({} tokens)",
+                    loaded.dir.display(),
+                    self.progress.step,
+                    self.progress.tokens
+                );
                 for change in &changes {
                     tracing::info!("changed since the checkpoint: {change}");
                 }
@@ -132,7 +185,7 @@ impl Trainer {
             }
             return Ok(Some(loaded.dir.display().to_string()));
         }
-        let Some(source) = self.init_source()? else { return Ok(None) };
+        let Some(source) = init_source(&self.cfg, &self.opts.init_dir)? else { return Ok(None) };
         let weights = checkpoint::load_weights(&source)?;
         copy_weights(&self.vs, &weights, &source)?;
         if self.rank0() {
@@ -192,45 +245,6 @@ impl Trainer {
         }
     }
 
-    /// Where `spec.initFrom`'s weights are on this machine.
-    fn init_source(&self) -> Result<Option<PathBuf>, Error> {
-        let source = match &self.cfg.init_from {
-            None => return Ok(None),
-            Some(ResolvedInit::TrainingRun { name }) => self.opts.init_dir.join(name),
-            Some(ResolvedInit::Checkpoint { location: Location::Path { path }, .. }) => PathBuf::from(path),
-            Some(ResolvedInit::Checkpoint { location: Location::Pvc { path, .. }, .. }) => {
-                self.opts.init_dir.join(path)
-            }
-            Some(ResolvedInit::Checkpoint { uri, .. }) => {
-                return Err(Error::Data {
-                    name: "spec.initFrom.uri".into(),
-                    message: format!("{uri}: this build reads initial weights from a path or a PVC only"),
-                });
-            }
-        };
-        Ok(Some(source))
-    }
-
-    /// GRPO's frozen reference policy: `spec.initFrom`'s weights, whatever the policy
-    /// resumed from.
-    pub(super) fn reference_model(&self, kind: Kind) -> Result<(VarStore, Model), Error> {
-        let source =
-            self.init_source()?.ok_or_else(|| Error::InvalidSpec("spec.initFrom is required for phase grpo".into()))?;
-        let mut vs = VarStore::new(Device::Cpu);
-        let mut model = {
-            let _rng = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
-            Model::new(&vs.root(), &self.cfg.model, self.device)?
-        };
-        model.set_attention(self.attention);
-        copy_weights(&vs, &checkpoint::load_weights(&source)?, &source)?;
-        if kind == Kind::BFloat16 {
-            vs.bfloat16();
-        }
-        vs.set_device(self.device);
-        vs.freeze();
-        Ok((vs, model))
-    }
-
     /// What a checkpoint holds; `model` is [`Trainer::checkpoint_model`] and `optimizer`
     /// [`crate::optim::Optimizer::checkpoint_state`], which every rank takes part in.
     pub(super) fn payload(
@@ -245,14 +259,14 @@ impl Trainer {
             optimizer,
             state: TrainState {
                 format_version: checkpoint::FORMAT_VERSION,
-                step: self.step,
-                tokens: self.tokens,
-                data_position: self.data_position,
+                step: self.progress.step,
+                tokens: self.progress.tokens,
+                data_position: self.progress.data_position,
                 // Data order is a pure function of (seed, position); nothing else draws.
                 rng: serde_json::json!({"seed": self.cfg.seed}),
                 config_hash: resume_fingerprint(&self.cfg),
                 config: Some(self.cfg.record_view()),
-                history: self.history.clone(),
+                history: self.progress.history.clone(),
                 world_size: self.cfg.topology.world_size,
                 attempt: self.cfg.attempt,
                 preset: self.cfg.model.preset.clone(),

@@ -10,9 +10,11 @@ use crds::contract::FailedSamples;
 use crds::presets::H100_PEAK_BF16_FLOPS;
 use tch::{Device, Kind, Tensor};
 
-use super::Trainer;
+use super::parallel::Parallel;
 use super::pending::{PendingStep, StepScalars};
+use super::phase::Phase;
 use super::timing::StepTiming;
+use super::trainer::Trainer;
 use super::units::Sharded;
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
@@ -37,11 +39,14 @@ impl StepTotals {
 }
 
 impl Trainer {
-    /// `stats` with the run of steps without learning signal it extends.
-    fn signal(&mut self, stats: GrpoStats) -> GrpoStats {
-        let stats = stats.after(self.no_signal_steps);
-        self.no_signal_steps = stats.no_signal_steps;
-        stats
+    /// Keeps a GRPO step's metrics for its report, with the run of steps without
+    /// learning signal they extend.
+    fn record_grpo(&mut self, stats: GrpoStats) {
+        if let Phase::Grpo(g) = &mut self.phase {
+            let stats = stats.after(g.no_signal_steps);
+            g.no_signal_steps = stats.no_signal_steps;
+            g.last = Some(stats);
+        }
     }
 
     fn batch_plan(&self) -> BatchPlan {
@@ -56,39 +61,40 @@ impl Trainer {
     /// Micro-batch `m` of this rank at the current position: `(inputs, targets)` (B, T),
     /// from the prefetching loader (started here at the first call).
     fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
-        if self.loader.is_none() {
-            let depth = 2 * self.cfg.batch.grad_accum as usize;
-            let train = self
-                .train
-                .clone()
-                .ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
-            let plan = self.batch_plan();
-            self.loader =
-                Some(Loader::start(train, plan, &self.cfg.rollbacks, self.data_position, self.device, depth)?);
-        }
+        let plan = self.batch_plan();
+        let (position, device) = (self.progress.data_position, self.device);
+        let Phase::Pretrain(p) = &mut self.phase else {
+            return Err(Error::InvalidSpec("spec.data: pretraining needs a data mix".into()));
+        };
+        let loader = match &mut p.loader {
+            Some(loader) => loader,
+            None => {
+                let depth = 2 * self.cfg.batch.grad_accum as usize;
+                let rollbacks = &self.cfg.rollbacks;
+                p.loader.insert(Loader::start(p.mix.clone(), plan, rollbacks, position, device, depth)?)
+            }
+        };
         let waited = Instant::now();
-        let b = self.loader.as_mut().expect("started above").next(self.data_position, m)?;
-        self.data_wait += waited.elapsed().as_secs_f64();
+        let b = loader.next(position, m)?;
+        self.clock.data_wait += waited.elapsed().as_secs_f64();
         // From pinned memory the copies run asynchronously with respect to the host.
         let to = |t: &Tensor| t.f_to_device_(self.device, Kind::Int64, self.device.is_cuda(), false);
         Ok((to(&b.inputs)?, to(&b.targets)?))
     }
 
-    /// The epoch of each source after it gave `counts` samples.
-    pub(super) fn epochs(&self, counts: &[u64]) -> Vec<u64> {
-        let Some(train) = &self.train else { return Vec::new() };
-        counts.iter().enumerate().map(|(s, &k)| if k == 0 { 0 } else { train.epoch_of(s, k - 1) }).collect()
-    }
-
     /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
     fn track_sources(&mut self) -> Vec<(String, u64)> {
-        let Some(train) = self.train.clone() else { return Vec::new() };
-        let mut counts = train.counts_at(self.data_position);
+        let rank0 = self.rank0();
+        let epochs =
+            self.phase.epochs(&self.phase.mix().map_or(Vec::new(), |m| m.counts_at(self.progress.data_position)));
+        let Phase::Pretrain(p) = &mut self.phase else { return Vec::new() };
+        let train = p.mix.clone();
+        let mut counts = train.counts_at(self.progress.data_position);
         let seq = self.cfg.batch.seq_len as u64;
-        for (s, epoch) in self.epochs(&counts).into_iter().enumerate() {
-            if epoch > self.source_epochs[s] {
-                self.source_epochs[s] = epoch;
-                if self.rank0() {
+        for (s, epoch) in epochs.into_iter().enumerate() {
+            if epoch > p.source_epochs[s] {
+                p.source_epochs[s] = epoch;
+                if rank0 {
                     tracing::info!(
                         source = %train.sources()[s].name,
                         epoch = epoch + 1,
@@ -99,7 +105,7 @@ impl Trainer {
             }
         }
         // Samples a rollback skipped took their place in the order, but were not trained on.
-        for skipped in crds::rollback::skipped_below(&self.cfg.rollbacks, self.data_position) {
+        for skipped in crds::rollback::skipped_below(&self.cfg.rollbacks, self.progress.data_position) {
             let (before, after) = (train.counts_at(skipped.start), train.counts_at(skipped.end));
             for (c, (b, a)) in counts.iter_mut().zip(before.iter().zip(&after)) {
                 *c -= a - b;
@@ -114,10 +120,10 @@ impl Trainer {
     /// which every step of that batch shares.
     fn step_window(&self, step: u64) -> Range<u64> {
         let start = |len: u64| {
-            let from = crds::rollback::skip_past(&self.cfg.rollbacks, self.data_position);
+            let from = crds::rollback::skip_past(&self.cfg.rollbacks, self.progress.data_position);
             from..from + len
         };
-        match (&self.grpo, &self.window) {
+        match (self.phase.grpo(), &self.progress.window) {
             (None, _) => start(self.cfg.batch.global_sequences),
             (Some(g), Some(w)) if !g.at_boundary(step - 1) => w.clone(),
             (Some(g), _) => start(g.prompts_per_step()),
@@ -129,31 +135,33 @@ impl Trainer {
     /// and ranks, and returns this step's mean loss over all ranks (0-dim, f32, on
     /// the device). With several ranks it also agrees on whether any wants to stop.
     pub fn compute_gradients(&mut self) -> Result<Tensor, Error> {
-        let step = self.step + 1;
+        let step = self.progress.step + 1;
         let accum = self.cfg.batch.grad_accum;
         let window = self.step_window(step);
-        if self.grpo.is_none() {
-            self.data_position = window.start;
+        if self.phase.grpo().is_none() {
+            self.progress.data_position = window.start;
         }
-        self.window = Some(window);
-        let start = if self.ddp.is_some() { Some(StreamMark::now(self.device)?) } else { None };
-        self.data_wait = 0.0;
+        self.progress.window = Some(window);
+        let start = if self.parallel.is_some() { Some(StreamMark::now(self.device)?) } else { None };
+        self.clock.data_wait = 0.0;
         self.faults.before_step(step, self.opts.placement.rank, self.device)?;
-        let (loss, grpo) = if self.grpo.is_some() {
+        let (loss, grpo) = if self.phase.grpo().is_some() {
             let (loss, sums, sampling, training) = self.grpo_gradients(step, self.faults.loss_scale(step, 1.0))?;
             (loss, Some((sums, sampling, training)))
         } else {
             (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
         };
-        let Some((group, reducer)) = &self.ddp else {
-            self.last_grpo = grpo.map(|(sums, s, t)| self.signal(GrpoStats::from_sums(&sums, s, t)));
+        let Some(Parallel { group, reducer, .. }) = &self.parallel else {
+            if let Some((sums, s, t)) = grpo {
+                self.record_grpo(GrpoStats::from_sums(&sums, s, t));
+            }
             return Ok(loss);
         };
-        self.step_timing =
-            start.map(|start| StepTiming { start, end: reducer.take_compute_end(), data_wait: self.data_wait });
+        self.clock.step_timing =
+            start.map(|start| StepTiming { start, end: reducer.take_compute_end(), data_wait: self.clock.data_wait });
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
         // in the same all-reduce: one f32 tensor laid out as [`StepTotals`].
-        let stop = if self.stop.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
+        let stop = if self.stop.signal.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
         let mut head =
             vec![loss.f_div_scalar(group.world_size() as f64)?, Tensor::f_full([], stop, (Kind::Float, self.device))?];
         if let Some((sums, _, _)) = &grpo {
@@ -163,12 +171,12 @@ impl Trainer {
         let totals = Tensor::f_cat(&head.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>()?, 0)?;
         group.allreduce(&totals, ReduceOp::Sum)?.wait()?;
         // Read at the next sync, with the loss.
-        self.stop_flags = Some(totals.f_get(StepTotals::STOP_VOTES)?);
+        self.stop.flags = Some(totals.f_get(StepTotals::STOP_VOTES)?);
         if let Some((_, sampling, training)) = grpo {
             let sums = totals.f_narrow(0, StepTotals::GRPO_SUMS, StepTotals::GRPO_SUMS_LEN)?;
             let all = Vec::<f64>::try_from(sums.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             let sums: Sums = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&all));
-            self.last_grpo = Some(self.signal(GrpoStats::from_sums(&sums, sampling, training)));
+            self.record_grpo(GrpoStats::from_sums(&sums, sampling, training));
         }
         Ok(totals.f_get(StepTotals::LOSS)?)
     }
@@ -176,7 +184,7 @@ impl Trainer {
     /// GRPO's step on this rank: this rank's loss, metric sums, and sampling and
     /// training seconds.
     fn grpo_gradients(&mut self, step: u64, scale: f64) -> Result<(Tensor, Sums, f64, f64), Error> {
-        let mut grpo = self.grpo.take().expect("phase grpo");
+        let Phase::Grpo(phase) = &mut self.phase else { unreachable!("grpo_gradients runs in phase grpo") };
         let ctx = StepContext {
             model: &self.model,
             tokenizer: &self.tokenizer,
@@ -184,15 +192,13 @@ impl Trainer {
             autocast: self.autocast,
             rank: self.opts.placement.rank,
             world_size: self.cfg.topology.world_size,
-            group: self.ddp.as_ref().map(|(g, _)| g.as_ref()),
-            reducer: self.ddp.as_ref().map(|(_, r)| r),
+            group: self.parallel.as_ref().map(|p| p.group.as_ref()),
+            reducer: self.parallel.as_ref().map(|p| &p.reducer),
             step,
-            first_prompt: self.window.as_ref().map_or(0, |w| w.start),
+            first_prompt: self.progress.window.as_ref().map_or(0, |w| w.start),
             scale,
         };
-        let out = grpo.gradients(&ctx);
-        self.grpo = Some(grpo);
-        out
+        phase.grpo.gradients(&ctx)
     }
 
     /// Pretraining's forward and backward passes over this rank's micro-batches, with
@@ -202,13 +208,13 @@ impl Trainer {
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for m in 0..accum {
             let last = m + 1 == accum;
-            if let Some((_, reducer)) = &self.ddp {
+            if let Some(Parallel { reducer, .. }) = &self.parallel {
                 reducer.begin_micro_step(last)?;
             }
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
             let n_layer = self.model.n_layer();
-            let sharded = self.fsdp.as_mut().map(|p| Sharded::new(p, n_layer));
+            let sharded = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut()).map(|p| Sharded::new(p, n_layer));
             let units: &dyn Residency = match &sharded {
                 Some(s) => s,
                 None => &Resident,
@@ -217,7 +223,7 @@ impl Trainer {
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
                 model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units)
             })?;
-            if let Some((_, reducer)) = &self.ddp {
+            if let Some(Parallel { reducer, .. }) = &self.parallel {
                 reducer.end_micro_step(last)?;
             }
             loss_sum = loss_sum.f_add(&loss)?;
@@ -265,11 +271,11 @@ impl Trainer {
     /// device; [`Self::sync`] reads the results.
     pub(super) fn launch_step(&mut self) -> Result<(), Error> {
         let started = Instant::now();
-        let step = self.step + 1;
-        let lr = self.cfg.lr_at(step, self.tokens);
+        let step = self.progress.step + 1;
+        let lr = self.cfg.lr_at(step, self.progress.tokens);
         let loss = self.compute_gradients()?;
-        let samples = self.window.clone().expect("set by compute_gradients");
-        let norm = self.ddp.as_ref().map(|(_, reducer)| reducer.grad_norm()).transpose()?;
+        let samples = self.progress.window.clone().expect("set by compute_gradients");
+        let norm = self.parallel.as_ref().map(|p| p.reducer.grad_norm()).transpose()?;
         if let Some(snapshot) = self.snapshot.take() {
             let waited = snapshot.wait();
             tracing::debug!(step, waited_ms = waited.as_secs_f64() * 1e3, "checkpoint snapshot taken");
@@ -277,25 +283,28 @@ impl Trainer {
         let (grad_norm, _skipped) =
             self.opt.clip_and_step(&loss, self.cfg.optimizer.grad_clip, optim::Lr::Value(lr), norm)?;
         self.opt.zero_grad()?;
-        let stop = match self.stop_flags.take() {
+        let stop = match self.stop.flags.take() {
             Some(flags) => flags,
             None => Tensor::f_zeros([], (Kind::Float, self.device))?,
         };
         let values =
             StepScalars::on_device(&loss.f_to_kind(Kind::Float)?, &grad_norm.f_to_device(self.device)?, &stop)?;
-        self.step = step;
-        self.tokens += self.cfg.batch.tokens_per_step;
-        self.data_position = samples.end;
+        self.progress.step = step;
+        self.progress.tokens += self.cfg.batch.tokens_per_step;
+        self.progress.data_position = samples.end;
         let tokens_by_source = self.track_sources();
         self.pending.push(PendingStep {
             step,
-            tokens: self.tokens,
+            tokens: self.progress.tokens,
             lr,
             values,
-            grpo: self.last_grpo.take(),
+            grpo: match &mut self.phase {
+                Phase::Grpo(g) => g.last.take(),
+                Phase::Pretrain(_) => None,
+            },
             tokens_by_source,
             samples,
-            timing: self.step_timing.take(),
+            timing: self.clock.step_timing.take(),
             started,
         });
         Ok(())
@@ -315,7 +324,7 @@ impl Trainer {
         let values = read().map_err(|e| e.at_step(first_step))?;
         // The read completed every queued step's work, and so its timing marks.
         for t in pending.iter().filter_map(|p| p.timing.as_ref()) {
-            self.rank_totals.add(t)?;
+            self.clock.rank_totals.add(t)?;
         }
         let seconds = started.elapsed().as_secs_f64();
         let tokens_per_second = (pending.len() as u64 * self.cfg.batch.tokens_per_step) as f64 / seconds;
@@ -329,12 +338,15 @@ impl Trainer {
         for (p, v) in pending.into_iter().zip(bytemuck::cast_slice::<f64, StepScalars>(&values)) {
             let (loss, grad_norm) = (v.loss, v.grad_norm);
             if !loss.is_finite() || !grad_norm.is_finite() {
-                let samples =
-                    FailedSamples { from: p.samples.start, to: p.samples.end, checkpoint: self.checkpoint_position };
+                let samples = FailedSamples {
+                    from: p.samples.start,
+                    to: p.samples.end,
+                    checkpoint: self.progress.checkpoint_position,
+                };
                 return Err(Error::NonFinite { step: p.step, loss, grad_norm, samples: Some(samples) });
             }
-            if self.ddp.is_some() {
-                self.stop_agreed = v.stop_votes > 0.0;
+            if self.parallel.is_some() {
+                self.stop.agreed = v.stop_votes > 0.0;
             }
             reports.push(StepReport {
                 step: p.step,
@@ -349,8 +361,8 @@ impl Trainer {
                 tokens_by_source: p.tokens_by_source,
             });
         }
-        if let Some((group, _)) = &self.ddp {
-            self.rank_timings = Some(self.rank_totals.gather(group, self.device)?);
+        if let Some(Parallel { group, .. }) = &self.parallel {
+            self.clock.rank_timings = Some(self.clock.rank_totals.gather(group, self.device)?);
         }
         Ok(reports)
     }
