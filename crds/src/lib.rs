@@ -2,6 +2,7 @@
 //! operator↔trainer contract. The operator and the trainer both use this crate,
 //! so they can never disagree about a run.
 
+pub mod admit;
 #[cfg(any(test, feature = "arbitrary"))]
 pub mod arbitrary;
 pub mod config;
@@ -17,8 +18,9 @@ pub mod rollback;
 pub mod schedule;
 pub mod types;
 
+pub use admit::resolve;
 pub use config::RunConfig;
-pub use resolve::{InvalidSpec, resolve};
+pub use resolve::InvalidSpec;
 pub use types::{TrainingRun, TrainingRunSpec, TrainingRunStatus};
 
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
-//! `resolve`: TrainingRun spec → RunConfig. Every rule the CRD's CEL enforces is
-//! checked here too, so `trainer run` on a laptop rejects what the API server would.
+//! `resolve`: TrainingRun spec → RunConfig, pure and planner-free. Every rule the CRD's
+//! CEL enforces is checked here too, so `trainer run` on a laptop rejects what the API
+//! server would; [`crate::admit`] adds the memory plan's check.
 
 use crate::config::*;
 use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
@@ -18,23 +19,9 @@ use grpo::resolve_grpo;
 pub use sources::parse_location_str;
 use sources::{check_keep_best, parse_location, resolve_checkpoint, resolve_data, resolve_init};
 
-/// Resolves a TrainingRun into the exact configuration the trainer runs; with
-/// `spec.topology.gpuMemory`, only if its plan ([`crate::plan`]) fits the GPUs.
-pub fn resolve(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
-    let config = resolve_unplanned(run)?;
-    if let Some(gpu_memory) = config.topology.gpu_memory_bytes
-        && let Some(shortfall) = crate::plan::shortfall(&config, gpu_memory)
-    {
-        return Err(InvalidSpec(vec![FieldError {
-            field: "spec.topology.gpuMemory".into(),
-            message: format!("the run does not fit: {shortfall} (`trainer plan` prints the table)"),
-        }]));
-    }
-    Ok(config)
-}
-
-/// [`resolve`] without the memory check: what `trainer plan` shows a run that does not
-/// fit.
+/// Resolves a TrainingRun into the exact configuration the trainer runs, without the
+/// memory check [`crate::admit::resolve`] adds: what `trainer plan` shows a run that
+/// does not fit.
 pub fn resolve_unplanned(run: &TrainingRun) -> Result<RunConfig, InvalidSpec> {
     let mut e = Errors::default();
     let name = run.metadata.name.clone().unwrap_or_default();

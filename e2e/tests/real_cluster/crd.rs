@@ -37,7 +37,7 @@ fn yaml(s: &str) -> Value {
 fn resolver_verdict(manifest: &str) -> Option<String> {
     match crds::manifest::from_yaml(manifest, "case") {
         Err(e) => Some(e.to_string()),
-        Ok(run) => crds::resolve::resolve(&run).err().map(|e| e.to_string()),
+        Ok(run) => crds::resolve(&run).err().map(|e| e.to_string()),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod plan;
 pub mod prepare;
 pub mod train;
+pub mod worker_spec;
 
 use std::path::PathBuf;
 

@@ -12,65 +12,19 @@ use crds::config::{Device as RunDevice, RunConfig};
 use crds::contract::FailureReason;
 use crds::rollback::NonFinite;
 
+use super::worker_spec::{SpecFile, TrainFlags, WorkerSpec};
 use crate::dist::Placement;
 use crate::dist::launch::{self, LaunchSpec};
 use crate::telemetry;
 use crate::telemetry::progress::human_count;
 use crate::telemetry::server::{SharedStatus, StatusServer};
 use crate::telemetry::termination::{termination_log, write_final_report};
-use crate::train::{RunOptions, Trainer};
+use crate::train::Trainer;
 use crate::{Error, io_err};
 
 /// The resolved run is kept beside its checkpoints, so `eval`, `generate` and
 /// `export` know the model.
 pub const RUN_FILE: &str = "run.json";
-
-/// What every process of a run is told besides its config and placement, from
-/// `trainer run` through the launcher to each `trainer worker`.
-#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
-pub struct TrainFlags {
-    /// Stop after this many optimizer steps (with a checkpoint); rerun to resume.
-    #[arg(long)]
-    pub stop_after_steps: Option<u64>,
-    /// Skip the sample generation at the end.
-    #[arg(long)]
-    pub no_sample: bool,
-    /// Read the loss back from the GPU once every N steps (and at every checkpoint,
-    /// evaluation and the last step), so the GPU never waits for the host between
-    /// them [default: 8 on CUDA, 1 on CPU; always 1 for GRPO].
-    #[arg(long, env = "TRAINER_SYNC_EVERY", value_parser = clap::value_parser!(u64).range(1..))]
-    pub sync_every: Option<u64>,
-}
-
-impl TrainFlags {
-    /// The flags as `trainer worker` parses them.
-    pub fn to_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = Vec::new();
-        if let Some(n) = self.stop_after_steps {
-            args.extend(["--stop-after-steps".into(), n.to_string().into()]);
-        }
-        if self.no_sample {
-            args.push("--no-sample".into());
-        }
-        if let Some(n) = self.sync_every {
-            args.extend(["--sync-every".into(), n.to_string().into()]);
-        }
-        args
-    }
-
-    /// The options of one process at `placement`, writing to `output_dir`.
-    pub fn run_options(&self, output_dir: PathBuf, init_dir: PathBuf, placement: Placement) -> RunOptions {
-        RunOptions {
-            output_dir,
-            stop_after_steps: self.stop_after_steps,
-            tty: None,
-            sample: !self.no_sample,
-            init_dir,
-            placement,
-            sync_every: self.sync_every,
-        }
-    }
-}
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -114,22 +68,16 @@ pub struct LaunchArgs {
     /// Rank 0 serves /status, /metrics and /healthz here; other nodes serve /healthz.
     #[arg(long, env = "TRAINER_STATUS_PORT", default_value_t = crds::contract::STATUS_PORT)]
     pub status_port: u16,
+    #[command(flatten)]
+    pub flags: TrainFlags,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
-    /// The resolved run (RunConfig JSON).
+    /// The worker's description (WorkerSpec JSON), written by `trainer run` or
+    /// `trainer launch`.
     #[arg(long)]
-    pub config: PathBuf,
-    #[arg(long)]
-    pub output: PathBuf,
-    #[arg(long)]
-    pub init_dir: PathBuf,
-    /// Rank 0 serves status here.
-    #[arg(long)]
-    pub status_addr: Option<std::net::SocketAddr>,
-    #[command(flatten)]
-    pub flags: TrainFlags,
+    pub spec: PathBuf,
 }
 
 /// `trainer run`: one process in place, or `world_size` local worker processes on
@@ -186,20 +134,13 @@ fn run_attempt(
     output: &Path,
     stop: Arc<AtomicBool>,
 ) -> (Result<(), Error>, Option<NonFinite>) {
-    let init_dir = init_dir_of(output);
+    let spec =
+        WorkerSpec::new(cfg.clone(), output.to_path_buf(), init_dir_of(output), Some(args.status_addr), &args.flags);
     if cfg.topology.world_size > 1 {
-        let mut worker = vec![
-            "worker".into(),
-            "--config".into(),
-            output.join(RUN_FILE).into_os_string(),
-            "--output".into(),
-            output.to_path_buf().into_os_string(),
-            "--init-dir".into(),
-            init_dir.into_os_string(),
-            "--status-addr".into(),
-            args.status_addr.to_string().into(),
-        ];
-        worker.extend(args.flags.to_args());
+        let file = match spec.write_for_workers() {
+            Ok(file) => file,
+            Err(e) => return (Err(e), None),
+        };
         let port = match crate::dist::free_port() {
             Ok(port) => port,
             Err(e) => return (Err(e), None),
@@ -211,7 +152,7 @@ fn run_attempt(
             master_addr: "127.0.0.1".into(),
             master_port: port,
             program: None,
-            worker_args: worker,
+            worker_args: worker_args(&file),
             termination_log: termination_log(),
             grace: LAUNCH_GRACE,
         };
@@ -224,8 +165,7 @@ fn run_attempt(
             Err(e) => (Err(e), None),
         };
     }
-    let opts = args.flags.run_options(output.to_path_buf(), init_dir, Placement::single());
-    let result = train_and_report(cfg, opts, Some(args.status_addr), stop);
+    let result = train_and_report(&spec, Placement::single(), stop);
     let non_finite = match &result {
         Err(e) if e.reason() == Some(FailureReason::NaNLoss) => {
             Some(NonFinite { step: e.step(), samples: e.failed_samples() })
@@ -250,13 +190,14 @@ const LAUNCH_GRACE: Duration = Duration::from_secs(60);
 
 /// `trainer worker`: one rank, placed by the launcher's environment.
 pub fn worker(args: &WorkerArgs) -> Result<(), Error> {
-    let text = std::fs::read_to_string(&args.config).map_err(io_err(&args.config))?;
-    let cfg: RunConfig = serde_json::from_str(&text).map_err(|e| {
-        Error::InvalidSpec(format!("{}: not a resolved run (RunConfig JSON): {e}", args.config.display()))
-    })?;
+    let spec = WorkerSpec::read(&args.spec)?;
     let stop = stop_on_signals()?;
-    let opts = args.flags.run_options(args.output.clone(), args.init_dir.clone(), Placement::from_env()?);
-    train_and_report(&cfg, opts, args.status_addr, stop)
+    train_and_report(&spec, Placement::from_env()?, stop)
+}
+
+/// How the launcher starts a worker of the description in `file`.
+fn worker_args(file: &SpecFile) -> Vec<OsString> {
+    vec!["worker".into(), "--spec".into(), file.path.clone().into_os_string()]
 }
 
 /// `trainer launch`: the pod's entrypoint. Starts this node's workers and exits as
@@ -282,18 +223,9 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
     // Rank 0's worker serves the status port; elsewhere the launcher answers /healthz.
     let _health =
         if node_rank == 0 { None } else { Some(StatusServer::start(status_addr, SharedStatus::from_config(&cfg))?) };
-    let mut worker = vec![
-        "worker".into(),
-        "--config".into(),
-        args.config.clone().into_os_string(),
-        "--output".into(),
-        args.output.clone().into_os_string(),
-        "--init-dir".into(),
-        args.init_dir.clone().into_os_string(),
-    ];
-    if node_rank == 0 {
-        worker.extend(["--status-addr".into(), status_addr.to_string().into()]);
-    }
+    let rank0_status = (node_rank == 0).then_some(status_addr);
+    let worker = WorkerSpec::new(cfg, args.output.clone(), args.init_dir.clone(), rank0_status, &args.flags);
+    let file = worker.write_for_workers()?;
     let spec = LaunchSpec {
         nnodes,
         node_rank,
@@ -301,7 +233,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), Error> {
         master_addr: args.master_addr.clone(),
         master_port: args.master_port,
         program: None,
-        worker_args: worker,
+        worker_args: worker_args(&file),
         termination_log: termination_log(),
         grace: LAUNCH_GRACE,
     };
@@ -327,12 +259,9 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, Error> {
 
 /// Trains one rank; rank 0 serves status at `status_addr` from the start and prints
 /// the summary.
-fn train_and_report(
-    cfg: &RunConfig,
-    opts: RunOptions,
-    status_addr: Option<SocketAddr>,
-    stop: Arc<AtomicBool>,
-) -> Result<(), Error> {
+fn train_and_report(spec: &WorkerSpec, placement: Placement, stop: Arc<AtomicBool>) -> Result<(), Error> {
+    let (cfg, status_addr) = (&spec.config, spec.status_addr);
+    let opts = spec.run_options(placement);
     let rank0 = opts.placement.rank == 0;
     let started = Instant::now();
     let status = SharedStatus::from_config(cfg);

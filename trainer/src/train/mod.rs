@@ -14,6 +14,7 @@ pub mod precision;
 pub mod report;
 pub mod restore;
 mod run;
+mod state;
 pub mod step;
 mod timing;
 mod trainer;

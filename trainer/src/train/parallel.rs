@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use tch::Tensor;
-
 use crate::Error;
 use crate::dist::fsdp::ShardedParams;
 use crate::dist::{GradReducer, ProcessGroup};
@@ -28,11 +26,5 @@ impl Parallel {
 
     pub(super) fn release_all(&mut self) -> Result<(), Error> {
         self.fsdp.as_mut().map_or(Ok(()), ShardedParams::release_all)
-    }
-
-    /// fsdp's whole parameters by name, gathered from every rank; `None` when the
-    /// parameters are not sharded.
-    pub(super) fn full_parameters(&mut self) -> Option<Result<Vec<(String, Tensor)>, Error>> {
-        self.fsdp.as_mut().map(ShardedParams::full_parameters)
     }
 }

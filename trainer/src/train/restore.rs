@@ -9,9 +9,10 @@ use std::path::Path;
 use crds::config::{Location, ResolvedInit, RunConfig};
 use crds::types::Attention;
 use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
 use super::options::RunOptions;
+use super::state::{Stateful, Weights};
 use super::trainer::Trainer;
 use crate::Error;
 use crate::checkpoint::resume::{copy_weights, resume_fingerprint};
@@ -153,14 +154,9 @@ impl Trainer {
     pub(super) fn restore(&mut self, resume: Option<Resume>) -> Result<Option<String>, Error> {
         if let Some(Resume { loaded, spec_warmup }) = resume {
             let state = &loaded.state;
-            copy_weights(&self.vs, &loaded.model, &loaded.dir)?;
-            self.opt.load_state(&loaded.optimizer)?;
-            self.progress.step = state.step;
-            self.progress.tokens = state.tokens;
-            self.progress.data_position = state.data_position;
-            self.progress.checkpoint_position = state.data_position;
-            self.progress.resumed_from = Some(self.progress.step);
-            self.progress.history = state.history.clone();
+            Weights { vs: &self.vs, fsdp: None }.load(&loaded)?;
+            self.opt.load(&loaded)?;
+            self.progress.load(&loaded)?;
             let changes = state.config.as_ref().map(|was| self.cfg.record_differences(was)).unwrap_or_default();
             if !changes.is_empty() {
                 self.progress.history.push(ConfigChange {
@@ -245,36 +241,32 @@ impl Trainer {
         }
     }
 
-    /// What a checkpoint holds; `model` is [`Trainer::checkpoint_model`] and `optimizer`
-    /// [`crate::optim::Optimizer::checkpoint_state`], which every rank takes part in.
-    pub(super) fn payload(
-        &self,
-        model: Vec<(String, Tensor)>,
-        loss: Option<f64>,
-        val_loss: Option<f64>,
-        optimizer: Vec<(String, Tensor)>,
-    ) -> Payload {
-        Payload {
-            model,
-            optimizer,
-            state: TrainState {
-                format_version: checkpoint::FORMAT_VERSION,
-                step: self.progress.step,
-                tokens: self.progress.tokens,
-                data_position: self.progress.data_position,
-                // Data order is a pure function of (seed, position); nothing else draws.
-                rng: serde_json::json!({"seed": self.cfg.seed}),
-                config_hash: resume_fingerprint(&self.cfg),
-                config: Some(self.cfg.record_view()),
-                history: self.progress.history.clone(),
-                world_size: self.cfg.topology.world_size,
-                attempt: self.cfg.attempt,
-                preset: self.cfg.model.preset.clone(),
-                loss,
-                val_loss,
-                time: String::new(),
-                files: Default::default(),
-            },
-        }
+    /// A checkpoint of the run as it is now, every part writing its own piece. Every
+    /// rank calls this: a sharded optimizer's state and fsdp's parameters are gathered.
+    pub(super) fn checkpoint(&mut self, loss: Option<f64>, val_loss: Option<f64>) -> Result<Payload, Error> {
+        let state = TrainState {
+            format_version: checkpoint::FORMAT_VERSION,
+            step: 0,
+            tokens: 0,
+            data_position: 0,
+            // Data order is a pure function of (seed, position); nothing else draws.
+            rng: serde_json::json!({"seed": self.cfg.seed}),
+            config_hash: resume_fingerprint(&self.cfg),
+            config: Some(self.cfg.record_view()),
+            history: Vec::new(),
+            world_size: self.cfg.topology.world_size,
+            attempt: self.cfg.attempt,
+            preset: self.cfg.model.preset.clone(),
+            loss,
+            val_loss,
+            time: String::new(),
+            files: Default::default(),
+        };
+        let mut payload = Payload { model: Vec::new(), optimizer: Vec::new(), state };
+        let fsdp = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut());
+        Weights { vs: &self.vs, fsdp }.save(&mut payload)?;
+        self.opt.save(&mut payload)?;
+        self.progress.save(&mut payload)?;
+        Ok(payload)
     }
 }

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crds::contract::TrainerPhase;
 use crds::types::CheckpointRef;
-use tch::Tensor;
 
 use super::evaluate::{self, SetScore};
 use super::report::{Event, RunStart, Sinks};
@@ -16,7 +15,6 @@ use super::trainer::Trainer;
 use crate::Error;
 use crate::checkpoint;
 use crate::checkpoint::mirror::Mirror;
-use crate::checkpoint::resume::sorted_variables;
 use crate::checkpoint::writer::Checkpointer;
 use crate::optim::Optimizer;
 
@@ -198,9 +196,8 @@ impl Trainer {
     /// goes on; every rank takes part in gathering it.
     fn checkpoint_in_background(&mut self, lap: &mut Lap, sinks: &mut Sinks) -> Result<(), Error> {
         self.progress.checkpoint_position = self.progress.data_position;
-        let (model, optimizer) = (self.checkpoint_model()?, self.opt.checkpoint_state()?);
-        let payload = self.payload(model, lap.last_loss, lap.val_loss_at(self.progress.step), optimizer);
         let step = self.progress.step;
+        let payload = self.checkpoint(lap.last_loss, lap.val_loss_at(step))?;
         let saved = match self.faults.before_checkpoint(step, self.checkpoint_dir()) {
             Err(e) => Err(checkpoint::space::explain(e, self.checkpoint_dir(), self.checkpoint_estimate())),
             Ok(()) if self.rank0() => lap.checkpointer.save_async(payload).map(|(previous, snapshot)| {
@@ -265,17 +262,16 @@ impl Trainer {
     /// leaves before rank 0's last checkpoint is on disk.
     fn last_checkpoint(&mut self, lap: &mut Lap, sinks: &mut Sinks) -> Result<(), Error> {
         let step = self.progress.step;
-        let last = if step > 0 { Some((self.checkpoint_model()?, self.opt.checkpoint_state()?)) } else { None };
+        let last = if step > 0 { Some(self.checkpoint(lap.last_loss, lap.val_loss_at(step))?) } else { None };
         if self.rank0() {
             if let Some(done) = lap.checkpointer.wait().map_err(|e| self.failed(sinks, e.at_step(step)))? {
                 self.checkpoint_written(&done, sinks, lap.mirror.as_ref())?;
                 lap.last_checkpoint = Some(done);
             }
-            if let Some((model, optimizer)) = last
+            if let Some(payload) = last
                 && lap.last_checkpoint.as_ref().map(|c| c.step) != Some(step)
             {
                 sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
-                let payload = self.payload(model, lap.last_loss, lap.val_loss_at(step), optimizer);
                 let done = lap.checkpointer.save(payload).map_err(|e| self.failed(sinks, e.at_step(step)))?;
                 self.checkpoint_written(&done, sinks, lap.mirror.as_ref())?;
                 lap.last_checkpoint = Some(done);
@@ -328,15 +324,6 @@ impl Trainer {
             p.release_all()?;
         }
         out
-    }
-
-    /// The parameters for a checkpoint, by name: copies gathered from every rank under
-    /// fsdp (every rank calls this), the variables themselves otherwise.
-    pub(super) fn checkpoint_model(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
-        match self.parallel.as_mut().and_then(|p| p.full_parameters()) {
-            Some(gathered) => gathered,
-            None => Ok(sorted_variables(&self.vs)),
-        }
     }
 
     fn checkpoint_written(

@@ -13,6 +13,7 @@ use tch::{Device, Kind, Tensor};
 use super::parallel::Parallel;
 use super::pending::{PendingStep, StepScalars};
 use super::phase::Phase;
+use super::state::Weights;
 use super::timing::StepTiming;
 use super::trainer::Trainer;
 use super::units::Sharded;
@@ -257,7 +258,8 @@ impl Trainer {
     /// Every parameter by name, in checkpoint order (copies gathered from every rank
     /// under fsdp, where every rank calls this).
     pub fn parameters(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
-        self.checkpoint_model()
+        let fsdp = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut());
+        Weights { vs: &self.vs, fsdp }.whole()
     }
 
     /// One optimizer step over `grad_accum` micro-batches, read back from the device.
