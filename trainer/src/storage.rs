@@ -9,6 +9,7 @@
 //! naming the bucket, the key and the cause.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
@@ -16,6 +17,7 @@ use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumVal
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use crds::config::{ResolvedS3, RunConfig};
 
 use crate::{Error, io_err};
 
@@ -40,7 +42,7 @@ pub fn join(prefix: &str, name: &str) -> String {
 }
 
 /// Overrides of the standard AWS configuration chain.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct S3Options {
     pub endpoint: Option<String>,
     /// Access key id and secret.
@@ -55,6 +57,44 @@ impl std::fmt::Debug for S3Options {
             .field("region", &self.region)
             .finish_non_exhaustive()
     }
+}
+
+impl S3Options {
+    /// The options for a run's data (its tokenizer, the mix's sources, GRPO's question
+    /// sets): the standard chain, with the checkpoint mirror's endpoint and region as
+    /// defaults, since data and checkpoints usually share a store; the AWS variables win.
+    pub fn for_data(cfg: &RunConfig) -> S3Options {
+        let env_endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|v| std::env::var_os(v).is_some());
+        let mirror = cfg.checkpoint.s3.as_ref();
+        S3Options {
+            endpoint: if env_endpoint { None } else { mirror.and_then(|m| m.endpoint.clone()) },
+            credentials: None,
+            region: if std::env::var_os("AWS_REGION").is_some() { None } else { mirror.and_then(|m| m.region.clone()) },
+        }
+    }
+
+    /// The options for the checkpoint mirror (`spec.checkpoint.s3`).
+    pub fn for_mirror(s3: &ResolvedS3) -> S3Options {
+        S3Options { endpoint: s3.endpoint.clone(), credentials: None, region: s3.region.clone() }
+    }
+}
+
+/// The process's client for `options`, built on first use and shared by every reader
+/// and writer after it (each client holds a runtime and a connection pool).
+pub fn client(options: &S3Options) -> Result<Arc<S3>, Error> {
+    static CLIENTS: Mutex<Vec<(S3Options, Arc<S3>)>> = Mutex::new(Vec::new());
+    let mut clients = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, s3)) = clients.iter().find(|(o, _)| o == options) {
+        return Ok(Arc::clone(s3));
+    }
+    let s3 = Arc::new(S3::with(options)?);
+    clients.push((options.clone(), Arc::clone(&s3)));
+    Ok(s3)
+}
+
+/// The shared client for a run's data ([`S3Options::for_data`]).
+pub fn for_data(cfg: &RunConfig) -> Result<Arc<S3>, Error> {
+    client(&S3Options::for_data(cfg))
 }
 
 /// A blocking S3 client with its own small runtime.

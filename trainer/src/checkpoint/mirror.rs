@@ -7,6 +7,7 @@
 //! s3://<bucket>/<prefix>/tensorboard` watches a run without its volume.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
 
@@ -18,8 +19,8 @@ use crate::{Error, io_err};
 /// A checkpoint step is complete in S3 once this file is there.
 const COMPLETE_MARKER: &str = "state.json";
 
-fn client(cfg: &ResolvedS3) -> Result<S3, Error> {
-    S3::with(&S3Options { endpoint: cfg.endpoint.clone(), credentials: None, region: cfg.region.clone() })
+fn client(cfg: &ResolvedS3) -> Result<Arc<S3>, Error> {
+    storage::client(&S3Options::for_mirror(cfg))
 }
 
 /// Uploads checkpoints in the background, in order.

@@ -13,7 +13,7 @@ use super::remote::RemoteShards;
 use super::shard::{MANIFEST, Manifest, ShardEntry, ShardSet};
 use super::tokenizer::Tokenizer;
 use crate::Error;
-use crate::storage::{self, S3, S3Options};
+use crate::storage::{self, S3};
 
 /// Embedded sources never need more than this many tokens each; longer runs repeat epochs.
 const MAX_EMBEDDED_TOKENS: usize = 16_000_000;
@@ -29,7 +29,7 @@ pub fn load_tokenizer(cfg: &RunConfig) -> Result<Tokenizer, Error> {
             let key = if prefix.ends_with(".json") { prefix.clone() } else { storage::join(prefix, "tokenizer.json") };
             let local = crate::files::under(&super::cache_dir().join("s3"), &format!("{bucket}/{key}"))
                 .map_err(|message| Error::Tokenizer { path: storage::uri(bucket, &key), message })?;
-            data_store(cfg)?.get_file(bucket, &key, &local, crate::files::limits::TOKENIZER_BYTES)?;
+            storage::for_data(cfg)?.get_file(bucket, &key, &local, crate::files::limits::TOKENIZER_BYTES)?;
             Tokenizer::from_file(&local)?
         }
     };
@@ -58,16 +58,6 @@ pub fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<V
     let data = cfg.data.as_ref().ok_or_else(|| Error::InvalidSpec("spec.data: pretraining needs a data mix".into()))?;
     let total_weight: f64 = data.mix.iter().map(|s| s.weight).sum();
     let sample = cfg.batch.seq_len as usize + 1;
-    // One S3 client (and its runtime) for every S3 source of the mix.
-    let store = std::cell::OnceCell::new();
-    let s3 = || -> Result<Arc<S3>, Error> {
-        if let Some(s) = store.get() {
-            return Ok(Arc::clone(s));
-        }
-        let s = Arc::new(data_store(cfg)?);
-        let _ = store.set(Arc::clone(&s));
-        Ok(s)
-    };
     data.mix
         .iter()
         .map(|src| {
@@ -77,7 +67,9 @@ pub fn source_tokens(cfg: &RunConfig, tok: &Tokenizer, split: Split) -> Result<V
                 Location::Pvc { claim, path } => {
                     return prepared_source(src, Path::new(&crds::contract::pvc_path(claim, path)), tok, split);
                 }
-                Location::S3 { bucket, prefix } => return remote_source(s3()?, src, bucket, prefix, tok, split),
+                Location::S3 { bucket, prefix } => {
+                    return remote_source(storage::for_data(cfg)?, src, bucket, prefix, tok, split);
+                }
             };
             let need = match split {
                 Split::Train => {
@@ -117,18 +109,6 @@ fn remote_source(
     let entries = split_entries(src, &manifest, tok, split)?;
     let remote = RemoteShards::new(s3, bucket, prefix, &manifest, entries, &super::cache_dir())?;
     Ok(SourceTokens { name: src.name.clone(), weight: src.weight, tokens: Tokens::Remote(Arc::new(remote)) })
-}
-
-/// The S3 client for data: the standard AWS chain, with the checkpoint mirror's endpoint
-/// and region as defaults (data and checkpoints usually share a store).
-pub fn data_store(cfg: &RunConfig) -> Result<S3, Error> {
-    let env_endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|v| std::env::var_os(v).is_some());
-    let mirror = cfg.checkpoint.s3.as_ref();
-    S3::with(&S3Options {
-        endpoint: if env_endpoint { None } else { mirror.and_then(|m| m.endpoint.clone()) },
-        credentials: None,
-        region: if std::env::var_os("AWS_REGION").is_some() { None } else { mirror.and_then(|m| m.region.clone()) },
-    })
 }
 
 /// The manifest's shards of `split`, after checking its tokenizer against the run's.

@@ -165,7 +165,7 @@ fn read_local(local: &Path, split: bool, format: McqFormat) -> Result<(McqSet, M
 /// Downloads an S3 question set (a question file, or a prepared prefix's manifest and
 /// record files) into the cache; returns the local file or directory.
 fn fetch_s3(cfg: &RunConfig, bucket: &str, prefix: &str) -> Result<PathBuf, Error> {
-    let s3 = crate::data::sources::data_store(cfg)?;
+    let s3 = storage::for_data(cfg)?;
     let local = crate::files::under(&crate::data::cache_dir().join("s3"), &format!("{bucket}/{prefix}"))
         .map_err(|message| Error::Data { name: storage::uri(bucket, prefix), message })?;
     if [".jsonl", ".json", ".parquet"].iter().any(|ext| prefix.ends_with(ext)) {
