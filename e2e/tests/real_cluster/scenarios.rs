@@ -268,14 +268,12 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     cfg.rollbacks = recorded;
     let reference = dir.parent().unwrap().join("rollback-reference");
     std::fs::create_dir_all(&reference).unwrap();
-    std::fs::write(reference.join("run.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
+    // One worker process, described as `trainer run` and `trainer launch` describe theirs.
+    let worker = serde_json::json!({"config": cfg, "output": reference, "initDir": reference, "sample": false});
+    std::fs::write(reference.join("worker.json"), worker.to_string()).unwrap();
     let out = std::process::Command::new(workspace_binary("trainer"))
-        .args(["worker", "--no-sample", "--config"])
-        .arg(reference.join("run.json"))
-        .arg("--output")
-        .arg(&reference)
-        .arg("--init-dir")
-        .arg(&reference)
+        .args(["worker", "--spec"])
+        .arg(reference.join("worker.json"))
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
