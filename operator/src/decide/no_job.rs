@@ -83,7 +83,7 @@ fn create(ctx: &Ctx, draft: &mut Draft) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::testing::{Scene, condition};
+    use crate::decide::testing::{Scene, restarting_after_pod_failed};
     use crate::failure::tests::running;
     use crate::resources::testing::{GPU_SPEC, GRPO_SPEC};
 
@@ -98,12 +98,6 @@ mod tests {
     #[test]
     fn each_situation_without_a_job() {
         use RunPhase::*;
-        let restarting = |s: &mut crds::types::TrainingRunStatus| {
-            s.attempt = 2;
-            s.phase = Some(Restarting);
-            s.reason = Some("PodFailed".into());
-            s.conditions.push(condition("Restarting", "True", "PodFailed", "attempt 1 failed"));
-        };
         let stale_pod = |mut scene: Scene| {
             let mut p = running(0);
             p.metadata.labels = Some([(crate::resources::ATTEMPT_LABEL.to_string(), "1".to_string())].into());
@@ -126,9 +120,30 @@ mod tests {
             case("a new run", Scene::new(GPU_SPEC), Pending, "JobCreated", true, 1),
             case("spec.suspend", Scene::new(&format!("{GPU_SPEC}  suspend: true\n")), Suspended, "Suspended", true, 1),
             case("a queue", Scene::new(&format!("{GPU_SPEC}  queueName: team\n")), Pending, "WaitingForQueue", true, 1),
-            case("a restart's attempt", Scene::new(GPU_SPEC).status(restarting), Restarting, "PodFailed", true, 2),
-            case("old pods", stale_pod(Scene::new(GPU_SPEC).status(restarting)), Restarting, "PodFailed", false, 2),
-            case("an old Job", Scene::new(GPU_SPEC).status(restarting).job(1), Restarting, "PodFailed", false, 2),
+            case(
+                "a restart's attempt",
+                Scene::new(GPU_SPEC).status(restarting_after_pod_failed),
+                Restarting,
+                "PodFailed",
+                true,
+                2,
+            ),
+            case(
+                "old pods",
+                stale_pod(Scene::new(GPU_SPEC).status(restarting_after_pod_failed)),
+                Restarting,
+                "PodFailed",
+                false,
+                2,
+            ),
+            case(
+                "an old Job",
+                Scene::new(GPU_SPEC).status(restarting_after_pod_failed).job(1),
+                Restarting,
+                "PodFailed",
+                false,
+                2,
+            ),
             case(
                 "its Job deleted",
                 Scene::new(GPU_SPEC).status(|s| {

@@ -112,3 +112,11 @@ pub(super) fn owned_by(mut pod: Pod, uid: Option<String>) -> Pod {
     });
     pod
 }
+
+/// A run restarting as attempt 2 after a pod of attempt 1 failed.
+pub(super) fn restarting_after_pod_failed(s: &mut TrainingRunStatus) {
+    s.attempt = 2;
+    s.phase = Some(crds::types::RunPhase::Restarting);
+    s.reason = Some("PodFailed".into());
+    s.conditions.push(condition("Restarting", "True", "PodFailed", "attempt 1 failed"));
+}

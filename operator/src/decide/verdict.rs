@@ -60,7 +60,7 @@ fn succeeded(ctx: &Ctx, draft: &mut Draft, report: Option<&TrainerStatus>) -> Ou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::testing::{Scene, condition};
+    use crate::decide::testing::{Scene, restarting_after_pod_failed};
     use crate::failure::tests::{exited, running};
     use crate::resources::ATTEMPT_LABEL;
     use crate::resources::testing::GPU_SPEC;
@@ -75,12 +75,6 @@ mod tests {
     #[test]
     fn each_verdict_has_its_outcome() {
         use RunPhase::*;
-        let restarting = |s: &mut crds::types::TrainingRunStatus| {
-            s.attempt = 2;
-            s.phase = Some(Restarting);
-            s.reason = Some("PodFailed".into());
-            s.conditions.push(condition("Restarting", "True", "PodFailed", "attempt 1 failed"));
-        };
         let nan = crds::contract::TerminationMessage {
             reason: crds::contract::FailureReason::NaNLoss,
             step: Some(7),
@@ -116,7 +110,7 @@ mod tests {
             },
             Case {
                 what: "a restart starting",
-                scene: fresh().status(restarting),
+                scene: fresh().status(restarting_after_pod_failed),
                 conditions: json!([]),
                 pods: vec![],
                 expect: (Restarting, "PodFailed", false, 2),

@@ -86,11 +86,10 @@ impl Trainer {
     /// Tokens each source has given, and logs (rank 0) a source starting a new epoch.
     fn track_sources(&mut self) -> Vec<(String, u64)> {
         let rank0 = self.rank0();
-        let epochs =
-            self.phase.epochs(&self.phase.mix().map_or(Vec::new(), |m| m.counts_at(self.progress.data_position)));
-        let Phase::Pretrain(p) = &mut self.phase else { return Vec::new() };
-        let train = p.mix.clone();
+        let Some(train) = self.phase.mix().cloned() else { return Vec::new() };
         let mut counts = train.counts_at(self.progress.data_position);
+        let epochs = self.phase.epochs(&counts);
+        let Phase::Pretrain(p) = &mut self.phase else { return Vec::new() };
         let seq = self.cfg.batch.seq_len as u64;
         for (s, epoch) in epochs.into_iter().enumerate() {
             if epoch > p.source_epochs[s] {
