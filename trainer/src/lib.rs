@@ -11,7 +11,7 @@
 //! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
-//! | 5 | [`optim`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW, replicated or sharded; token streams; checkpoints; sampling; HF export |
+//! | 5 | [`optim`], [`parallel`], [`data`], [`checkpoint`], [`generate`], [`export`] | AdamW, replicated or sharded; DDP, ZeRO and fsdp as one trait the loop calls; token streams; checkpoints; sampling; HF export |
 //! | 6 | [`eval`], [`grpo`] | multiple-choice benchmarks scored as lm-evaluation-harness scores them; GRPO's questions, rollouts, rewards and loss |
 //! | 7 | [`train`] | the [`train::Trainer`]: one process's loop, which only orchestrates the above, and the events it reports ([`train::report`]) |
 //! | 8 | [`telemetry`] | the sinks of those events: `/status`, `metrics.jsonl`, progress; and the termination message |
@@ -37,6 +37,7 @@ pub mod grpo;
 pub mod kernels;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod plot;
 pub mod rng;
 pub mod storage;

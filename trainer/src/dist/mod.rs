@@ -1,7 +1,8 @@
 //! Data parallelism through libtorch's own c10d: the process group and its
 //! collectives ([`group`]), the bucketed, overlapped gradient all-reduce ([`reducer`]),
-//! ZeRO's partition of the parameters over ranks ([`shard`]) and the in-pod launcher
-//! ([`launch`]), like torchrun.
+//! ZeRO's partition of the parameters over ranks ([`shard`]), fsdp's sharded parameters
+//! ([`fsdp`]) and the in-pod launcher ([`launch`]), like torchrun. The strategies the
+//! training loop calls over them are [`crate::parallel`]'s.
 
 pub mod fsdp;
 pub mod group;

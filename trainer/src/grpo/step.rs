@@ -14,9 +14,10 @@ use super::reward;
 use super::stats::Sums;
 use crate::Error;
 use crate::data::tokenizer::Tokenizer;
-use crate::dist::{GradReducer, ProcessGroup, ReduceOp};
+use crate::dist::ReduceOp;
 use crate::generate::{self, Sampling};
 use crate::model::Model;
+use crate::parallel::DataParallel;
 
 /// What one step needs from the trainer.
 pub struct StepContext<'a> {
@@ -26,8 +27,8 @@ pub struct StepContext<'a> {
     pub autocast: bool,
     pub rank: u32,
     pub world_size: u32,
-    pub group: Option<&'a ProcessGroup>,
-    pub reducer: Option<&'a GradReducer>,
+    /// How the gang shares the step: the gradient reducer and, with several ranks, the group.
+    pub parallel: &'a dyn DataParallel,
     /// The optimizer step being computed (1-based).
     pub step: u64,
     /// The first prompt of its generated batch in the run's prompt order (ranks take
@@ -214,9 +215,7 @@ impl Grpo {
         let mut entropy_tokens = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         for (i, m) in batch.micro.iter().enumerate() {
             let last = i + 1 == batch.micro.len();
-            if let Some(r) = ctx.reducer {
-                r.begin_micro_step(last)?;
-            }
+            ctx.parallel.begin_micro_step(last)?;
             let logits = crate::ffi::autocast(ctx.device, ctx.autocast, || ctx.model.logits(&m.packed.inputs))?;
             if fresh {
                 // The policy that sampled the batch: its spread over the completion tokens.
@@ -236,9 +235,7 @@ impl Grpo {
                 batch.norm,
             )?;
             parts.loss.f_mul_scalar(ctx.scale)?.f_backward()?;
-            if let Some(r) = ctx.reducer {
-                r.end_micro_step(last)?;
-            }
+            ctx.parallel.end_micro_step(last)?;
             total = total.f_add(&parts.loss.f_detach()?)?;
             kl = kl.f_add(&parts.kl_sum)?;
             clipped = clipped.f_add(&parts.clipped_low.f_add(&parts.clipped_high)?)?;
@@ -328,7 +325,7 @@ impl Grpo {
             rewards.len() as f64,
             sums.completion_tokens,
         ];
-        if let Some(grp) = ctx.group {
+        if let Some(grp) = ctx.parallel.group() {
             let t = Tensor::f_from_slice(&global)?.f_to_device(ctx.device)?;
             grp.allreduce(&t, ReduceOp::Sum)?.wait()?;
             global.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);

@@ -11,11 +11,10 @@ use tch::{Device, Kind};
 
 use super::faults::Faults;
 use super::options::RunOptions;
-use super::parallel::Parallel;
 use super::phase::{GrpoPhase, Phase, Pretrain};
 use super::precision::{matmul_kind, precision_plan};
 use super::restore::{self, reference_model};
-use super::trainer::{Progress, StepClock, Stop, Trainer};
+use super::trainer::{DataCursor, Progress, StepClock, Stop, Trainer};
 use crate::Error;
 use crate::checkpoint::resume::{named_in_definition_order, sorted_variables};
 use crate::data::corpus::Split;
@@ -32,6 +31,7 @@ use crate::kernels::tune::choose_kernels;
 use crate::model::{Model, Unit};
 use crate::optim::zero::{ShardedAdamW, ZeroStage};
 use crate::optim::{AdamW, Optimizer};
+use crate::parallel::{DataParallel, FullyShard, OneRank, Replicated};
 use crate::rng::GLOBAL_RNG;
 
 /// Where the process computes, in what precision, and with whom.
@@ -214,8 +214,9 @@ impl Trainer {
             phase,
             val,
             tokenizer,
-            parallel: None,
+            parallel: Box::new(OneRank),
             progress: Progress::default(),
+            data: DataCursor::default(),
             stop: Stop::default(),
             pending: Vec::new(),
             snapshot: None,
@@ -223,13 +224,12 @@ impl Trainer {
         };
         trainer.check_attention(rt.matmuls)?;
         let loaded = trainer.restore(resume)?;
-        let epochs =
-            trainer.phase.mix().map(|mix| trainer.phase.epochs(&mix.counts_at(trainer.progress.data_position)));
+        let epochs = trainer.phase.mix().map(|mix| trainer.phase.epochs(&mix.counts_at(trainer.data.position)));
         if let (Phase::Pretrain(p), Some(epochs)) = (&mut trainer.phase, epochs) {
             p.source_epochs = epochs;
         }
         if let Some(group) = rt.group {
-            trainer.parallel = Some(trainer.gang(group, &buckets, loaded)?);
+            trainer.parallel = trainer.gang(group, &buckets, loaded)?;
         }
         Ok(trainer)
     }
@@ -248,8 +248,14 @@ impl Trainer {
 
     /// Joins the restored parameters to the gang: checks that every rank resumed the
     /// same weights (`loaded`: from where), broadcasts rank 0's, and builds the
-    /// gradient reducer (the sharded optimizer's, or DDP's buckets) and fsdp's shards.
-    fn gang(&self, group: Arc<ProcessGroup>, buckets: &Buckets, loaded: Option<String>) -> Result<Parallel, Error> {
+    /// strategy: the gradient reducer (the sharded optimizer's, or DDP's buckets), with
+    /// fsdp's shards.
+    fn gang(
+        &self,
+        group: Arc<ProcessGroup>,
+        buckets: &Buckets,
+        loaded: Option<String>,
+    ) -> Result<Box<dyn DataParallel>, Error> {
         // Definition order: the reducer buckets it in reverse, as backward runs.
         let params = self.vs.trainable_variables();
         if let Some(origin) = loaded {
@@ -268,14 +274,12 @@ impl Trainer {
                 self.cfg.topology.bucket_cap_mb
             );
         }
-        let fsdp = match self.opt.fsdp_shards() {
-            // After the reducer, whose hooks capture the parameters' whole shapes.
-            Some((layout, shards)) => {
-                let named = named_in_definition_order(&self.vs);
-                Some(ShardedParams::new(group.clone(), named, &buckets.units, layout, shards)?)
-            }
-            None => None,
+        let Some((layout, shards)) = self.opt.fsdp_shards() else {
+            return Ok(Box::new(Replicated::new(group, reducer)));
         };
-        Ok(Parallel { group, reducer, fsdp })
+        // After the reducer, whose hooks capture the parameters' whole shapes.
+        let named = named_in_definition_order(&self.vs);
+        let shards = ShardedParams::new(group.clone(), named, &buckets.units, layout, shards)?;
+        Ok(Box::new(FullyShard::new(group, reducer, shards, self.model.n_layer())))
     }
 }

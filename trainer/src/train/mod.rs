@@ -4,10 +4,10 @@
 //! tells its [`report::Sinks`] what happened. Rank 0 alone writes checkpoints.
 
 mod build;
+mod checkpoints;
 pub mod evaluate;
 pub mod faults;
 mod options;
-mod parallel;
 mod pending;
 mod phase;
 pub mod precision;
@@ -18,7 +18,6 @@ mod state;
 pub mod step;
 mod timing;
 mod trainer;
-pub mod units;
 
 pub use evaluate::HELD_OUT;
 pub use options::{DEFAULT_CUDA_SYNC_EVERY, RunOptions};

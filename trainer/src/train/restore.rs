@@ -154,9 +154,10 @@ impl Trainer {
     pub(super) fn restore(&mut self, resume: Option<Resume>) -> Result<Option<String>, Error> {
         if let Some(Resume { loaded, spec_warmup }) = resume {
             let state = &loaded.state;
-            Weights { vs: &self.vs, fsdp: None }.load(&loaded)?;
+            Weights { vs: &self.vs, parallel: &mut *self.parallel }.load(&loaded)?;
             self.opt.load(&loaded)?;
             self.progress.load(&loaded)?;
+            self.data.load(&loaded)?;
             let changes = state.config.as_ref().map(|was| self.cfg.record_differences(was)).unwrap_or_default();
             if !changes.is_empty() {
                 self.progress.history.push(ConfigChange {
@@ -263,10 +264,10 @@ impl Trainer {
             files: Default::default(),
         };
         let mut payload = Payload { model: Vec::new(), optimizer: Vec::new(), state };
-        let fsdp = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut());
-        Weights { vs: &self.vs, fsdp }.save(&mut payload)?;
+        Weights { vs: &self.vs, parallel: &mut *self.parallel }.save(&mut payload)?;
         self.opt.save(&mut payload)?;
         self.progress.save(&mut payload)?;
+        self.data.save(&mut payload)?;
         Ok(payload)
     }
 }

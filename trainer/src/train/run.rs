@@ -2,21 +2,18 @@
 //! evaluating and checkpointing on schedule, and ends with a last checkpoint, the
 //! accuracy change and a sample. Rank 0 alone writes checkpoints.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crds::contract::TrainerPhase;
 use crds::types::CheckpointRef;
 
+use super::checkpoints::Checkpoints;
 use super::evaluate::{self, SetScore};
 use super::report::{Event, RunStart, Sinks};
 use super::trainer::Trainer;
 use crate::Error;
 use crate::checkpoint;
-use crate::checkpoint::mirror::Mirror;
-use crate::checkpoint::writer::Checkpointer;
-use crate::optim::Optimizer;
 
 /// What a finished (or stopped) run reports.
 #[derive(Clone, Debug)]
@@ -43,9 +40,7 @@ pub struct Outcome {
 struct Lap {
     /// The step the loop ends after (the budget, or `stop_after_steps`).
     last_step: u64,
-    checkpointer: Checkpointer,
-    /// Rank 0's copy of each checkpoint to S3.
-    mirror: Option<Mirror>,
+    checkpoints: Checkpoints,
     unigram_entropy: Option<f64>,
     /// GRPO's accuracy before training (a run from step 0).
     initial: Vec<SetScore>,
@@ -53,7 +48,6 @@ struct Lap {
     last_loss: Option<f64>,
     val_loss: Option<f64>,
     evaluated_at: Option<u64>,
-    last_checkpoint: Option<CheckpointRef>,
 }
 
 impl Lap {
@@ -101,18 +95,9 @@ impl Trainer {
             // A generated batch is never split by a stop: resuming must regenerate it.
             last_step = g.boundary_at_or_after(last_step).min(total_steps);
         }
-        let keep = &self.cfg.checkpoint;
-        let checkpointer = Checkpointer::new(self.checkpoint_dir(), keep.keep_last)?.keeping_best(keep.keep_best);
-        if self.rank0() {
-            // A run that cannot keep its checkpoints fails now, not after an interval of training.
-            let estimate = self.checkpoint_estimate();
-            checkpoint::space::preflight(self.checkpoint_dir(), keep.keep_last, keep.keep_best, estimate)
+        let checkpoints =
+            Checkpoints::start(&self.cfg, self.checkpoint_dir(), self.rank0(), self.checkpoint_estimate())
                 .map_err(|e| self.failed(sinks, e))?;
-        }
-        let mirror = match &self.cfg.checkpoint.s3 {
-            Some(s3) if self.rank0() => Some(Mirror::start(s3)?),
-            _ => None,
-        };
         let unigram_entropy = self.phase.mix().map(|m| m.unigram_entropy()).transpose()?;
         let data = match (unigram_entropy, self.phase.grpo()) {
             (Some(h), _) => format!("unigram entropy of the data {h:.3} nats/token"),
@@ -132,15 +117,13 @@ impl Trainer {
         }
         Ok(Lap {
             last_step,
-            checkpointer,
-            mirror,
+            checkpoints,
             unigram_entropy,
             initial,
             losses: Vec::new(),
             last_loss: None,
             val_loss: None,
             evaluated_at: None,
-            last_checkpoint: None,
         })
     }
 
@@ -157,7 +140,7 @@ impl Trainer {
             || step == last_step
             || eval
             || checkpoint
-            || (self.parallel.is_none() && self.stopping());
+            || (!self.in_gang() && self.stopping());
         Due { eval, checkpoint, sync }
     }
 
@@ -187,40 +170,20 @@ impl Trainer {
         }
         let stopping = self.progress.step == lap.last_step || self.may_stop();
         if due.checkpoint && !stopping {
-            self.checkpoint_in_background(lap, sinks)?;
+            self.data.checkpoint_position = self.data.position;
+            let step = self.progress.step;
+            let payload = self.checkpoint(lap.last_loss, lap.val_loss_at(step))?;
+            self.checkpoint_in_background(&mut lap.checkpoints, payload, sinks)?;
         }
         Ok(())
     }
 
-    /// A scheduled checkpoint: rank 0 writes it on a background thread while training
-    /// goes on; every rank takes part in gathering it.
-    fn checkpoint_in_background(&mut self, lap: &mut Lap, sinks: &mut Sinks) -> Result<(), Error> {
-        self.progress.checkpoint_position = self.progress.data_position;
-        let step = self.progress.step;
-        let payload = self.checkpoint(lap.last_loss, lap.val_loss_at(step))?;
-        let saved = match self.faults.before_checkpoint(step, self.checkpoint_dir()) {
-            Err(e) => Err(checkpoint::space::explain(e, self.checkpoint_dir(), self.checkpoint_estimate())),
-            Ok(()) if self.rank0() => lap.checkpointer.save_async(payload).map(|(previous, snapshot)| {
-                self.snapshot = Some(snapshot);
-                previous
-            }),
-            Ok(()) => Ok(None),
-        };
-        if let Some(done) = saved.map_err(|e| self.failed(sinks, e.at_step(step)))? {
-            self.checkpoint_written(&done, sinks, lap.mirror.as_ref())?;
-            lap.last_checkpoint = Some(done);
-        }
-        self.barrier()
-    }
-
     /// The last checkpoint, the accuracy after training, a sample, and the outcome.
     fn end(mut self, mut lap: Lap, sinks: &mut Sinks) -> Result<Outcome, Error> {
-        self.last_checkpoint(&mut lap, sinks)?;
-        if let Some(m) = lap.mirror.take() {
-            // The last checkpoint must reach S3 before the run reports success.
-            m.finish()?;
-        }
         let step = self.progress.step;
+        let last = if step > 0 { Some(self.checkpoint(lap.last_loss, lap.val_loss_at(step))?) } else { None };
+        self.last_checkpoint(&mut lap.checkpoints, last, sinks)?;
+        lap.checkpoints.finish()?;
         let interrupted = self.may_stop() && step < lap.last_step;
         let accuracy = if interrupted || step < self.cfg.schedule.total_steps {
             Vec::new()
@@ -245,7 +208,7 @@ impl Trainer {
             tokens: self.progress.tokens,
             losses: lap.losses,
             val_loss: lap.val_loss,
-            last_checkpoint: lap.last_checkpoint,
+            last_checkpoint: lap.checkpoints.last,
             unigram_entropy: lap.unigram_entropy,
             accuracy,
             resumed_from: self.progress.resumed_from,
@@ -256,41 +219,6 @@ impl Trainer {
         })
     }
 
-    /// Waits for a background checkpoint and writes the last step's, unless it is
-    /// already written. A sharded optimizer's state (and fsdp's parameters) are
-    /// gathered by every rank, whether rank 0 then writes them or already has; nobody
-    /// leaves before rank 0's last checkpoint is on disk.
-    fn last_checkpoint(&mut self, lap: &mut Lap, sinks: &mut Sinks) -> Result<(), Error> {
-        let step = self.progress.step;
-        let last = if step > 0 { Some(self.checkpoint(lap.last_loss, lap.val_loss_at(step))?) } else { None };
-        if self.rank0() {
-            if let Some(done) = lap.checkpointer.wait().map_err(|e| self.failed(sinks, e.at_step(step)))? {
-                self.checkpoint_written(&done, sinks, lap.mirror.as_ref())?;
-                lap.last_checkpoint = Some(done);
-            }
-            if let Some(payload) = last
-                && lap.last_checkpoint.as_ref().map(|c| c.step) != Some(step)
-            {
-                sinks.emit(Event::Phase(TrainerPhase::Checkpointing))?;
-                let done = lap.checkpointer.save(payload).map_err(|e| self.failed(sinks, e.at_step(step)))?;
-                self.checkpoint_written(&done, sinks, lap.mirror.as_ref())?;
-                lap.last_checkpoint = Some(done);
-            }
-        }
-        self.barrier()
-    }
-
-    /// About how many bytes one checkpoint takes: the weights in their kind and the
-    /// whole (consolidated) optimizer state.
-    fn checkpoint_estimate(&self) -> u64 {
-        let weight_bytes = self.vs.trainable_variables().first().map_or(4, |t| t.kind().elt_size_in_bytes()) as u64;
-        let optimizer = match &self.opt {
-            Optimizer::Sharded(o) => o.state_bytes() * self.cfg.topology.world_size as usize,
-            Optimizer::Replicated(o) => o.state_bytes(),
-        };
-        self.cfg.params.total * weight_bytes + optimizer as u64
-    }
-
     /// Whether to stop now: [`Self::stopping`], and for GRPO only between generated batches.
     pub(super) fn may_stop(&self) -> bool {
         self.stopping() && self.phase.grpo().is_none_or(|g| g.at_boundary(self.progress.step))
@@ -299,11 +227,11 @@ impl Trainer {
     /// Whether to stop: SIGTERM here, or (with several ranks) on any rank, as agreed
     /// at the last step so that every rank stops after the same step.
     fn stopping(&self) -> bool {
-        if self.parallel.is_some() { self.stop.agreed } else { self.stop.signal.load(Ordering::SeqCst) }
+        if self.in_gang() { self.stop.agreed } else { self.stop.signal.load(Ordering::SeqCst) }
     }
 
     /// Records a failure's reason before it is returned.
-    fn failed(&self, sinks: &mut Sinks, e: Error) -> Error {
+    pub(super) fn failed(&self, sinks: &mut Sinks, e: Error) -> Error {
         if let Error::NonFinite { step, .. } = e {
             let _ = sinks.emit(Event::NonFinite { step });
         }
@@ -316,32 +244,9 @@ impl Trainer {
     /// Runs `f` with every parameter whole: fsdp gathers them all first (every rank
     /// calls this) and frees them after.
     fn whole_model<T>(&mut self, f: impl FnOnce(&Trainer) -> Result<T, Error>) -> Result<T, Error> {
-        if let Some(p) = &mut self.parallel {
-            p.gather_all()?;
-        }
+        self.parallel.gather_all()?;
         let out = f(self);
-        if let Some(p) = &mut self.parallel {
-            p.release_all()?;
-        }
+        self.parallel.release_all()?;
         out
-    }
-
-    fn checkpoint_written(
-        &self,
-        done: &CheckpointRef,
-        sinks: &mut Sinks,
-        mirror: Option<&Mirror>,
-    ) -> Result<(), Error> {
-        if let Some(m) = mirror {
-            m.push(Path::new(&done.uri));
-        }
-        sinks.emit(Event::Checkpoint(done))?;
-        if self.cfg.checkpoint.keep_best == 0 {
-            return Ok(());
-        }
-        match checkpoint::best(self.checkpoint_dir()) {
-            Some(best) => sinks.emit(Event::Best(&best)),
-            None => Ok(()),
-        }
     }
 }

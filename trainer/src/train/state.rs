@@ -1,14 +1,15 @@
 //! Each part of the trainer saves and restores its own piece of a checkpoint, as
-//! torchtitan's `Stateful` does: the weights, the optimizer's state, the run's progress.
+//! torchtitan's `Stateful` does: the weights, the optimizer's state, the run's progress
+//! and the data's position.
 
 use tch::nn::VarStore;
 
-use super::trainer::Progress;
+use super::trainer::{DataCursor, Progress};
 use crate::Error;
 use crate::checkpoint::resume::{copy_weights, sorted_variables};
 use crate::checkpoint::{Loaded, Payload};
-use crate::dist::fsdp::ShardedParams;
 use crate::optim::Optimizer;
+use crate::parallel::DataParallel;
 
 /// A part that keeps a piece of the checkpoint.
 pub(super) trait Stateful {
@@ -22,15 +23,15 @@ pub(super) trait Stateful {
 /// The model's parameters: the variables, or fsdp's shards gathered whole.
 pub(super) struct Weights<'a> {
     pub(super) vs: &'a VarStore,
-    pub(super) fsdp: Option<&'a mut ShardedParams>,
+    pub(super) parallel: &'a mut dyn DataParallel,
 }
 
 impl Weights<'_> {
     /// Every parameter whole, by name: copies gathered from every rank under fsdp
     /// (every rank calls this), the variables themselves otherwise.
     pub(super) fn whole(&mut self) -> Result<Vec<(String, tch::Tensor)>, Error> {
-        match &mut self.fsdp {
-            Some(shards) => shards.full_parameters(),
+        match self.parallel.gathered_parameters()? {
+            Some(whole) => Ok(whole),
             None => Ok(sorted_variables(self.vs)),
         }
     }
@@ -63,7 +64,6 @@ impl Stateful for Progress {
         let state = &mut payload.state;
         state.step = self.step;
         state.tokens = self.tokens;
-        state.data_position = self.data_position;
         state.history = self.history.clone();
         Ok(())
     }
@@ -72,10 +72,21 @@ impl Stateful for Progress {
         let state = &loaded.state;
         self.step = state.step;
         self.tokens = state.tokens;
-        self.data_position = state.data_position;
-        self.checkpoint_position = state.data_position;
         self.resumed_from = Some(state.step);
         self.history = state.history.clone();
+        Ok(())
+    }
+}
+
+impl Stateful for DataCursor {
+    fn save(&mut self, payload: &mut Payload) -> Result<(), Error> {
+        payload.state.data_position = self.position;
+        Ok(())
+    }
+
+    fn load(&mut self, loaded: &Loaded) -> Result<(), Error> {
+        self.position = loaded.state.data_position;
+        self.checkpoint_position = loaded.state.data_position;
         Ok(())
     }
 }
@@ -94,20 +105,25 @@ mod tests {
     }
 
     #[test]
-    fn progress_comes_back_as_it_was_saved() {
-        let mut was = Progress { step: 12, tokens: 3072, data_position: 48, ..Progress::default() };
+    fn progress_and_the_data_position_come_back_as_they_were_saved() {
+        let mut was = Progress { step: 12, tokens: 3072, ..Progress::default() };
+        let mut cursor = DataCursor { position: 48, window: Some(40..48), checkpoint_position: 24 };
         let mut payload = Payload { model: Vec::new(), optimizer: Vec::new(), state: state() };
         was.save(&mut payload).unwrap();
+        cursor.save(&mut payload).unwrap();
         let loaded = Loaded {
             dir: "step-00000012".into(),
             state: payload.state,
             model: Default::default(),
             optimizer: Default::default(),
         };
-        let mut now = Progress::default();
+        let (mut now, mut at) = (Progress::default(), DataCursor::default());
         now.load(&loaded).unwrap();
-        let seen = |p: &Progress| (p.step, p.tokens, p.data_position, p.history.len());
+        at.load(&loaded).unwrap();
+        let seen = |p: &Progress| (p.step, p.tokens, p.history.len());
         assert_eq!(seen(&now), seen(&was));
-        assert_eq!((now.checkpoint_position, now.resumed_from), (48, Some(12)), "a resume starts at its checkpoint");
+        assert_eq!(now.resumed_from, Some(12), "a resume says where it started");
+        assert_eq!((at.position, at.checkpoint_position), (48, 48), "a resume starts at its checkpoint's position");
+        assert_eq!(at.window, None, "no step is in progress after a resume");
     }
 }

@@ -10,13 +10,11 @@ use crds::contract::FailedSamples;
 use crds::presets::H100_PEAK_BF16_FLOPS;
 use tch::{Device, Kind, Tensor};
 
-use super::parallel::Parallel;
 use super::pending::{PendingStep, StepScalars};
 use super::phase::Phase;
 use super::state::Weights;
 use super::timing::StepTiming;
 use super::trainer::Trainer;
-use super::units::Sharded;
 use crate::Error;
 use crate::checkpoint::resume::sorted_variables;
 use crate::data::loader::{BatchPlan, Loader};
@@ -24,7 +22,6 @@ use crate::dist::ReduceOp;
 use crate::ffi::StreamMark;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
-use crate::model::{Residency, Resident};
 use crate::optim;
 use crate::train::report::{GpuMemory, StepReport};
 
@@ -63,7 +60,7 @@ impl Trainer {
     /// from the prefetching loader (started here at the first call).
     fn micro_batch(&mut self, m: u32) -> Result<(Tensor, Tensor), Error> {
         let plan = self.batch_plan();
-        let (position, device) = (self.progress.data_position, self.device);
+        let (position, device) = (self.data.position, self.device);
         let Phase::Pretrain(p) = &mut self.phase else {
             return Err(Error::InvalidSpec("spec.data: pretraining needs a data mix".into()));
         };
@@ -87,7 +84,7 @@ impl Trainer {
     fn track_sources(&mut self) -> Vec<(String, u64)> {
         let rank0 = self.rank0();
         let Some(train) = self.phase.mix().cloned() else { return Vec::new() };
-        let mut counts = train.counts_at(self.progress.data_position);
+        let mut counts = train.counts_at(self.data.position);
         let epochs = self.phase.epochs(&counts);
         let Phase::Pretrain(p) = &mut self.phase else { return Vec::new() };
         let seq = self.cfg.batch.seq_len as u64;
@@ -105,7 +102,7 @@ impl Trainer {
             }
         }
         // Samples a rollback skipped took their place in the order, but were not trained on.
-        for skipped in crds::rollback::skipped_below(&self.cfg.rollbacks, self.progress.data_position) {
+        for skipped in crds::rollback::skipped_below(&self.cfg.rollbacks, self.data.position) {
             let (before, after) = (train.counts_at(skipped.start), train.counts_at(skipped.end));
             for (c, (b, a)) in counts.iter_mut().zip(before.iter().zip(&after)) {
                 *c -= a - b;
@@ -120,10 +117,10 @@ impl Trainer {
     /// which every step of that batch shares.
     fn step_window(&self, step: u64) -> Range<u64> {
         let start = |len: u64| {
-            let from = crds::rollback::skip_past(&self.cfg.rollbacks, self.progress.data_position);
+            let from = crds::rollback::skip_past(&self.cfg.rollbacks, self.data.position);
             from..from + len
         };
-        match (self.phase.grpo(), &self.progress.window) {
+        match (self.phase.grpo(), &self.data.window) {
             (None, _) => start(self.cfg.batch.global_sequences),
             (Some(g), Some(w)) if !g.at_boundary(step - 1) => w.clone(),
             (Some(g), _) => start(g.prompts_per_step()),
@@ -139,10 +136,10 @@ impl Trainer {
         let accum = self.cfg.batch.grad_accum;
         let window = self.step_window(step);
         if self.phase.grpo().is_none() {
-            self.progress.data_position = window.start;
+            self.data.position = window.start;
         }
-        self.progress.window = Some(window);
-        let start = if self.parallel.is_some() { Some(StreamMark::now(self.device)?) } else { None };
+        self.data.window = Some(window);
+        let start = if self.in_gang() { Some(StreamMark::now(self.device)?) } else { None };
         self.clock.data_wait = 0.0;
         self.faults.before_step(step, self.opts.placement.rank, self.device)?;
         let (loss, grpo) = if self.phase.grpo().is_some() {
@@ -151,14 +148,17 @@ impl Trainer {
         } else {
             (self.pretrain_gradients(self.faults.loss_scale(step, 1.0 / accum as f64))?, None)
         };
-        let Some(Parallel { group, reducer, .. }) = &self.parallel else {
+        let Some(group) = self.parallel.group() else {
             if let Some((sums, s, t)) = grpo {
                 self.record_grpo(GrpoStats::from_sums(&sums, s, t));
             }
             return Ok(loss);
         };
-        self.clock.step_timing =
-            start.map(|start| StepTiming { start, end: reducer.take_compute_end(), data_wait: self.clock.data_wait });
+        self.clock.step_timing = start.map(|start| StepTiming {
+            start,
+            end: self.parallel.take_compute_end(),
+            data_wait: self.clock.data_wait,
+        });
         // The loss is averaged for reporting, and the stop flags and GRPO's sums ride along
         // in the same all-reduce: one f32 tensor laid out as [`StepTotals`].
         let stop = if self.stop.signal.load(Ordering::SeqCst) { 1.0 } else { 0.0 };
@@ -192,10 +192,9 @@ impl Trainer {
             autocast: self.autocast,
             rank: self.opts.placement.rank,
             world_size: self.cfg.topology.world_size,
-            group: self.parallel.as_ref().map(|p| p.group.as_ref()),
-            reducer: self.parallel.as_ref().map(|p| &p.reducer),
+            parallel: self.parallel.as_ref(),
             step,
-            first_prompt: self.progress.window.as_ref().map_or(0, |w| w.start),
+            first_prompt: self.data.window.as_ref().map_or(0, |w| w.start),
             scale,
         };
         phase.grpo.gradients(&ctx)
@@ -208,24 +207,14 @@ impl Trainer {
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for m in 0..accum {
             let last = m + 1 == accum;
-            if let Some(Parallel { reducer, .. }) = &self.parallel {
-                reducer.begin_micro_step(last)?;
-            }
+            self.parallel.begin_micro_step(last)?;
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
-            let n_layer = self.model.n_layer();
-            let sharded = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut()).map(|p| Sharded::new(p, n_layer));
-            let units: &dyn Residency = match &sharded {
-                Some(s) => s,
-                None => &Resident,
-            };
-            let model = &self.model;
+            let (model, units) = (&self.model, self.parallel.as_ref());
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
                 model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units)
             })?;
-            if let Some(Parallel { reducer, .. }) = &self.parallel {
-                reducer.end_micro_step(last)?;
-            }
+            self.parallel.end_micro_step(last)?;
             loss_sum = loss_sum.f_add(&loss)?;
         }
         Ok(loss_sum.f_div_scalar(accum as f64)?)
@@ -257,8 +246,7 @@ impl Trainer {
     /// Every parameter by name, in checkpoint order (copies gathered from every rank
     /// under fsdp, where every rank calls this).
     pub fn parameters(&mut self) -> Result<Vec<(String, Tensor)>, Error> {
-        let fsdp = self.parallel.as_mut().and_then(|p| p.fsdp.as_mut());
-        Weights { vs: &self.vs, fsdp }.whole()
+        Weights { vs: &self.vs, parallel: &mut *self.parallel }.whole()
     }
 
     /// One optimizer step over `grad_accum` micro-batches, read back from the device.
@@ -275,8 +263,8 @@ impl Trainer {
         let step = self.progress.step + 1;
         let lr = self.cfg.lr_at(step, self.progress.tokens);
         let loss = self.compute_gradients()?;
-        let samples = self.progress.window.clone().expect("set by compute_gradients");
-        let norm = self.parallel.as_ref().map(|p| p.reducer.grad_norm()).transpose()?;
+        let samples = self.data.window.clone().expect("set by compute_gradients");
+        let norm = self.parallel.grad_norm()?;
         if let Some(snapshot) = self.snapshot.take() {
             let waited = snapshot.wait();
             tracing::debug!(step, waited_ms = waited.as_secs_f64() * 1e3, "checkpoint snapshot taken");
@@ -292,7 +280,7 @@ impl Trainer {
             StepScalars::on_device(&loss.f_to_kind(Kind::Float)?, &grad_norm.f_to_device(self.device)?, &stop)?;
         self.progress.step = step;
         self.progress.tokens += self.cfg.batch.tokens_per_step;
-        self.progress.data_position = samples.end;
+        self.data.position = samples.end;
         let tokens_by_source = self.track_sources();
         self.pending.push(PendingStep {
             step,
@@ -342,11 +330,11 @@ impl Trainer {
                 let samples = FailedSamples {
                     from: p.samples.start,
                     to: p.samples.end,
-                    checkpoint: self.progress.checkpoint_position,
+                    checkpoint: self.data.checkpoint_position,
                 };
                 return Err(Error::NonFinite { step: p.step, loss, grad_norm, samples: Some(samples) });
             }
-            if self.parallel.is_some() {
+            if self.in_gang() {
                 self.stop.agreed = v.stop_votes > 0.0;
             }
             reports.push(StepReport {
@@ -362,7 +350,7 @@ impl Trainer {
                 tokens_by_source: p.tokens_by_source,
             });
         }
-        if let Some(Parallel { group, .. }) = &self.parallel {
+        if let Some(group) = self.parallel.group() {
             self.clock.rank_timings = Some(self.clock.rank_totals.gather(group, self.device)?);
         }
         Ok(reports)

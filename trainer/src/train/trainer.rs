@@ -12,7 +12,6 @@ use tch::{Device, Tensor};
 
 use super::faults::Faults;
 use super::options::RunOptions;
-use super::parallel::Parallel;
 use super::pending::PendingStep;
 use super::phase::Phase;
 use super::timing;
@@ -22,6 +21,7 @@ use crate::data::mix::Mix;
 use crate::data::tokenizer::Tokenizer;
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::parallel::DataParallel;
 
 pub struct Trainer {
     pub(super) cfg: RunConfig,
@@ -37,9 +37,10 @@ pub struct Trainer {
     /// One validation mix per source.
     pub(super) val: Vec<Mix>,
     pub(super) tokenizer: Tokenizer,
-    /// The group, the reducer and fsdp's shards, with more than one rank.
-    pub(super) parallel: Option<Parallel>,
+    /// How the gang shares each step: one rank alone, DDP or ZeRO, or fsdp.
+    pub(super) parallel: Box<dyn DataParallel>,
     pub(super) progress: Progress,
+    pub(super) data: DataCursor,
     pub(super) stop: Stop,
     /// Test-only fault injection.
     pub(super) faults: Faults,
@@ -52,21 +53,27 @@ pub struct Trainer {
     pub(super) clock: StepClock,
 }
 
-/// Where the run is: what a checkpoint records of it and a resume restores.
+/// How far the run is: what a checkpoint records of it and a resume restores.
 #[derive(Default)]
 pub(super) struct Progress {
     pub(super) step: u64,
     pub(super) tokens: u64,
-    /// Where the next step's samples start in the run's sample order (before any a
-    /// rollback skips).
-    pub(super) data_position: u64,
-    /// The samples of the step in progress (GRPO: of its generated batch).
-    pub(super) window: Option<std::ops::Range<u64>>,
-    /// The data position of the newest checkpoint, for a rollback.
-    pub(super) checkpoint_position: u64,
     pub(super) resumed_from: Option<u64>,
     /// Changes accepted on resume, carried into every checkpoint.
     pub(super) history: Vec<ConfigChange>,
+}
+
+/// Where the run is in its sample order (pretraining's sequences, or GRPO's
+/// prompts): the data's piece of a checkpoint. The order itself is a pure function
+/// of the seed, so the position is all the data state there is.
+#[derive(Default)]
+pub(super) struct DataCursor {
+    /// Where the next step's samples start (before any a rollback skips).
+    pub(super) position: u64,
+    /// The samples of the step in progress (GRPO: of its generated batch).
+    pub(super) window: Option<std::ops::Range<u64>>,
+    /// The position of the newest checkpoint, for a rollback.
+    pub(super) checkpoint_position: u64,
 }
 
 /// Whether to stop, and whether every rank agreed to.
@@ -118,11 +125,16 @@ impl Trainer {
     }
 
     pub(super) fn group(&self) -> Option<&crate::dist::ProcessGroup> {
-        self.parallel.as_ref().map(|p| p.group.as_ref())
+        self.parallel.group().map(|g| g.as_ref())
+    }
+
+    /// Whether other ranks share the run.
+    pub(super) fn in_gang(&self) -> bool {
+        self.parallel.group().is_some()
     }
 
     pub(super) fn barrier(&self) -> Result<(), crate::Error> {
-        self.parallel.as_ref().map_or(Ok(()), Parallel::barrier)
+        self.parallel.barrier()
     }
 
     /// Where checkpoints and the metrics log go.
