@@ -513,9 +513,16 @@ fi
 # 50K tokens): what matters here is that it trains and checkpoints in the image.
 tokens="${CHECK_IMAGE_TOKENS:-64K}"
 say "the operator's Job for examples/tiny-cluster.yaml (tokens: $tokens)"
-cargo build -q --locked -p operator >&2
+# OPERATOR_BIN: an operator already built from this tree (CI passes make test's, built with
+# the test build's features, so that this does not compile the operator's dependencies again).
+operator="${OPERATOR_BIN:-}"
+if [ -z "$operator" ]; then
+  cargo build -q --locked -p operator >&2
+  operator="$CARGO_TARGET_DIR/debug/operator"
+fi
+[ -x "$operator" ] || { echo "check-image.sh: OPERATOR_BIN=$operator is not an executable" >&2; exit 1; }
 helper derive examples/tiny-cluster.yaml "$work/tiny-cluster.yaml" "$tokens"
-"$CARGO_TARGET_DIR/debug/operator" render "$work/tiny-cluster.yaml" > "$work/rendered.yaml"
+"$operator" render "$work/tiny-cluster.yaml" > "$work/rendered.yaml"
 eval "$(helper render "$work/rendered.yaml" "$work" 0)"
 if [ "$JOB_UID:$JOB_GID" != "$IMG_USER" ]; then
   say "the Job runs the trainer as $JOB_UID:$JOB_GID (operator TRAINER_UID), the image's USER is $IMG_USER"
