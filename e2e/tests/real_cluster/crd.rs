@@ -58,7 +58,7 @@ const RESOLVER_ONLY: &[(&str, &str)] = &[(
 
 #[tokio::test]
 async fn the_api_server_judges_the_crd_as_the_readme_says() {
-    let _one = serial().lock().await;
+    let _slot = cluster_slot().await;
     let c = cluster(0).await;
     install_crd(&c);
 

@@ -18,7 +18,7 @@ fn pod_of(c: &e2e::test_cluster::TestCluster, ns: &str, job: &str, index: u32) -
 
 #[tokio::test]
 async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_gang_from_its_checkpoint() {
-    let _one = serial().lock().await;
+    let _slot = cluster_slot().await;
     let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
     helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     start_chart_operator(&mut c, "trainingrun-operator-0");

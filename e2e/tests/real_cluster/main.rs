@@ -4,8 +4,8 @@
 //! run pods as processes in their own network namespaces. Needs root (network and mount
 //! namespaces); fails loudly without it.
 //!
-//! Each test starts its own cluster; they run one at a time (two clusters training at
-//! once on two cores would only slow each other down).
+//! Each test starts its own cluster; two run at a time (`PT_REAL_CLUSTERS`): most of a
+//! test is waiting for controllers, leases and grace periods, which the other overlaps.
 
 mod harness;
 mod scenario;

@@ -20,7 +20,7 @@ fn taints(c: &e2e::test_cluster::TestCluster, node: &str) -> String {
 
 #[tokio::test]
 async fn a_node_whose_agent_stops_goes_not_ready_and_comes_back() {
-    let _one = serial().lock().await;
+    let _slot = cluster_slot().await;
     let mut c = cluster(2).await;
     assert_eq!((ready(&c, "node-0"), ready(&c, "node-1")), ("True".into(), "True".into()));
 

@@ -19,7 +19,7 @@ fn holder(c: &e2e::test_cluster::TestCluster) -> String {
 
 #[tokio::test]
 async fn a_killed_leader_hands_over_without_a_spurious_restart() {
-    let _one = serial().lock().await;
+    let _slot = cluster_slot().await;
     let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
     helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     start_chart_operator(&mut c, "trainingrun-operator-0");

@@ -11,7 +11,7 @@ use crate::harness::*;
 
 #[tokio::test]
 async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
-    let _one = serial().lock().await;
+    let _slot = cluster_slot().await;
     let trainer = workspace_binary("trainer");
     assert!(trainer.exists(), "{} is missing: cargo build -p trainer", trainer.display());
     // 1.5 CPUs a node: a 1-CPU rank fits once per node, so the scheduler must spread them.

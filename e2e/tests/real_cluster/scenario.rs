@@ -45,13 +45,13 @@ pub struct Scenario {
     recorder: tokio::task::JoinHandle<()>,
     /// Each run's checkpoint claim's directory, once bound (it outlives the claim).
     claims: Mutex<BTreeMap<String, PathBuf>>,
-    _one: tokio::sync::MutexGuard<'static, ()>,
+    _slot: tokio::sync::SemaphorePermit<'static>,
 }
 
 impl Scenario {
     /// A 2-node cluster, the chart installed, its operator running, namespace `ml`.
     pub async fn new() -> Scenario {
-        let one = serial().lock().await;
+        let slot = cluster_slot().await;
         let c = cluster(2).await;
         helm_install(&c, &["statusPollInterval=1s", "statusWriteInterval=1s"]);
         namespace(&c, NS).await;
@@ -73,7 +73,7 @@ impl Scenario {
                 }
             }
         });
-        let mut s = Scenario { c, operator: None, phases, recorder, claims: Mutex::default(), _one: one };
+        let mut s = Scenario { c, operator: None, phases, recorder, claims: Mutex::default(), _slot: slot };
         s.start_operator();
         s
     }
