@@ -13,12 +13,12 @@ use crate::Error;
 use crate::dist::fsdp::ShardedParams;
 use crate::dist::{GradReducer, ProcessGroup};
 use crate::ffi::StreamMark;
-use crate::model::{Residency, Unit};
+use crate::model::{Residency, Resident, Unit};
 
-/// A parallelism strategy as the loop sees it. As the model's [`Residency`] it makes
-/// each unit's parameters present for a pass; every rank makes the same calls in the
-/// same order, since most of them are collectives.
-pub trait DataParallel: Residency {
+/// A parallelism strategy as the loop sees it. Every rank makes the same calls in the
+/// same order, since most of them are collectives. The provided methods are those of
+/// parameters that stay whole in the model's variables; fsdp overrides them.
+pub trait DataParallel {
     /// The group, with more than one rank.
     fn group(&self) -> Option<&Arc<ProcessGroup>>;
     /// Before micro-step's backward passes; `last`: the accumulation's last.
@@ -31,13 +31,23 @@ pub trait DataParallel: Residency {
     fn grad_norm(&self) -> Result<Option<Tensor>, Error>;
     /// Where this rank's own work of the last step ended, before it waited for peers.
     fn take_compute_end(&self) -> Option<StreamMark>;
+
+    /// Where the model's units find their parameters during a pass.
+    fn residency(&self) -> &dyn Residency {
+        &Resident
+    }
     /// Every parameter whole, by name, when they are not whole in the model's
     /// variables (a collective); `None` when the variables are the parameters.
-    fn gathered_parameters(&mut self) -> Result<Option<Vec<(String, Tensor)>>, Error>;
+    fn gathered_parameters(&mut self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        Ok(None)
+    }
     /// Makes every parameter whole (evaluation, sampling) until [`Self::release_all`].
-    fn gather_all(&mut self) -> Result<(), Error>;
-    fn release_all(&mut self) -> Result<(), Error>;
-
+    fn gather_all(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn release_all(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
     fn barrier(&self) -> Result<(), Error> {
         self.group().map_or(Ok(()), |g| g.barrier())
     }
@@ -45,21 +55,6 @@ pub trait DataParallel: Residency {
 
 /// One process: nothing to share.
 pub struct OneRank;
-
-impl Residency for OneRank {
-    fn gather(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn prefetch(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn release(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn resident(&self) -> bool {
-        true
-    }
-}
 
 impl DataParallel for OneRank {
     fn group(&self) -> Option<&Arc<ProcessGroup>> {
@@ -77,15 +72,6 @@ impl DataParallel for OneRank {
     fn take_compute_end(&self) -> Option<StreamMark> {
         None
     }
-    fn gathered_parameters(&mut self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
-        Ok(None)
-    }
-    fn gather_all(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-    fn release_all(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
 }
 
 /// Every rank holds the whole parameters; the reducer averages the gradients over
@@ -98,21 +84,6 @@ pub struct Replicated {
 impl Replicated {
     pub fn new(group: Arc<ProcessGroup>, reducer: GradReducer) -> Replicated {
         Replicated { group, reducer }
-    }
-}
-
-impl Residency for Replicated {
-    fn gather(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn prefetch(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn release(&self, _: Unit) -> Result<(), Error> {
-        Ok(())
-    }
-    fn resident(&self) -> bool {
-        true
     }
 }
 
@@ -131,15 +102,6 @@ impl DataParallel for Replicated {
     }
     fn take_compute_end(&self) -> Option<StreamMark> {
         self.reducer.take_compute_end()
-    }
-    fn gathered_parameters(&mut self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
-        Ok(None)
-    }
-    fn gather_all(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-    fn release_all(&mut self) -> Result<(), Error> {
-        Ok(())
     }
 }
 
@@ -186,6 +148,9 @@ impl DataParallel for FullyShard {
     fn take_compute_end(&self) -> Option<StreamMark> {
         self.replicated.take_compute_end()
     }
+    fn residency(&self) -> &dyn Residency {
+        self
+    }
     fn gathered_parameters(&mut self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
         self.shards.get_mut().full_parameters().map(Some)
     }
@@ -231,10 +196,9 @@ mod tests {
             let want: Vec<Tensor> = params.iter().map(|(_, p, _)| p.detach().copy()).collect();
             let handles: Vec<Tensor> = params.iter().map(|(_, p, _)| p.shallow_clone()).collect();
             let units: Vec<usize> = params.iter().map(|(_, _, u)| u.backward_index(1)).collect();
-            let tensors: Vec<Tensor> = params.iter().map(|(_, p, _)| p.shallow_clone()).collect();
-            let reducer = GradReducer::new(group.clone(), &tensors, &units, 32)?;
-            let items: Vec<BucketItem> = tensors.iter().zip(&units).map(|(p, &u)| BucketItem::of(p, u)).collect();
-            let numels: Vec<i64> = tensors.iter().map(|p| p.numel() as i64).collect();
+            let reducer = GradReducer::new(group.clone(), &handles, &units, 32)?;
+            let items: Vec<BucketItem> = handles.iter().zip(&units).map(|(p, &u)| BucketItem::of(p, u)).collect();
+            let numels: Vec<i64> = handles.iter().map(|p| p.numel() as i64).collect();
             let align = cache_line_alignment([Kind::Float]);
             let layout = ShardLayout::new(&numels, &assign_buckets(&items, 32), world, rank, align);
             let shards: Vec<Tensor> =
@@ -249,13 +213,13 @@ mod tests {
                 (Unit::Block(0), [false, true, true, false, false]),
                 (Unit::Head, [false, false, false, true, true]),
             ] {
-                fsdp.prefetch(unit)?;
-                fsdp.gather(unit)?;
+                fsdp.residency().prefetch(unit)?;
+                fsdp.residency().gather(unit)?;
                 assert_eq!(whole(), expected, "{unit:?} gathered on rank {rank}");
                 for (i, p) in handles.iter().enumerate().filter(|(i, _)| expected[*i]) {
                     assert!(p.detach().equal(&want[i]), "{unit:?}'s parameter {i} is rank 0's value");
                 }
-                fsdp.release(unit)?;
+                fsdp.residency().release(unit)?;
                 assert_eq!(whole(), [false; 5], "{unit:?} released");
             }
             fsdp.gather_all()?;
@@ -264,9 +228,10 @@ mod tests {
             let gathered = fsdp.gathered_parameters()?.expect("fsdp's parameters are not the variables");
             assert_eq!(gathered.len(), 5);
             assert_eq!(whole(), [false; 5], "the whole copies leave the shards sharded");
-            assert!(!fsdp.resident() && fsdp.group().is_some());
-            let one = OneRank;
-            assert!(one.resident() && one.group().is_none() && one.grad_norm()?.is_none());
+            assert!(!fsdp.residency().resident() && fsdp.group().is_some());
+            let mut one = OneRank;
+            assert!(one.residency().resident() && one.group().is_none() && one.grad_norm()?.is_none());
+            assert!(one.gathered_parameters()?.is_none(), "one rank's variables are its parameters");
             Ok::<_, Error>(())
         })
         .unwrap();

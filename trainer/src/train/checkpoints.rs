@@ -3,7 +3,7 @@
 //! and reports it; every rank takes part in gathering one, each part of the trainer
 //! writing its own piece ([`super::state::Stateful`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crds::config::RunConfig;
 use crds::contract::TrainerPhase;
@@ -22,7 +22,6 @@ pub(super) struct Checkpoints {
     writer: Checkpointer,
     /// Rank 0's copy of each checkpoint to S3.
     mirror: Option<Mirror>,
-    dir: PathBuf,
     keep_best: bool,
     /// The newest checkpoint written.
     pub(super) last: Option<CheckpointRef>,
@@ -42,7 +41,7 @@ impl Checkpoints {
             Some(s3) if rank0 => Some(Mirror::start(s3)?),
             _ => None,
         };
-        Ok(Checkpoints { writer, mirror, dir: dir.to_path_buf(), keep_best: keep.keep_best > 0, last: None })
+        Ok(Checkpoints { writer, mirror, keep_best: keep.keep_best > 0, last: None })
     }
 
     /// Reports a checkpoint written (and the best one, when the run keeps the best)
@@ -56,7 +55,7 @@ impl Checkpoints {
         if !self.keep_best {
             return Ok(());
         }
-        match checkpoint::best(&self.dir) {
+        match checkpoint::best(self.writer.dir()) {
             Some(best) => sinks.emit(Event::Best(&best)),
             None => Ok(()),
         }

@@ -210,7 +210,7 @@ impl Trainer {
             self.parallel.begin_micro_step(last)?;
             let (x, y) = self.micro_batch(m)?;
             let recompute = self.cfg.recomputed_blocks() as usize;
-            let (model, units) = (&self.model, self.parallel.as_ref());
+            let (model, units) = (&self.model, self.parallel.residency());
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
                 model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units)
             })?;
