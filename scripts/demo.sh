@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+scripts/claim-target.sh
 scripts/setup-debian.sh
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH

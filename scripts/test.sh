@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+scripts/claim-target.sh
 scripts/setup-debian.sh --test
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH

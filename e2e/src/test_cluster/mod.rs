@@ -16,6 +16,7 @@ use crate::network::hosts::{self, HostsDir};
 use crate::network::relay::{self, Relay};
 use crate::network::{ClusterNetwork, Enter};
 
+mod cpus;
 mod pods;
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
@@ -70,6 +71,8 @@ pub struct TestCluster {
     pub hosts: HostsDir,
     pub client: kube::Client,
     options: Options,
+    /// This cluster's number in the process: where its nodes' CPUs start.
+    number: usize,
 }
 
 impl TestCluster {
@@ -122,6 +125,7 @@ impl TestCluster {
             hosts,
             client,
             options,
+            number: n as usize,
         };
         for i in 0..cluster.options.nodes {
             cluster.start_agent(i)?;
@@ -149,6 +153,7 @@ impl TestCluster {
             .arg(&self.hosts.0)
             .args(["--cpu", &self.options.cpu, "--memory", &self.options.memory])
             .args(["--gpus", &self.options.gpus.to_string()]);
+        cpus::pin(&mut cmd, &cpus::node_share(&cpus::host_cpus(), self.options.nodes, self.number, i));
         for (image, binary) in &self.options.images {
             cmd.arg("--image").arg(format!("{image}={}", binary.display()));
         }

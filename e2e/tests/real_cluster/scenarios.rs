@@ -32,6 +32,15 @@ const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
   checkpoint: {everySteps: 8, keepLast: 3}
 "#;
 
+/// [`SPEC`] at a pace a test can act within: every step of every rank sleeps 250 ms
+/// first, so the 40 steps take at least 10 s however fast the node's core. A test that
+/// acts "mid-run" (kills a worker, pauses one, edits the spec) does it between a status
+/// it has seen and the run's end; nano's own work is a few tens of milliseconds a step,
+/// which a status read every few seconds can miss entirely.
+fn paced(extra: &str) -> String {
+    format!("{SPEC}{extra}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"250\"}}\n")
+}
+
 /// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
 /// restarted mid-run; then the same run with one trainer process killed, which the
 /// operator gang-restarts from the last checkpoint to the same losses; then the same
@@ -42,7 +51,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let mut sim = Scenario::new().await;
 
     // --- 2 × 1 to Succeeded, surviving an operator crash.
-    sim.apply("base", SPEC);
+    sim.apply("base", &paced(""));
     let running = sim
         .wait("base", "Running with loss and tokens/s", MINUTES(5), |s| {
             s.phase == Some(RunPhase::Running)
@@ -91,7 +100,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert!(base[39].1 < base[0].1, "it learns: {:?} → {:?}", base[0], base[39]);
 
     // --- the same run; one trainer process is SIGKILLed after the second checkpoint.
-    sim.apply("crash", SPEC);
+    sim.apply("crash", &paced(""));
     let s = sim.wait("crash", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
     let pod = sim.pod("crash-a1", 1).await;
     assert_eq!(sim.kill_workers(&pod), 1, "one worker per node");
@@ -125,7 +134,7 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     // --- the same run, resized to one node after its second checkpoint: the gang stops
     // (checkpointing where it is), resumes on one rank and trains on to the
     // uninterrupted run's losses.
-    sim.apply("resize", SPEC);
+    sim.apply("resize", &paced(""));
     sim.wait("resize", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16).await;
     sim.edit_spec("resize", |s| s["topology"]["nodes"] = json!(1));
     let s = sim.wait_phase("resize", RunPhase::Succeeded, MINUTES(10)).await;
@@ -303,18 +312,16 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
     let sim = Scenario::new().await;
-    let spec = SPEC.to_string() + "  failurePolicy: {stallTimeout: 1m}\n";
+    let spec = paced("  failurePolicy: {stallTimeout: 1m}\n");
     sim.apply("stuck", &spec);
     sim.wait("stuck", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
     let pod = sim.pod("stuck-a1", 1).await;
     sim.pause(&pod);
     // While it is paused: rank 1 (node rank 1, one process a node) of another run of 16
     // steps sleeps 1.5 s a step before its forward pass, far more than the few tens of
-    // milliseconds of nano's work. One intra-op thread a process: with two, the other
-    // tests' processes on the same two cores stretch a step's work to seconds (threads
-    // waiting on each other at every parallel region), on either rank.
+    // milliseconds of nano's work.
     let slow = format!(
-        "{}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"1500\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"1\"}}\n    - {{name: OMP_NUM_THREADS, value: \"1\"}}\n",
+        "{}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"1500\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"1\"}}\n",
         SPEC.replace("tokens: 40960", "tokens: 16384")
     );
     sim.apply("slow", &slow);
@@ -369,7 +376,7 @@ async fn a_paused_trainer_is_reported_stalled_until_it_continues() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_stops_the_gang_and_resume_continues_from_its_checkpoint() {
     let sim = Scenario::new().await;
-    sim.apply("pause", SPEC);
+    sim.apply("pause", &paced(""));
     sim.wait("pause", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 8).await;
     sim.edit_spec("pause", |spec| spec["suspend"] = json!(true));
     sim.wait_phase("pause", RunPhase::Suspended, MINUTES(1)).await;
