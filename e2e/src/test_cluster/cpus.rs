@@ -56,27 +56,32 @@ pub fn pin(cmd: &mut Command, cpus: &[usize]) {
 mod tests {
     use super::*;
 
+    struct Case<'a> {
+        host: &'a [usize],
+        nodes: usize,
+        cluster: usize,
+        node: usize,
+        cpus: Vec<usize>,
+    }
+
     #[test]
     fn nodes_share_the_cpus_and_two_clusters_spread() {
         let two = [0, 1];
         let sixteen: Vec<usize> = (0..16).collect();
-        // (host, nodes, cluster, node, its CPUs)
-        let cases: [(&[usize], usize, usize, usize, Vec<usize>); 8] = [
-            (&two, 2, 0, 0, vec![0]),
-            (&two, 2, 0, 1, vec![1]),
-            (&two, 1, 0, 0, vec![0, 1]),
-            (&two, 1, 1, 0, vec![0, 1]),
-            (&[0, 1, 2], 2, 1, 1, vec![0]),
-            (&sixteen, 2, 0, 1, (8..16).collect()),
-            (&sixteen, 4, 1, 0, vec![0, 1, 2, 3]),
-            (&[], 2, 0, 0, vec![]),
+        let case = |host, nodes, cluster, node, cpus| Case { host, nodes, cluster, node, cpus };
+        let cases = [
+            case(&two, 2, 0, 0, vec![0]),
+            case(&two, 2, 0, 1, vec![1]),
+            case(&two, 1, 0, 0, vec![0, 1]),
+            case(&two, 1, 1, 0, vec![0, 1]),
+            case(&[0, 1, 2], 2, 1, 1, vec![0]),
+            case(&sixteen, 2, 0, 1, (8..16).collect()),
+            case(&sixteen, 4, 1, 0, vec![0, 1, 2, 3]),
+            case(&[], 2, 0, 0, vec![]),
         ];
-        for (host, nodes, cluster, node, want) in cases {
-            assert_eq!(
-                node_share(host, nodes, cluster, node),
-                want,
-                "{host:?}, {nodes} nodes, cluster {cluster}, node {node}"
-            );
+        for c in cases {
+            let got = node_share(c.host, c.nodes, c.cluster, c.node);
+            assert_eq!(got, c.cpus, "{:?}, {} nodes, cluster {}, node {}", c.host, c.nodes, c.cluster, c.node);
         }
     }
 
