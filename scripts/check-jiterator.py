@@ -1,5 +1,7 @@
 """Compiles the shim's jiterator kernels (trainer/csrc/shim.cpp) with NVRTC, as libtorch
-does at a CUDA run's first step, for every dtype the trainer runs them in; no GPU needed.
+does at a CUDA run's first step, for every dtype the trainer runs them in, and the row
+kernels (trainer/csrc/row_kernels.h) as the shim compiles them, for sm_80 and sm_90 in
+f32 and bf16; no GPU needed.
 
 A compile error there would only show as a rejected trial on a GPU. Each functor is
 called as jiterator's generated code calls it (aten/src/ATen/native/cuda/jit_utils.cpp,
@@ -8,7 +10,10 @@ generate_code): loads of the inputs' dtype, the functor instantiated in its op-m
 stored in the inputs' dtype; under jit_pwise_function's NVRTC options, with an
 at::BFloat16 of jiterator's interface (a constructor from float, a conversion to float).
 
-Usage: python scripts/check-jiterator.py [shim.cpp]   (the full torch wheel's python)
+The row kernels are whole kernels: each source is the prelude, the dtype's typedef of
+scalar_t, then the kernel, with its entry point's name checked in the compiled PTX.
+
+Usage: python scripts/check-jiterator.py   (the full torch wheel's python)
 """
 
 import ctypes
@@ -33,6 +38,14 @@ struct alignas(2) BFloat16 {
 TYPES = [("float", "float"), ("at::BFloat16", "float"), ("double", "double")]
 # (name in shim.cpp, functor, inputs, outputs by reference; 0 means returned by value)
 KERNELS = [("kSwigluForward", "swiglu_forward", 2, 0), ("kSwigluBackward", "swiglu_backward", 3, 2), ("kRope", "rope", 4, 0)]
+# (name in row_kernels.h, its extern "C" entry point)
+ROW_KERNELS = [
+    ("kResidualRmsNormForward", "residual_rms_norm_forward"),
+    ("kResidualRmsNormBackward", "residual_rms_norm_backward"),
+    ("kCrossEntropyChunk", "cross_entropy_chunk"),
+]
+ROW_TYPES = ["float", "bf16"]
+ROW_ARCHS = ["sm_80", "sm_90"]
 
 
 def nvrtc():
@@ -64,20 +77,31 @@ def wrapper(functor: str, t: str, compute: str, inputs: int, outputs: int) -> st
     return f'\nextern "C" __global__ void check({", ".join(params)}) {{ int k = threadIdx.x; {loads}{call} }}\n'
 
 
-def compile_one(lib, code: str, label: str) -> None:
+def compile_one(lib, code: str, label: str, opts=None) -> str:
+    """Compiles `code`; its PTX."""
     prog = ctypes.c_void_p()
     check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), label.encode(), 0, None, None), label)
     # jiterator's own options: unannotated functions (the functors) are device functions.
-    opts = [b"--std=c++17", b"--gpu-architecture=sm_90", b"-default-device", b"-DNDEBUG"]
+    opts = opts or [b"--std=c++17", b"--gpu-architecture=sm_90", b"-default-device", b"-DNDEBUG"]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
+    ptx = ""
+    if rc == 0:
+        ptx_size = ctypes.c_size_t()
+        check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(ptx_size)), label)
+        buf = ctypes.create_string_buffer(ptx_size.value)
+        check(lib, lib.nvrtcGetPTX(prog, buf), label)
+        ptx = buf.value.decode()
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     if rc != 0:
         sys.exit(f"check-jiterator: {label} does not compile:\n{log.value.decode()}\n--- source ---\n{code}")
+    if "warning" in log.value.decode():
+        sys.exit(f"check-jiterator: {label} compiles with warnings:\n{log.value.decode()}")
+    return ptx
 
 
 def check(lib, rc: int, what: str) -> None:
@@ -86,14 +110,33 @@ def check(lib, rc: int, what: str) -> None:
         sys.exit(f"check-jiterator: {what}: {lib.nvrtcGetErrorString(rc).decode()}")
 
 
+def check_row_kernels(lib, header: pathlib.Path) -> None:
+    prelude = source(header, "kRowPrelude")
+    for name, entry in ROW_KERNELS:
+        body = source(header, name)
+        for t in ROW_TYPES:
+            for arch in ROW_ARCHS:
+                label = f"{entry} on {t} for {arch}"
+                code = f"{prelude}\ntypedef {t} scalar_t;\n{body}\n"
+                opts = [b"--std=c++17", f"--gpu-architecture={arch}".encode(), b"-DNDEBUG"]
+                ptx = compile_one(lib, code, label, opts)
+                if not re.search(rf"\.entry\s+{entry}\s*\(", ptx):
+                    sys.exit(f"check-jiterator: {label}: no kernel entry {entry} in the PTX")
+
+
 def main() -> None:
-    shim = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "trainer/csrc/shim.cpp"
+    shim = ROOT / "trainer/csrc/shim.cpp"
     lib = nvrtc()
     for name, functor, inputs, outputs in KERNELS:
         body = source(shim, name)
         for t, compute in TYPES:
             compile_one(lib, BFLOAT16 + body + wrapper(functor, t, compute, inputs, outputs), f"{functor} on {t}")
     print(f"check-jiterator: {len(KERNELS)} kernels compile for " + ", ".join(t for t, _ in TYPES))
+    check_row_kernels(lib, ROOT / "trainer/csrc/row_kernels.h")
+    print(
+        f"check-jiterator: {len(ROW_KERNELS)} row kernels compile for "
+        + ", ".join(ROW_TYPES) + " on " + ", ".join(ROW_ARCHS)
+    )
 
 
 if __name__ == "__main__":

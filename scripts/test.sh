@@ -53,6 +53,8 @@ cargo test --workspace --exclude trainer --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/grpo.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
+# The row kernels (residual RMSNorm, the loss chunk) run on the CPU against PyTorch.
+"$TRAINER_TEST_PYTHON" scripts/check-row-kernels.py
 # make bench at toy sizes: every row still runs against its peer, the compile peer
 # compiles, and the sampler's greedy outputs still equal Hugging Face's.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" \

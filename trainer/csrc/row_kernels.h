@@ -1,0 +1,162 @@
+// Row kernels: what torch.compile fuses around the attention and the MLP and the
+// jiterator cannot express, because each reduces along a row. The residual add with the
+// RMSNorm after it (forward and backward), and the loss's chunk (logits to loss and
+// gradient in one kernel). They are CUDA C sources for NVRTC, compiled at a CUDA run's
+// start for the dtype it trains in: each source is kRowPrelude, then
+// `typedef <float or bf16> scalar_t;`, then the kernel. Arithmetic is in float;
+// scalar_t is only how values are stored. scripts/check-jiterator.py compiles every one
+// for sm_80 and sm_90 in both dtypes, and scripts/check-row-kernels.py runs each on the
+// CPU under an emulation of CUDA's threads against PyTorch's composed ops; both without
+// a GPU. The shim does not launch them yet (issue 42): the launch through libtorch's
+// NVRTC, the autograd node, the start-up trial and the model's use come next.
+#pragma once
+
+namespace row_kernels {
+
+// bf16 as its 16 bits, conversions to and from float (round to nearest even, as
+// ATen's), and block-wide sum and max (blockDim.x a multiple of 32, at most 1024;
+// every thread of the block must call them, and every thread gets the result).
+const char* const kRowPrelude = R"(
+struct bf16 { unsigned short bits; };
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) {
+  unsigned short h;
+  asm("{ cvt.rn.bf16.f32 %0, %1;}\n" : "=h"(h) : "f"(v));
+  p->bits = h;
+}
+// v as a tensor of p's dtype holds it: what eager reads back after writing it.
+__device__ __forceinline__ float rounded(float v, const float*) { return v; }
+__device__ __forceinline__ float rounded(float v, const bf16*) {
+  bf16 b;
+  store(&b, v);
+  return to_float(b);
+}
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+
+__device__ float block_reduce(float v, bool is_max) {
+  __shared__ float warps[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // a previous call's readers are done with warps[]
+  if (lane == 0) warps[warp] = v;
+  __syncthreads();
+  const float none = is_max ? minus_infinity() : 0.0f;
+  v = lane < (int)(blockDim.x >> 5) ? warps[lane] : none;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  return v;
+}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce(v, false); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce(v, true); }
+)";
+
+// One block a row of `cols`: h = x + residual, rounded to scalar_t as eager's add
+// stores it (the residual stream the next block adds to); out = h·rstd·weight with
+// rstd = 1/sqrt(mean(h²) + eps) in float, stored once as scalar_t where eager's
+// autocast stores the f32 norm and casts it again. rstd (one float a row) is saved for
+// the backward.
+const char* const kResidualRmsNormForward = R"(
+extern "C" __global__ void residual_rms_norm_forward(
+    const scalar_t* __restrict__ x, const scalar_t* __restrict__ residual,
+    const scalar_t* __restrict__ weight, scalar_t* __restrict__ out, scalar_t* __restrict__ sum,
+    float* __restrict__ rstd, int cols, float eps) {
+  const long long base = (long long)blockIdx.x * cols;
+  float squares = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float h = rounded(to_float(x[base + c]) + to_float(residual[base + c]), sum);
+    store(&sum[base + c], h);
+    squares += h * h;
+  }
+  const float r = rsqrtf(block_sum(squares) / (float)cols + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    // The thread reads back only what it wrote itself above.
+    store(&out[base + c], to_float(sum[base + c]) * r * to_float(weight[c]));
+  }
+})";
+
+// The backward of residual_rms_norm_forward, `rows_per_block` rows a block. With
+// n = h·rstd and gn = grad_out·weight: grad_h = rstd·(gn − n·mean(gn·n)), plus
+// grad_sum, the gradient h receives as the next residual (null when none). It is both
+// x's and residual's gradient. weight's gradient, Σ grad_out·n over the rows, is
+// summed per block into weight_partial[blockIdx.x][cols] in float; the caller sums
+// the blocks. A thread keeps the sums of its columns c = threadIdx.x + k·blockDim.x in
+// registers, so cols ≤ COLS_PER_THREAD·blockDim.x.
+const char* const kResidualRmsNormBackward = R"(
+#ifndef COLS_PER_THREAD
+#define COLS_PER_THREAD 16
+#endif
+extern "C" __global__ void residual_rms_norm_backward(
+    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ grad_sum,
+    const scalar_t* __restrict__ sum, const scalar_t* __restrict__ weight,
+    const float* __restrict__ rstd, scalar_t* __restrict__ grad_input,
+    float* __restrict__ weight_partial, long long rows, int cols, int rows_per_block) {
+  float grad_weight[COLS_PER_THREAD];
+  for (int k = 0; k < COLS_PER_THREAD; ++k) grad_weight[k] = 0.0f;
+  const long long first = (long long)blockIdx.x * rows_per_block;
+  const long long end = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (long long row = first; row < end; ++row) {
+    const long long base = row * cols;
+    const float r = rstd[row];
+    float dot = 0.0f;
+    for (int k = 0, c = threadIdx.x; k < COLS_PER_THREAD && c < cols; ++k, c += blockDim.x) {
+      dot += to_float(grad_out[base + c]) * to_float(weight[c]) * to_float(sum[base + c]) * r;
+    }
+    const float mean = block_sum(dot) / (float)cols;
+    for (int k = 0, c = threadIdx.x; k < COLS_PER_THREAD && c < cols; ++k, c += blockDim.x) {
+      const float n = to_float(sum[base + c]) * r;
+      const float g = to_float(grad_out[base + c]);
+      float grad_h = r * (g * to_float(weight[c]) - n * mean);
+      if (grad_sum != 0) grad_h += to_float(grad_sum[base + c]);
+      store(&grad_input[base + c], grad_h);
+      grad_weight[k] += g * n;
+    }
+  }
+  for (int k = 0, c = threadIdx.x; k < COLS_PER_THREAD && c < cols; ++k, c += blockDim.x) {
+    weight_partial[(long long)blockIdx.x * cols + c] = grad_weight[k];
+  }
+})";
+
+// One block a row of a chunk of logits (rows, vocab): loss[row] = logsumexp(row) −
+// row[target], and the row overwritten by its gradient (softmax(row) − onehot(target))
+// · grad_scale, so the chunk's logits are read twice and never copied. A row whose
+// target is ignore_index gets loss 0 and a zero gradient. The max and the sum of
+// exponentials are taken in one pass (the running sum rescaled when the max grows).
+const char* const kCrossEntropyChunk = R"(
+extern "C" __global__ void cross_entropy_chunk(
+    scalar_t* __restrict__ logits, const long long* __restrict__ targets,
+    float* __restrict__ loss, int vocab, long long ignore_index, float grad_scale) {
+  scalar_t* row = logits + (long long)blockIdx.x * vocab;
+  const long long target = targets[blockIdx.x];
+  float m = minus_infinity(), s = 0.0f;
+  for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+    const float v = to_float(row[c]);
+    if (v == minus_infinity()) continue;
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  const float block_m = block_max(m);
+  const float total = block_sum(m == minus_infinity() ? 0.0f : s * expf(m - block_m));
+  const float lse = block_m + logf(total);
+  const bool ignored = target == ignore_index || target < 0 || target >= vocab;
+  if (threadIdx.x == 0) loss[blockIdx.x] = ignored ? 0.0f : lse - to_float(row[target]);
+  __syncthreads();  // row[target] is read before any thread overwrites it
+  for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+    float grad = 0.0f;
+    if (!ignored) grad = (expf(to_float(row[c]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
+    store(&row[c], grad);
+  }
+})";
+
+}  // namespace row_kernels
