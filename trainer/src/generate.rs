@@ -28,6 +28,27 @@ pub fn sample_next(logits: &Tensor, s: &Sampling) -> Result<Tensor, TchError> {
     if s.temperature <= 0.0 {
         return logits.f_argmax(-1, false);
     }
+    sampled_logits(logits, s)?.f_softmax(-1, Kind::Float)?.f_multinomial(1, false)?.f_squeeze_dim(-1)
+}
+
+/// Next-token ids (B) from last-position logits (B, V), drawn from the distribution
+/// [`sample_next`] draws from by the Gumbel-max trick: the argmax of the scaled and cut
+/// logits minus the log of Exp(1) noise. It is elementwise ops, one random fill of a
+/// fixed shape and an argmax, with no host synchronisation and no data-dependent shape,
+/// so a CUDA graph can capture it (libtorch's Philox generator advances inside the
+/// graph); `multinomial` cannot be captured.
+pub fn sample_next_in_graph(logits: &Tensor, s: &Sampling) -> Result<Tensor, TchError> {
+    if s.temperature <= 0.0 {
+        return logits.f_argmax(-1, false);
+    }
+    let cut = sampled_logits(logits, s)?;
+    let mut noise = cut.f_empty_like()?;
+    let noise = noise.f_exponential_(1.0)?;
+    cut.f_sub(&noise.f_log()?)?.f_argmax(-1, false)
+}
+
+/// `logits` (B, V) in f32 over the temperature, the tokens top-k and top-p leave out at −∞.
+fn sampled_logits(logits: &Tensor, s: &Sampling) -> Result<Tensor, TchError> {
     let mut logits = logits.f_to_kind(Kind::Float)?.f_div_scalar(s.temperature)?;
     let v = *logits.size().last().expect("logits have a vocab dimension");
     if s.top_k > 0 && s.top_k < v {
@@ -38,7 +59,7 @@ pub fn sample_next(logits: &Tensor, s: &Sampling) -> Result<Tensor, TchError> {
     if s.top_p < 1.0 {
         logits = logits.f_masked_fill(&nucleus_drop(&logits, s.top_p)?, f64::NEG_INFINITY)?;
     }
-    logits.f_softmax(-1, Kind::Float)?.f_multinomial(1, false)?.f_squeeze_dim(-1)
+    Ok(logits)
 }
 
 /// The tokens top-p sampling leaves out of temperature-scaled `logits` (…, V): a token
@@ -181,10 +202,14 @@ mod tests {
     }
 
     fn counts(s: Sampling, n: usize) -> [usize; 4] {
+        counts_of(sample_next, s, n)
+    }
+
+    fn counts_of(sampler: fn(&Tensor, &Sampling) -> Result<Tensor, TchError>, s: Sampling, n: usize) -> [usize; 4] {
         tch::manual_seed(0);
         let mut c = [0; 4];
         let rows = logits().expand([n as i64, 4], false).contiguous();
-        let picks = Vec::<i64>::try_from(sample_next(&rows, &s).unwrap()).unwrap();
+        let picks = Vec::<i64>::try_from(sampler(&rows, &s).unwrap()).unwrap();
         for p in picks {
             c[p as usize] += 1;
         }
@@ -246,6 +271,37 @@ mod tests {
             generate_cached(&model, &[vec![1; 30]], 5, &greedy, None, tch::Device::Cpu).is_err(),
             "past the context"
         );
+    }
+
+    /// The graph-capturable sampler draws from the same distribution as `multinomial`:
+    /// the frequencies of 20,000 draws per setting within 0.015 of the cut and
+    /// renormalised probabilities, and the cut tokens never.
+    #[test]
+    fn the_gumbel_max_sampler_draws_from_the_same_distribution() {
+        let n = 20_000;
+        // (temperature, top_k, top_p, expected probabilities)
+        let settings = [
+            (Sampling { temperature: 1.0, top_k: 0, top_p: 1.0 }, [0.5, 0.3, 0.15, 0.05]),
+            (Sampling { temperature: 1.0, top_k: 2, top_p: 1.0 }, [0.625, 0.375, 0.0, 0.0]),
+            (Sampling { temperature: 1.0, top_k: 0, top_p: 0.9 }, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
+            // T = 0.5 squares the probabilities before renormalising.
+            (
+                Sampling { temperature: 0.5, top_k: 0, top_p: 1.0 },
+                [0.25 / 0.365, 0.09 / 0.365, 0.0225 / 0.365, 0.0025 / 0.365],
+            ),
+        ];
+        for (s, want) in settings {
+            let got = counts_of(sample_next_in_graph, s, n);
+            for (token, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let f = g as f64 / n as f64;
+                assert!((f - w).abs() < 0.015, "{s:?}: token {token} drawn {f:.4}, expected {w:.4} ({got:?})");
+                if w == 0.0 {
+                    assert_eq!(g, 0, "{s:?}: token {token} is cut");
+                }
+            }
+        }
+        let greedy = Sampling { temperature: 0.0, top_k: 0, top_p: 1.0 };
+        assert_eq!(sample_next_in_graph(&logits(), &greedy).unwrap().int64_value(&[0]), 0);
     }
 
     #[test]
