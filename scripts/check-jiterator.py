@@ -1,7 +1,7 @@
 """Compiles the shim's jiterator kernels (trainer/csrc/shim.cpp) with NVRTC, as libtorch
 does at a CUDA run's first step, for every dtype the trainer runs them in, and the row
 kernels (trainer/csrc/row_kernels.h) as the shim compiles them, for sm_80 and sm_90 in
-f32 and bf16; no GPU needed.
+each precision's dtypes; no GPU needed.
 
 A compile error there would only show as a rejected trial on a GPU. Each functor is
 called as jiterator's generated code calls it (aten/src/ATen/native/cuda/jit_utils.cpp,
@@ -10,13 +10,15 @@ generate_code): loads of the inputs' dtype, the functor instantiated in its op-m
 stored in the inputs' dtype; under jit_pwise_function's NVRTC options, with an
 at::BFloat16 of jiterator's interface (a constructor from float, a conversion to float).
 
-The row kernels are whole kernels: each source is the prelude, the dtype's typedef of
-scalar_t, then the kernel, with its entry point's name checked in the compiled PTX.
+The row kernels are whole kernels: each source is the prelude, a precision's typedefs
+(scripts/check-row-kernels.py's MIXES), then the kernel, with its entry point's name
+checked in the compiled PTX.
 
 Usage: python scripts/check-jiterator.py   (the full torch wheel's python)
 """
 
 import ctypes
+import importlib.util
 import pathlib
 import re
 import sys
@@ -44,7 +46,6 @@ ROW_KERNELS = [
     ("kResidualRmsNormBackward", "residual_rms_norm_backward"),
     ("kCrossEntropyChunk", "cross_entropy_chunk"),
 ]
-ROW_TYPES = ["float", "bf16"]
 ROW_ARCHS = ["sm_80", "sm_90"]
 
 
@@ -110,14 +111,22 @@ def check(lib, rc: int, what: str) -> None:
         sys.exit(f"check-jiterator: {what}: {lib.nvrtcGetErrorString(rc).decode()}")
 
 
-def check_row_kernels(lib, header: pathlib.Path) -> None:
+def row_mixes():
+    """The precisions' storage types, as scripts/check-row-kernels.py runs them."""
+    spec = importlib.util.spec_from_file_location("check_row_kernels", ROOT / "scripts/check-row-kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MIXES
+
+
+def check_row_kernels(lib, header: pathlib.Path, mixes) -> None:
     prelude = source(header, "kRowPrelude")
     for name, entry in ROW_KERNELS:
         body = source(header, name)
-        for t in ROW_TYPES:
+        for mix in mixes:
             for arch in ROW_ARCHS:
-                label = f"{entry} on {t} for {arch}"
-                code = f"{prelude}\ntypedef {t} scalar_t;\n{body}\n"
+                label = f"{entry} on {mix.name} for {arch}"
+                code = f"{prelude}\n{mix.typedefs()}{body}\n"
                 opts = [b"--std=c++17", f"--gpu-architecture={arch}".encode(), b"-DNDEBUG"]
                 ptx = compile_one(lib, code, label, opts)
                 if not re.search(rf"\.entry\s+{entry}\s*\(", ptx):
@@ -132,10 +141,11 @@ def main() -> None:
         for t, compute in TYPES:
             compile_one(lib, BFLOAT16 + body + wrapper(functor, t, compute, inputs, outputs), f"{functor} on {t}")
     print(f"check-jiterator: {len(KERNELS)} kernels compile for " + ", ".join(t for t, _ in TYPES))
-    check_row_kernels(lib, ROOT / "trainer/csrc/row_kernels.h")
+    mixes = row_mixes()
+    check_row_kernels(lib, ROOT / "trainer/csrc/row_kernels.h", mixes)
     print(
         f"check-jiterator: {len(ROW_KERNELS)} row kernels compile for "
-        + ", ".join(ROW_TYPES) + " on " + ", ".join(ROW_ARCHS)
+        + ", ".join(m.name for m in mixes) + " on " + ", ".join(ROW_ARCHS)
     )
 
 

@@ -13,6 +13,7 @@ Usage: python scripts/check-row-kernels.py   (a python with torch)
 """
 
 import ctypes
+import dataclasses
 import pathlib
 import re
 import subprocess
@@ -84,24 +85,61 @@ static void launch(unsigned grid, unsigned block, const std::function<void()>& k
 }
 """
 
-# Host entry points, one per kernel: extern "C" wrappers ctypes calls with raw pointers.
+# Host entry points, one per kernel: extern "C" wrappers ctypes calls with raw pointers,
+# each launching at the geometry the shim launches with (row_kernels.h's *_launch).
 HOSTS = r"""
-extern "C" void host_forward(unsigned grid, unsigned block, const scalar_t* x, const scalar_t* r,
-    const scalar_t* w, scalar_t* out, scalar_t* sum, float* rstd, int cols, float eps) {
-  launch(grid, block, [=] { residual_rms_norm_forward(x, r, w, out, sum, rstd, cols, eps); });
+extern "C" void host_forward(long long rows, int cols, const stream_t* x, const branch_t* b,
+    const weight_t* w, out_t* out, stream_t* sum, float* rstd, float eps) {
+  const auto l = row_kernels::norm_forward_launch(rows, cols);
+  launch(l.grid, l.threads, [=] { residual_rms_norm_forward(x, b, w, out, sum, rstd, cols, eps); });
 }
-extern "C" void host_backward(unsigned grid, unsigned block, const scalar_t* g, const scalar_t* gs,
-    const scalar_t* sum, const scalar_t* w, const float* rstd, scalar_t* gi, float* partial,
-    long long rows, int cols, int rows_per_block) {
-  launch(grid, block, [=] { residual_rms_norm_backward(g, gs, sum, w, rstd, gi, partial, rows, cols, rows_per_block); });
+extern "C" unsigned host_backward_grid(long long rows, int cols, int sms) {
+  return row_kernels::norm_backward_launch(rows, cols, sms).grid;
 }
-extern "C" void host_cross_entropy(unsigned grid, unsigned block, scalar_t* logits,
-    const long long* targets, float* loss, int vocab, long long ignore_index, float grad_scale) {
-  launch(grid, block, [=] { cross_entropy_chunk(logits, targets, loss, vocab, ignore_index, grad_scale); });
+extern "C" void host_backward(long long rows, int cols, int sms, const out_t* g, const stream_t* gs,
+    const stream_t* normed, const weight_t* w, const float* rstd, stream_t* gi, float* partial) {
+  const auto l = row_kernels::norm_backward_launch(rows, cols, sms);
+  launch(l.grid, l.threads, [=] {
+    residual_rms_norm_backward(g, gs, normed, w, rstd, gi, partial, rows, cols, l.rows_per_block);
+  });
+}
+extern "C" void host_cross_entropy(long long rows, int vocab, logits_t* logits,
+    const long long* targets, float* loss, long long ignore_index, const float* grad_scale) {
+  const auto l = row_kernels::cross_entropy_launch(rows, vocab);
+  launch(l.grid, l.threads, [=] { cross_entropy_chunk(logits, targets, loss, vocab, ignore_index, grad_scale); });
 }
 """
 
 DTYPES = {"float": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """The storage types of one precision: the residual stream (x, its sum with the
+    branch, their gradient), the branch added to it, the norm's weight, the norm's output
+    (and the loss chunk's logits)."""
+
+    name: str
+    stream: str
+    branch: str
+    weight: str
+    out: str
+
+    def typedefs(self) -> str:
+        return "".join(
+            f"typedef {t} {n}_t;\n"
+            for n, t in [("stream", self.stream), ("branch", self.branch), ("weight", self.weight),
+                         ("out", self.out), ("logits", self.out)]
+        )
+
+
+# What the trainer's precisions store (spec.precision): f32; bf16; bf16-mixed's f32
+# master weights and residual stream with the matmuls' bf16 branches and norm outputs.
+MIXES = [
+    Mix("f32", "float", "float", "float", "float"),
+    Mix("bf16", "bf16", "bf16", "bf16", "bf16"),
+    Mix("bf16-mixed", "float", "bf16", "float", "bf16"),
+]
 
 
 def source(name: str) -> str:
@@ -111,15 +149,15 @@ def source(name: str) -> str:
     return m.group(1)
 
 
-def build(scalar: str, work: pathlib.Path) -> ctypes.CDLL:
+def build(mix: Mix, work: pathlib.Path) -> ctypes.CDLL:
     kernels = "".join(source(n) for n in ["kResidualRmsNormForward", "kResidualRmsNormBackward", "kCrossEntropyChunk"])
-    code = EMULATION + f"typedef {scalar} scalar_t;\n" + kernels.replace('extern "C" ', "") + HOSTS
-    src, lib = work / f"row_{scalar}.cpp", work / f"row_{scalar}.so"
+    code = EMULATION + f'#include "{HEADER}"\n' + mix.typedefs() + kernels.replace('extern "C" ', "") + HOSTS
+    src, lib = work / f"row_{mix.name}.cpp", work / f"row_{mix.name}.so"
     src.write_text(code)
     cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-o", str(lib), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"check-row-kernels: the {scalar} emulation does not compile:\n{r.stderr}")
+        sys.exit(f"check-row-kernels: the {mix.name} emulation does not compile:\n{r.stderr}")
     return ctypes.CDLL(str(lib))
 
 
@@ -133,46 +171,51 @@ def close(what: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
         sys.exit(f"check-row-kernels: {what}: off by {err:.3e} (tolerance {tol:.1e})")
 
 
-def check_norm(lib: ctypes.CDLL, scalar: str, rows: int, cols: int, block: int) -> None:
-    dtype = DTYPES[scalar]
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    label = f"{scalar}, {rows}×{cols}, block {block}"
+def tolerance(mix: Mix) -> float:
+    return 1e-5 if mix.out == "float" and mix.stream == "float" else 2e-2
+
+
+def check_norm(lib: ctypes.CDLL, mix: Mix, rows: int, cols: int, sms: int, with_branch: bool) -> None:
+    stream, branch, weight, out_t = (DTYPES[t] for t in (mix.stream, mix.branch, mix.weight, mix.out))
+    tol = tolerance(mix)
+    label = f"{mix.name}, {rows}×{cols}, {sms} SMs, {'with' if with_branch else 'no'} branch"
     g = torch.Generator().manual_seed(rows * 131 + cols)
-    x = torch.randn(rows, cols, generator=g).to(dtype)
-    r = torch.randn(rows, cols, generator=g).to(dtype)
-    w = (1 + 0.1 * torch.randn(cols, generator=g)).to(dtype)
+    x = torch.randn(rows, cols, generator=g).to(stream)
+    b = torch.randn(rows, cols, generator=g).to(branch)
+    w = (1 + 0.1 * torch.randn(cols, generator=g)).to(weight)
     eps = 1e-5
-    out, total, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(rows)
-    lib.host_forward(rows, block, ptr(x), ptr(r), ptr(w), ptr(out), ptr(total), ptr(rstd), cols, ctypes.c_float(eps))
-    # What eager computes: the add in the dtype, the norm in f32 (autocast's policy for it).
-    want_sum = x + r
-    if not torch.equal(total, want_sum):
+    out, total, rstd = torch.empty(rows, cols, dtype=out_t), torch.empty_like(x), torch.empty(rows)
+    null = ctypes.c_void_p(0)
+    lib.host_forward(ctypes.c_longlong(rows), cols, ptr(x), ptr(b) if with_branch else null, ptr(w), ptr(out),
+                     ptr(total) if with_branch else null, ptr(rstd), ctypes.c_float(eps))
+    # What eager computes: the add with torch's type promotion, the norm in f32.
+    normed = x + b if with_branch else x
+    if with_branch and not torch.equal(total, normed):
         sys.exit(f"check-row-kernels: residual_rms_norm_forward ({label}): the sum differs from eager's add")
-    h = want_sum.float().requires_grad_()
+    h = normed.float().requires_grad_()
     wf = w.float().requires_grad_()
     ref = torch.nn.functional.rms_norm(h, [cols], wf, eps)
-    close(f"residual_rms_norm_forward ({label}) out", out, ref, tol)
+    close(f"residual_rms_norm_forward ({label}) out", out, ref.to(out_t), tol)
     close(f"residual_rms_norm_forward ({label}) rstd", rstd, torch.rsqrt(h.detach().pow(2).mean(-1) + eps), 1e-5)
 
-    grad_out = torch.randn(rows, cols, generator=g).to(dtype)
-    grad_sum = torch.randn(rows, cols, generator=g).to(dtype)
+    grad_out = torch.randn(rows, cols, generator=g).to(out_t)
+    grad_sum = torch.randn(rows, cols, generator=g).to(stream)
     ref.backward(grad_out.float())
-    rows_per_block = 3
-    grid = (rows + rows_per_block - 1) // rows_per_block
+    grid = lib.host_backward_grid(ctypes.c_longlong(rows), cols, sms)
     for with_sum in (False, True):
-        grad_in, partial = torch.empty_like(x), torch.empty(grid, cols)
-        gs = ptr(grad_sum) if with_sum else ctypes.c_void_p(0)
-        lib.host_backward(grid, block, ptr(grad_out), gs, ptr(total), ptr(w), ptr(rstd), ptr(grad_in), ptr(partial),
-                          ctypes.c_longlong(rows), cols, rows_per_block)
+        grad_in, partial = torch.empty_like(x), torch.full((grid, cols), float("nan"))
+        gs = ptr(grad_sum) if with_sum else null
+        lib.host_backward(ctypes.c_longlong(rows), cols, sms, ptr(grad_out), gs, ptr(normed), ptr(w), ptr(rstd),
+                          ptr(grad_in), ptr(partial))
         want = h.grad + (grad_sum.float() if with_sum else 0)
         close(f"residual_rms_norm_backward ({label}, grad_sum {with_sum}) grad_input", grad_in, want, tol)
         close(f"residual_rms_norm_backward ({label}) grad_weight", partial.sum(0), wf.grad, tol * 4)
 
 
-def check_cross_entropy(lib: ctypes.CDLL, scalar: str, rows: int, vocab: int, block: int) -> None:
-    dtype = DTYPES[scalar]
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    label = f"{scalar}, {rows}×{vocab}, block {block}"
+def check_cross_entropy(lib: ctypes.CDLL, mix: Mix, rows: int, vocab: int) -> None:
+    dtype = DTYPES[mix.out]
+    tol = tolerance(mix)
+    label = f"{mix.name}, {rows}×{vocab}"
     g = torch.Generator().manual_seed(rows * 7 + vocab)
     logits = (3 * torch.randn(rows, vocab, generator=g)).to(dtype)
     logits[0, 5] = float("-inf")  # a masked logit
@@ -183,9 +226,9 @@ def check_cross_entropy(lib: ctypes.CDLL, scalar: str, rows: int, vocab: int, bl
     ref_in = logits.float().requires_grad_()
     ref = torch.nn.functional.cross_entropy(ref_in, targets, ignore_index=ignore, reduction="none")
     (ref.sum() * scale).backward()
-    chunk, loss = logits.clone(), torch.empty(rows)
-    lib.host_cross_entropy(rows, block, ptr(chunk), ptr(targets), ptr(loss), vocab, ctypes.c_longlong(ignore),
-                           ctypes.c_float(scale))
+    chunk, loss, grad_scale = logits.clone(), torch.empty(rows), torch.tensor(scale, dtype=torch.float32)
+    lib.host_cross_entropy(ctypes.c_longlong(rows), vocab, ptr(chunk), ptr(targets), ptr(loss),
+                           ctypes.c_longlong(ignore), ptr(grad_scale))
     close(f"cross_entropy_chunk ({label}) loss", loss, ref.detach(), tol)
     close(f"cross_entropy_chunk ({label}) gradient", chunk, ref_in.grad, tol)
     if loss[1].item() != 0 or chunk[1].abs().max().item() != 0:
@@ -194,14 +237,19 @@ def check_cross_entropy(lib: ctypes.CDLL, scalar: str, rows: int, vocab: int, bl
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for scalar in DTYPES:
-            lib = build(scalar, pathlib.Path(tmp))
-            # Columns that fill the block, leave threads idle, and need several per thread.
-            for rows, cols, block in [(5, 64, 32), (7, 37, 64), (4, 300, 32)]:
-                check_norm(lib, scalar, rows, cols, block)
-            for rows, vocab, block in [(4, 50, 32), (3, 1000, 64)]:
-                check_cross_entropy(lib, scalar, rows, vocab, block)
-    print("check-row-kernels: residual RMSNorm (forward, backward) and the loss chunk agree with PyTorch in float and bf16")
+        for mix in MIXES:
+            lib = build(mix, pathlib.Path(tmp))
+            # Columns that fill a warp, leave threads idle, take several a thread, and (5000)
+            # fill 1024 threads; SMs that give one row a block, several, and a short last block.
+            for rows, cols, sms in [(5, 64, 8), (7, 37, 1), (4, 300, 1), (9, 300, 2), (2, 5000, 1)]:
+                for with_branch in (True, False):
+                    check_norm(lib, mix, rows, cols, sms, with_branch)
+            for rows, vocab in [(4, 50), (3, 1000), (3, 10000)]:
+                check_cross_entropy(lib, mix, rows, vocab)
+    print(
+        "check-row-kernels: residual RMSNorm (forward, backward) and the loss chunk agree with PyTorch in "
+        + ", ".join(m.name for m in MIXES)
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ fn build_shim(lib: &Path, cuda: bool) {
         .file("csrc/dist.cpp")
         .file("csrc/memory.cpp")
         .file("csrc/timing.cpp")
+        .file("csrc/rows.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(gloo_include())
@@ -59,7 +60,8 @@ fn build_shim(lib: &Path, cuda: bool) {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    for f in ["csrc/shim.cpp", "csrc/dist.cpp", "csrc/memory.cpp", "csrc/timing.cpp", "csrc/guarded.h"] {
+    let sources = ["shim.cpp", "dist.cpp", "memory.cpp", "timing.cpp", "rows.cpp", "guarded.h", "row_kernels.h"];
+    for f in sources.map(|f| format!("csrc/{f}")) {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=GLOO_INCLUDE_DIR");

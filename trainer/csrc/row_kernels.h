@@ -2,13 +2,13 @@
 // jiterator cannot express, because each reduces along a row. The residual add with the
 // RMSNorm after it (forward and backward), and the loss's chunk (logits to loss and
 // gradient in one kernel). They are CUDA C sources for NVRTC, compiled at a CUDA run's
-// start for the dtype it trains in: each source is kRowPrelude, then
-// `typedef <float or bf16> scalar_t;`, then the kernel. Arithmetic is in float;
-// scalar_t is only how values are stored. scripts/check-jiterator.py compiles every one
-// for sm_80 and sm_90 in both dtypes, and scripts/check-row-kernels.py runs each on the
-// CPU under an emulation of CUDA's threads against PyTorch's composed ops; both without
-// a GPU. The shim does not launch them yet (issue 42): the launch through libtorch's
-// NVRTC, the autograd node, the start-up trial and the model's use come next.
+// start for the dtypes it trains in (csrc/rows.cpp): each source is kRowPrelude, then a
+// typedef of float or bf16 for each type the kernel names (stream_t, branch_t, weight_t,
+// out_t; logits_t), then the kernel. Arithmetic is in float; the types are only how
+// values are stored. scripts/check-jiterator.py compiles every one for sm_80 and sm_90
+// in the dtype mixes the trainer runs, and scripts/check-row-kernels.py runs each on the
+// CPU under an emulation of CUDA's threads, at the shim's launch geometry (below),
+// against PyTorch's composed ops; both without a GPU.
 #pragma once
 
 namespace row_kernels {
@@ -57,46 +57,52 @@ __device__ __forceinline__ float block_sum(float v) { return block_reduce(v, fal
 __device__ __forceinline__ float block_max(float v) { return block_reduce(v, true); }
 )";
 
-// One block a row of `cols`: h = x + residual, rounded to scalar_t as eager's add
-// stores it (the residual stream the next block adds to); out = h·rstd·weight with
-// rstd = 1/sqrt(mean(h²) + eps) in float, stored once as scalar_t where eager's
-// autocast stores the f32 norm and casts it again. rstd (one float a row) is saved for
-// the backward.
+// One block a row of `cols`. With a branch: h = x + branch, rounded to stream_t as
+// eager's add stores it (the residual stream the next layer adds to) and stored in sum;
+// without one (branch null, sum unused): h = x. out = h·rstd·weight with
+// rstd = 1/sqrt(mean(h²) + eps) in float, stored once as out_t where eager under autocast
+// stores the f32 norm and casts it again for the next matmul. rstd (one float a row) is
+// saved for the backward. Types: stream_t (x, sum), branch_t, weight_t, out_t.
 const char* const kResidualRmsNormForward = R"(
 extern "C" __global__ void residual_rms_norm_forward(
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ residual,
-    const scalar_t* __restrict__ weight, scalar_t* __restrict__ out, scalar_t* __restrict__ sum,
+    const stream_t* __restrict__ x, const branch_t* __restrict__ branch,
+    const weight_t* __restrict__ weight, out_t* __restrict__ out, stream_t* __restrict__ sum,
     float* __restrict__ rstd, int cols, float eps) {
   const long long base = (long long)blockIdx.x * cols;
   float squares = 0.0f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float h = rounded(to_float(x[base + c]) + to_float(residual[base + c]), sum);
-    store(&sum[base + c], h);
+    float h = to_float(x[base + c]);
+    if (branch != 0) {
+      h = rounded(h + to_float(branch[base + c]), sum);
+      store(&sum[base + c], h);
+    }
     squares += h * h;
   }
   const float r = rsqrtf(block_sum(squares) / (float)cols + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  // The thread reads back only what it wrote itself above.
+  const stream_t* h = branch != 0 ? sum : x;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    // The thread reads back only what it wrote itself above.
-    store(&out[base + c], to_float(sum[base + c]) * r * to_float(weight[c]));
+    store(&out[base + c], to_float(h[base + c]) * r * to_float(weight[c]));
   }
 })";
 
-// The backward of residual_rms_norm_forward, `rows_per_block` rows a block. With
-// n = h·rstd and gn = grad_out·weight: grad_h = rstd·(gn − n·mean(gn·n)), plus
-// grad_sum, the gradient h receives as the next residual (null when none). It is both
-// x's and residual's gradient. weight's gradient, Σ grad_out·n over the rows, is
-// summed per block into weight_partial[blockIdx.x][cols] in float; the caller sums
-// the blocks. A thread keeps the sums of its columns c = threadIdx.x + k·blockDim.x in
-// registers, so cols ≤ COLS_PER_THREAD·blockDim.x.
+// The backward of residual_rms_norm_forward, `rows_per_block` rows a block; `normed` is
+// what the forward normed (its sum, or x without a branch). With n = h·rstd and
+// gn = grad_out·weight: grad_h = rstd·(gn − n·mean(gn·n)), plus grad_sum, the gradient
+// the sum receives as the next layer's residual (null when none). It is the gradient of
+// x and of the branch. weight's gradient, Σ grad_out·n over the rows, is summed per
+// block into weight_partial[blockIdx.x][cols] in float; the caller sums the blocks. A
+// thread keeps the sums of its columns c = threadIdx.x + k·blockDim.x in registers, so
+// cols ≤ COLS_PER_THREAD·blockDim.x.
 const char* const kResidualRmsNormBackward = R"(
 #ifndef COLS_PER_THREAD
 #define COLS_PER_THREAD 16
 #endif
 extern "C" __global__ void residual_rms_norm_backward(
-    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ grad_sum,
-    const scalar_t* __restrict__ sum, const scalar_t* __restrict__ weight,
-    const float* __restrict__ rstd, scalar_t* __restrict__ grad_input,
+    const out_t* __restrict__ grad_out, const stream_t* __restrict__ grad_sum,
+    const stream_t* __restrict__ normed, const weight_t* __restrict__ weight,
+    const float* __restrict__ rstd, stream_t* __restrict__ grad_input,
     float* __restrict__ weight_partial, long long rows, int cols, int rows_per_block) {
   float grad_weight[COLS_PER_THREAD];
   for (int k = 0; k < COLS_PER_THREAD; ++k) grad_weight[k] = 0.0f;
@@ -107,11 +113,11 @@ extern "C" __global__ void residual_rms_norm_backward(
     const float r = rstd[row];
     float dot = 0.0f;
     for (int k = 0, c = threadIdx.x; k < COLS_PER_THREAD && c < cols; ++k, c += blockDim.x) {
-      dot += to_float(grad_out[base + c]) * to_float(weight[c]) * to_float(sum[base + c]) * r;
+      dot += to_float(grad_out[base + c]) * to_float(weight[c]) * to_float(normed[base + c]) * r;
     }
     const float mean = block_sum(dot) / (float)cols;
     for (int k = 0, c = threadIdx.x; k < COLS_PER_THREAD && c < cols; ++k, c += blockDim.x) {
-      const float n = to_float(sum[base + c]) * r;
+      const float n = to_float(normed[base + c]) * r;
       const float g = to_float(grad_out[base + c]);
       float grad_h = r * (g * to_float(weight[c]) - n * mean);
       if (grad_sum != 0) grad_h += to_float(grad_sum[base + c]);
@@ -124,17 +130,20 @@ extern "C" __global__ void residual_rms_norm_backward(
   }
 })";
 
-// One block a row of a chunk of logits (rows, vocab): loss[row] = logsumexp(row) −
-// row[target], and the row overwritten by its gradient (softmax(row) − onehot(target))
-// · grad_scale, so the chunk's logits are read twice and never copied. A row whose
-// target is ignore_index gets loss 0 and a zero gradient. The max and the sum of
-// exponentials are taken in one pass (the running sum rescaled when the max grows).
+// One block a row of a chunk of logits (rows, vocab) of logits_t: loss[row] =
+// logsumexp(row) − row[target], and the row overwritten by its gradient
+// (softmax(row) − onehot(target)) · *grad_scale, so the chunk's logits are read twice and
+// never copied. grad_scale is a device scalar (the loss's scale over the targets that
+// count), so nothing waits for the host. A row whose target is ignore_index gets loss 0
+// and a zero gradient. The max and the sum of exponentials are taken in one pass (the
+// running sum rescaled when the max grows).
 const char* const kCrossEntropyChunk = R"(
 extern "C" __global__ void cross_entropy_chunk(
-    scalar_t* __restrict__ logits, const long long* __restrict__ targets,
-    float* __restrict__ loss, int vocab, long long ignore_index, float grad_scale) {
-  scalar_t* row = logits + (long long)blockIdx.x * vocab;
+    logits_t* __restrict__ logits, const long long* __restrict__ targets,
+    float* __restrict__ loss, int vocab, long long ignore_index, const float* __restrict__ grad_scale) {
+  logits_t* row = logits + (long long)blockIdx.x * vocab;
   const long long target = targets[blockIdx.x];
+  const float scale = *grad_scale;
   float m = minus_infinity(), s = 0.0f;
   for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
     const float v = to_float(row[c]);
@@ -154,9 +163,51 @@ extern "C" __global__ void cross_entropy_chunk(
   __syncthreads();  // row[target] is read before any thread overwrites it
   for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
     float grad = 0.0f;
-    if (!ignored) grad = (expf(to_float(row[c]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
+    if (!ignored) grad = (expf(to_float(row[c]) - lse) - (c == target ? 1.0f : 0.0f)) * scale;
     store(&row[c], grad);
   }
 })";
+
+// How the shim launches each kernel: threads a block and blocks a grid, for a problem of
+// `rows` rows. Host code, shared with scripts/check-row-kernels.py's emulation, which
+// launches with the same geometry.
+struct Launch {
+  unsigned grid;
+  unsigned threads;
+  int rows_per_block;
+};
+
+// Threads for a row of `cols` columns, `per_thread` of them each: a multiple of a warp,
+// 32 to 1024.
+inline unsigned threads_for(long long cols, int per_thread) {
+  long long warps = (cols + 32LL * per_thread - 1) / (32LL * per_thread);
+  if (warps < 1) warps = 1;
+  if (warps > 32) warps = 32;
+  return static_cast<unsigned>(warps * 32);
+}
+
+// The widest row the backward's registers hold: COLS_PER_THREAD (16) columns for each of
+// 1024 threads.
+constexpr long long kMaxNormCols = 16LL * 1024;
+
+// The forward: a block a row, about 4 columns a thread.
+inline Launch norm_forward_launch(long long rows, int cols) {
+  return Launch{static_cast<unsigned>(rows), threads_for(cols, 4), 1};
+}
+
+// The backward: as the forward's threads, about two blocks a multiprocessor, each over
+// consecutive rows, so the per-block weight partials stay (grid, cols) small.
+inline Launch norm_backward_launch(long long rows, int cols, int multiprocessors) {
+  const long long blocks = 2LL * (multiprocessors > 0 ? multiprocessors : 1);
+  long long per_block = (rows + blocks - 1) / blocks;
+  if (per_block < 1) per_block = 1;
+  const long long grid = (rows + per_block - 1) / per_block;
+  return Launch{static_cast<unsigned>(grid), threads_for(cols, 4), static_cast<int>(per_block)};
+}
+
+// The loss chunk: a block a row, about 8 columns a thread.
+inline Launch cross_entropy_launch(long long rows, int vocab) {
+  return Launch{static_cast<unsigned>(rows), threads_for(vocab, 8), 1};
+}
 
 }  // namespace row_kernels

@@ -1,6 +1,7 @@
 //! `trainer bench-generate`: GRPO's sampler, batched incremental decoding with the KV
-//! cache, against the full-prefix loop that recomputes every position for every new
-//! token, on the same model, prompts and device, with their greedy outputs compared.
+//! cache (eagerly, and in static steps replayed from CUDA graphs on CUDA), against the
+//! full-prefix loop that recomputes every position for every new token, on the same
+//! model, prompts and device, with their greedy outputs compared.
 //! On a trained checkpoint each row where the two part is explained: the logits' top-2
 //! margin at the parting step against bf16's resolution there.
 
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
+use crate::generate::graph::{StaticDecoding, generate_static};
 use crate::generate::{self, Sampling};
 use crate::model::Model;
 
@@ -28,8 +30,10 @@ pub struct GenerateBenchOptions {
     pub new_tokens: usize,
     /// bf16 weights (CUDA); f32 otherwise.
     pub bf16: bool,
-    /// Times the KV-cache decoder this many times (the median counts).
+    /// Times each KV-cache decoder this many times (the median counts).
     pub repeats: usize,
+    /// The static decoder's bucket of cache slots (`generate::graph`).
+    pub bucket: i64,
     /// Also time the full-prefix loop and compare its outputs.
     pub full_prefix: bool,
     /// Write the model as a Hugging Face directory here, with `generate.json` (the
@@ -85,6 +89,9 @@ fn top2_margin(model: &Model, prefix: &[i64], device: Device) -> Result<(f64, f6
 
 /// Times both decoders once after a short warm-up and returns the JSON summary.
 pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
+    if o.bucket < 1 {
+        return Err(Error::InvalidSpec(format!("--bucket {}: must be at least 1", o.bucket)));
+    }
     let ctx = o.model.max_seq_len as usize;
     if o.prompt_tokens + o.new_tokens > ctx {
         return Err(Error::InvalidSpec(format!(
@@ -148,6 +155,22 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
         cached_times.push(started.elapsed().as_secs_f64());
     }
     let cached_s = super::step::median(&cached_times).unwrap_or(f64::NAN);
+    // The static decoder: CUDA graphs on CUDA, its eager steps elsewhere. Its first run
+    // also captures the graphs.
+    let how = StaticDecoding { bucket: o.bucket, ..StaticDecoding::default() };
+    let graphs = how.graphs && o.device.is_cuda() && crate::ffi::shim_built_with_cuda();
+    let mut static_times = Vec::new();
+    let mut decoded = Vec::new();
+    for repeat in 0..o.repeats.max(1) + 1 {
+        let started = Instant::now();
+        decoded = generate_static(&model, &prompts, o.new_tokens, &greedy, None, o.device, how)?;
+        sync();
+        if repeat > 0 {
+            static_times.push(started.elapsed().as_secs_f64());
+        }
+    }
+    let static_s = super::step::median(&static_times).unwrap_or(f64::NAN);
+    let static_same = cached.iter().zip(&decoded).filter(|(a, b)| a == b).count();
     let (full_s, partings) = if o.full_prefix {
         let started = Instant::now();
         let full = generate::generate(&model, &x, o.new_tokens, &greedy, None)?;
@@ -191,6 +214,13 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
         "threads": tch::get_num_threads(),
         "kv_cache_tokens_per_s": tokens / cached_s,
         "kv_cache_runs_s": cached_times,
+        "static_decoder": if graphs { "cuda graphs" } else { "eager steps" },
+        "static_bucket": o.bucket,
+        "static_tokens_per_s": tokens / static_s,
+        "static_runs_s": static_times,
+        "static_vs_kv_cache": cached_s / static_s,
+        "static_vs_full_prefix": full_s.map(|f| f / static_s),
+        "static_rows_identical_to_kv_cache": format!("{static_same}/{batch}"),
         "full_prefix_tokens_per_s": full_s.map(|f| tokens / f),
         "speedup": full_s.map(|f| f / cached_s),
         "greedy_rows_identical": same.map(|same| format!("{same}/{batch}")),
@@ -199,7 +229,7 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
         "partings_within_bf16_spacing": partings.as_ref().map(|p| p.iter().filter(|p| p.margin <= p.bf16_spacing).count()),
     });
     eprintln!(
-        "{} on {:?} ({}), {} rows × ({} prompt + {} new tokens):\n  KV cache     {:>10.0} tok/s",
+        "{} on {:?} ({}), {} rows × ({} prompt + {} new tokens):\n  KV cache     {:>10.0} tok/s\n  static ({})  {:>10.0} tok/s ({:.2}× the KV cache; greedy outputs identical to it in {static_same}/{batch} rows)",
         o.model.preset,
         o.device,
         if o.bf16 { "bf16" } else { "f32" },
@@ -207,6 +237,9 @@ pub fn run(o: &GenerateBenchOptions) -> Result<Value, Error> {
         o.prompt_tokens,
         o.new_tokens,
         tokens / cached_s,
+        if graphs { "graphs" } else { "eager" },
+        tokens / static_s,
+        cached_s / static_s,
     );
     if let (Some(full_s), Some(same)) = (full_s, same) {
         eprintln!(

@@ -7,15 +7,16 @@ use serde_json::{Value, json};
 use tch::Device;
 
 use crate::Error;
-use crate::kernels::choice::{Kernels, Op};
+use crate::kernels::choice::Kernels;
 use crate::kernels::trials::Candidate;
-use crate::kernels::tune::tune;
+use crate::kernels::tune::{RunKinds, ops_of, tune};
 use crate::train::precision::{matmul_kind, precision_plan};
 
-/// `trainer bench-kernels`: SwiGLU's and RoPE's kernel sets timed on the model's shapes
-/// at this micro-batch and sequence, each as a run's trial times and checks it
-/// ([`tune`]), and each one's speed-up over eager from the same run. The
-/// fused kernels run on CUDA only; elsewhere they show as rejected.
+/// `trainer bench-kernels`: each op's kernel sets (SwiGLU, RoPE, the residual RMSNorm,
+/// the loss chunk; GPT-2 only the loss) timed on the model's shapes at this micro-batch
+/// and sequence in the precision's dtypes, each as a run's trial times and checks it
+/// ([`tune`]), and each one's speed-up over eager from the same run. The fused kernels
+/// run on CUDA only; elsewhere they show as rejected.
 pub fn run(
     model: &ModelConfig,
     micro_batch: i64,
@@ -23,15 +24,13 @@ pub fn run(
     precision: Precision,
     device: Device,
 ) -> Result<Value, Error> {
-    if model.arch == crds::presets::Arch::Gpt2 {
-        return Err(Error::InvalidSpec(format!("--preset {}: GPT-2 has neither SwiGLU nor RoPE", model.preset)));
-    }
     let (kind, autocast, _) = precision_plan(precision, device);
     let act = matmul_kind(kind, autocast, device)?;
+    let kinds = RunKinds { weights: kind, matmuls: act, autocast };
     let candidates = [Kernels::Eager, Kernels::Composed, Kernels::Fused];
     let mut ops = serde_json::Map::new();
-    for op in [Op::Swiglu, Op::Rope] {
-        let choice = tune(op, model, micro_batch, seq, act, device, &candidates, None)?;
+    for op in ops_of(model) {
+        let choice = tune(op, model, micro_batch, seq, kinds, device, &candidates, None)?;
         let eager = choice.trials[0].ms;
         let vs_eager: serde_json::Map<String, Value> = choice
             .trials

@@ -19,7 +19,7 @@ use crate::dist::{Backend, DEFAULT_BUCKET_CAP_BYTES, GlooDevice, GradReducer, Gr
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::trials::Candidate;
-use crate::kernels::tune::choose_kernels;
+use crate::kernels::tune::{RunKinds, choose_kernels};
 use crate::model::Model;
 use crate::optim::{self, AdamW};
 use crate::train::precision::{matmul_kind, precision_plan};
@@ -100,7 +100,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     }
     let (kind, autocast, _) = precision_plan(o.precision, o.device);
     let act = matmul_kind(kind, autocast, o.device)?;
-    let kernels = choose_kernels(o.kernels, &model_cfg, o.micro_batch, o.seq, act, o.device, None)?;
+    let kinds = RunKinds { weights: kind, matmuls: act, autocast };
+    let kernels = choose_kernels(o.kernels, &model_cfg, o.micro_batch, o.seq, kinds, o.device, None)?;
     let attention = kernels.attention;
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
@@ -239,7 +240,8 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
             "bf16_allreduce": "ok",
         })),
     });
-    // "swiglu", "swiglu_trials", "rope", "rope_trials" (absent for GPT-2).
+    // "<op>" and "<op>_trials" for each op the model runs ("swiglu", "rope", "norm",
+    // "loss"; GPT-2 only "loss").
     for f in &kernels.fused {
         report[f.op.name()] = json!(f.kernels.name());
         report[format!("{}_trials", f.op.name())] = json!(f.trials.as_ref().map(|c| &c.trials));

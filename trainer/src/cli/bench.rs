@@ -43,6 +43,10 @@ pub struct BenchGenerateArgs {
     /// Skip the full-prefix loop (the KV cache's baseline) and its comparison.
     #[arg(long)]
     pub no_full_prefix: bool,
+    /// The static decoder's cache buckets: a step attends to the cache's slots up to the
+    /// next multiple of this, and CUDA graphs are captured once per bucket.
+    #[arg(long, default_value_t = 256)]
+    pub bucket: i64,
     /// Also write the model as a Hugging Face directory (config.json,
     /// model.safetensors) with generate.json: the prompts and the greedy tokens
     /// decoded, for Hugging Face's `generate` to decode the same.
@@ -151,6 +155,14 @@ pub struct BenchArgs {
     /// (jiterator, CUDA) or eager (rotate-half as separate nodes: the baseline).
     #[arg(long, default_value = "auto")]
     pub rope: String,
+    /// The residual RMSNorm's kernels: auto, composed (eager's add and rms_norm, also
+    /// what eager means here) or fused (the row kernels, CUDA).
+    #[arg(long, default_value = "auto")]
+    pub norm: String,
+    /// The loss chunk's kernels: auto, composed (ATen's ops on an f32 copy, in place, also
+    /// what eager means here) or fused (one row kernel, CUDA).
+    #[arg(long, default_value = "auto")]
+    pub loss: String,
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// With --gradient-checkpointing: recompute only this many leading blocks
@@ -200,6 +212,8 @@ pub fn step(args: BenchArgs) -> Result<(), Error> {
             attention: parse("attention", &args.attention)?,
             swiglu: if args.swiglu == "auto" { None } else { Some(parse("swiglu", &args.swiglu)?) },
             rope: if args.rope == "auto" { None } else { Some(parse("rope", &args.rope)?) },
+            norm: if args.norm == "auto" { None } else { Some(parse("norm", &args.norm)?) },
+            loss: if args.loss == "auto" { None } else { Some(parse("loss", &args.loss)?) },
         },
         device,
         gradient_checkpointing: args.gradient_checkpointing,
@@ -259,6 +273,7 @@ pub fn generate(a: BenchGenerateArgs) -> Result<(), Error> {
         new_tokens: a.new_tokens,
         bf16: device.is_cuda(),
         repeats: a.repeats,
+        bucket: a.bucket,
         full_prefix: !a.no_full_prefix,
         hf_dir: a.hf_dir,
     };

@@ -97,6 +97,7 @@ mod raw {
 
 mod memory;
 mod message;
+pub mod rows;
 mod timing;
 
 pub use memory::*;

@@ -289,7 +289,7 @@ impl Grpo {
                 crate::rng::splitmix64(self.seed ^ crate::rng::splitmix64(generation ^ ((ctx.rank as u64) << 40)));
             tch::manual_seed((key >> 1) as i64);
             crate::ffi::autocast(ctx.device, ctx.autocast, || {
-                generate::generate_cached(ctx.model, &rows, g.max_new_tokens as usize, &sampling, Some(eos), ctx.device)
+                sample_completions(ctx.model, &rows, g.max_new_tokens as usize, &sampling, eos, ctx.device)
             })?
         };
         let sampling_seconds = started.elapsed().as_secs_f64();
@@ -388,6 +388,27 @@ impl Grpo {
         }
         Ok(Rollout { generation, micro, norm, sums, sampling_seconds })
     }
+}
+
+/// The group's completions: on CUDA by the static decoder's CUDA graphs
+/// ([`generate::graph`]), falling back to the eager KV cache (with a warning) if they
+/// fail; elsewhere by the eager KV cache, which is also their reference.
+fn sample_completions(
+    model: &crate::model::Model,
+    rows: &[Vec<i64>],
+    max_new: usize,
+    sampling: &Sampling,
+    eos: i64,
+    device: tch::Device,
+) -> Result<Vec<Vec<i64>>, tch::TchError> {
+    if device.is_cuda() && crate::ffi::shim_built_with_cuda() {
+        let how = generate::graph::StaticDecoding::default();
+        match generate::graph::generate_static(model, rows, max_new, sampling, Some(eos), device, how) {
+            Ok(done) => return Ok(done),
+            Err(e) => tracing::warn!("GRPO sampling: the CUDA-graph decoder failed ({e}); decoding eagerly"),
+        }
+    }
+    generate::generate_cached(model, rows, max_new, sampling, Some(eos), device)
 }
 
 #[cfg(test)]

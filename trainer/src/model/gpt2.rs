@@ -50,7 +50,7 @@ impl Gpt2Attention {
     /// Attention of new tokens over the cached keys and values, which it extends.
     pub fn forward_cached(&self, x: &Tensor, step: &Step, kv: &mut (Tensor, Tensor)) -> Result<Tensor, TchError> {
         let (q, k, v) = self.project(x)?;
-        let (k, v) = super::cache::extend(kv, &k, &v, step.start)?;
+        let (k, v) = super::cache::extend(kv, &k, &v, step)?;
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(step.mask), 0.0, false, None, false)?;
         self.output(&y)
     }

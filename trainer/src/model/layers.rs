@@ -3,6 +3,8 @@
 use tch::nn::{Init, Path};
 use tch::{TchError, Tensor};
 
+use crate::kernels::norm::Normed;
+
 /// `y = x Wᵀ + b`, weight stored `(d_out, d_in)` as `nn.Linear` and HF Llama store it.
 #[derive(Debug)]
 pub struct Linear {
@@ -38,7 +40,9 @@ impl Embedding {
     }
 }
 
-/// RMSNorm through libtorch's fused `rms_norm`.
+/// RMSNorm: libtorch's `rms_norm` inside attention (Qwen3's per-head q/k norms); on the
+/// residual stream, the process's kernels ([`crate::kernels::norm`]), which may add the
+/// branch before it in the same kernel.
 #[derive(Debug)]
 pub struct RmsNorm {
     pub weight: Tensor,
@@ -53,6 +57,16 @@ impl RmsNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
         let dim = *x.size().last().expect("rms_norm input has a last dimension");
         x.f_rms_norm([dim], Some(&self.weight), self.eps)
+    }
+
+    /// The norm of the residual stream `x` (…, d_model).
+    pub fn forward_stream(&self, x: &Tensor) -> Result<Tensor, TchError> {
+        crate::kernels::norm::rms_norm(x, &self.weight, self.eps)
+    }
+
+    /// The stream `x + branch` and its norm.
+    pub fn forward_residual(&self, x: &Tensor, branch: &Tensor) -> Result<Normed, TchError> {
+        crate::kernels::norm::residual_rms_norm(x, branch, &self.weight, self.eps)
     }
 }
 

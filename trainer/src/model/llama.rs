@@ -92,7 +92,7 @@ impl Attention {
         let (q, k, v) = self.project(x)?;
         let q = rope.apply_at(&q.f_transpose(1, 2)?, step.positions)?;
         let k = rope.apply_at(&k.f_transpose(1, 2)?, step.positions)?;
-        let (k, v) = super::cache::extend(kv, &k, &v.f_transpose(1, 2)?, step.start)?; // (B, n_kv_head, capacity, d_head)
+        let (k, v) = super::cache::extend(kv, &k, &v.f_transpose(1, 2)?, step)?; // (B, n_kv_head, keys, d_head)
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(step.mask), 0.0, false, None, gqa)?;
         self.output(&y)
     }
@@ -144,10 +144,12 @@ impl LlamaBlock {
         self.self_attn.set_expand_kv(expand);
     }
 
-    /// `x`: (B, T, d_model) → (B, T, d_model).
+    /// `x`: (B, T, d_model) → (B, T, d_model). The attention's residual add and the norm
+    /// after it are one op ([`RmsNorm::forward_residual`]).
     pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
-        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope)?)?;
-        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+        let attn = self.self_attn.forward(&self.input_layernorm.forward_stream(x)?, rope)?;
+        let h = self.post_attention_layernorm.forward_residual(x, &attn)?;
+        h.stream.f_add(&self.mlp.forward(&h.out)?)
     }
 
     /// [`Self::forward`] for new tokens against the KV cache.
@@ -158,7 +160,8 @@ impl LlamaBlock {
         step: &Step,
         kv: &mut (Tensor, Tensor),
     ) -> Result<Tensor, TchError> {
-        let x = x.f_add(&self.self_attn.forward_cached(&self.input_layernorm.forward(x)?, rope, step, kv)?)?;
-        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+        let attn = self.self_attn.forward_cached(&self.input_layernorm.forward_stream(x)?, rope, step, kv)?;
+        let h = self.post_attention_layernorm.forward_residual(x, &attn)?;
+        h.stream.f_add(&self.mlp.forward(&h.out)?)
     }
 }

@@ -15,7 +15,7 @@ use tch::{Device, Kind, Reduction, TchError, Tensor};
 
 use crate::kernels::rope::Rope;
 use crate::kernels::sdp::{AllSdpBackends, expands_kv};
-use cache::{KvCache, Step};
+use cache::{KvCache, Start, Step};
 pub use dims::{Dims, INIT_STD};
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm};
@@ -149,7 +149,7 @@ impl Model {
     /// Final norm and lm_head: (B, T, d_model) → logits (B, T, vocab).
     pub fn head(&self, x: &Tensor) -> Result<Tensor, TchError> {
         let h = match &self.norm {
-            FinalNorm::Rms(n) => n.forward(x)?,
+            FinalNorm::Rms(n) => n.forward_stream(x)?,
             FinalNorm::Layer(n) => n.forward(x)?,
         };
         match &self.lm_head {
@@ -234,10 +234,10 @@ impl Model {
     /// for `leaf` and each of [`Self::head_parameters`], in that order.
     ///
     /// The final norm goes through autograd; the lm_head and the cross-entropy are done
-    /// by hand, so that one (len, vocab) f32 buffer holds the logits and then, in place,
-    /// their gradient `softmax − one-hot` (llm.c's fused classifier; inductor fuses the
-    /// same). Autograd's cross-entropy would hold the logits, their log-softmax and two
-    /// gradients of that size at once.
+    /// by hand, so that one (len, vocab) buffer holds the logits and then, in place,
+    /// their gradient `softmax − one-hot` ([`crate::kernels::loss`]: llm.c's fused
+    /// classifier; inductor fuses the same). Autograd's cross-entropy would hold the
+    /// logits, their log-softmax and two gradients of that size at once.
     fn head_chunk(
         &self,
         leaf: &Tensor,
@@ -246,7 +246,7 @@ impl Model {
         scale: f64,
     ) -> Result<(Tensor, Vec<Tensor>), TchError> {
         let (h, norm_params) = match &self.norm {
-            FinalNorm::Rms(n) => (n.forward(leaf)?, vec![n.weight.shallow_clone()]),
+            FinalNorm::Rms(n) => (n.forward_stream(leaf)?, vec![n.weight.shallow_clone()]),
             FinalNorm::Layer(n) => (n.forward(leaf)?, vec![n.weight.shallow_clone(), n.bias.shallow_clone()]),
         }; // (len, d_model)
         let w = match &self.lm_head {
@@ -255,26 +255,15 @@ impl Model {
         }; // (vocab, d_model)
         let (loss, grad_h, grad_w) = tch::no_grad(|| -> Result<_, TchError> {
             let h = h.f_detach()?;
-            // Under autocast the matmul runs in its dtype; the loss is f32 either way.
-            let mut logits = h.f_linear(w, None::<Tensor>)?.f_to_kind(Kind::Float)?; // (len, vocab)
-            let counts = tgt.f_ne(-100)?;
-            let picked_at = tgt.f_clamp_min(0)?.f_unsqueeze(1)?; // (len, 1); ignored rows read column 0
-            let weight = counts.f_to_kind(Kind::Float)?.f_unsqueeze(1)?; // (len, 1): 1 where the target counts
-            // log-softmax by hand, in place: logsumexp would allocate a (len, vocab) exp.
-            let _ = logits.f_sub_(&logits.f_amax([-1], true)?)?; // shifted by each row's max
-            let picked = logits.f_gather(1, &picked_at, false)?;
-            let _ = logits.f_exp_()?;
-            let sums = logits.f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?; // (len, 1)
-            let loss = sums.f_log()?.f_sub(&picked)?.f_mul(&weight)?.f_sum(Kind::Float)?.f_div(counted)?;
-            // d(scale · loss)/d logits = (softmax − one-hot) · scale / counted, zero where ignored.
-            let _ = logits.f_div_(&sums)?;
-            let _ = logits.f_scatter_add_(1, &picked_at, &weight.f_neg()?)?;
-            let _ = logits.f_mul_(&weight.f_mul(&counted.f_reciprocal()?.f_mul_scalar(scale)?)?)?;
-            let g = if w.kind() == Kind::Float { logits } else { logits.f_to_kind(w.kind())? };
+            // Under autocast the matmul runs in its dtype.
+            let logits = h.f_linear(w, None::<Tensor>)?; // (len, vocab)
+            let chunk = crate::kernels::loss::cross_entropy_chunk(logits, tgt, counted, scale)?;
+            // The gradient in the weights' dtype, unless autocast casts it for the matmuls.
+            let g = if w.kind() == Kind::Float { chunk.grad } else { chunk.grad.f_to_kind(w.kind())? };
             let grad_h = g.f_matmul(w)?.f_to_kind(h.kind())?; // (len, d_model)
             let grad_w =
                 if w.requires_grad() { Some(g.f_transpose(0, 1)?.f_matmul(&h)?.f_to_kind(w.kind())?) } else { None };
-            Ok((loss, grad_h, grad_w))
+            Ok((chunk.loss, grad_h, grad_w))
         })?;
         let mut inputs = vec![leaf.shallow_clone()];
         inputs.extend(norm_params.into_iter().filter(Tensor::requires_grad));
@@ -309,23 +298,50 @@ impl Model {
     /// after the tokens already in `cache`, and returns the logits of the last new
     /// position (B, vocab).
     pub fn decode(&self, idx: &Tensor, real: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
-        let _any_backend = AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
         let t = idx.size()[1];
         let (positions, mask) = cache.prepare(real)?;
-        let step = Step { positions: &positions, mask: &mask, start: cache.len() };
+        let step = Step { positions: &positions, mask: &mask, start: Start::At(cache.len()), keys: cache.capacity() };
+        let logits = self.decode_blocks(idx, &step, cache)?;
+        cache.commit(t)?;
+        Ok(logits)
+    }
+
+    /// One token a row (`idx` (B, 1)) at the cache's device cursor, which is at slot
+    /// `position`, attending to its first `keys` slots ([`KvCache::prepare_static`]): the
+    /// logits (B, vocab) of the step a CUDA graph captures. Every write goes in place into
+    /// the cache's own tensors.
+    pub fn decode_static(
+        &self,
+        idx: &Tensor,
+        cache: &mut KvCache,
+        position: i64,
+        keys: i64,
+    ) -> Result<Tensor, TchError> {
+        let (positions, mask) = cache.prepare_static(position, keys)?;
+        let cursor = cache.cursor();
+        let step = Step { positions: &positions, mask: &mask, start: Start::Cursor(&cursor), keys };
+        let logits = self.decode_blocks(idx, &step, cache)?;
+        cache.advance_static()?;
+        Ok(logits)
+    }
+
+    /// The blocks and the head over `idx` (B, T) placed by `step`: the last position's
+    /// logits (B, vocab).
+    fn decode_blocks(&self, idx: &Tensor, step: &Step, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let _any_backend = AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
+        let t = idx.size()[1];
         let mut x = self.embed_tokens.forward(idx)?;
         if let Some(wpe) = &self.wpe {
-            x = x.f_add(&wpe.forward(&positions)?)?;
+            x = x.f_add(&wpe.forward(step.positions)?)?;
         }
         for (block, kv) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = match block {
                 Block::Llama(b) => {
-                    b.forward_cached(&x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), &step, kv)?
+                    b.forward_cached(&x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), step, kv)?
                 }
-                Block::Gpt2(b) => b.forward_cached(&x, &step, kv)?,
+                Block::Gpt2(b) => b.forward_cached(&x, step, kv)?,
             };
         }
-        cache.commit(t);
         self.head(&x.f_narrow(1, t - 1, 1)?)?.f_squeeze_dim(1)
     }
 

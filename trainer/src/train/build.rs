@@ -27,7 +27,7 @@ use crate::dist::{self, GradReducer, Placement, ProcessGroup};
 use crate::grpo::step::Grpo;
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
-use crate::kernels::tune::choose_kernels;
+use crate::kernels::tune::{RunKinds, choose_kernels};
 use crate::model::{Model, Unit};
 use crate::optim::zero::{ShardedAdamW, ZeroStage};
 use crate::optim::{AdamW, Optimizer};
@@ -187,7 +187,8 @@ impl Trainer {
         let b = &cfg.batch;
         let request = KernelRequest::auto(cfg.attention);
         let (micro, seq) = (b.micro_batch as i64, b.seq_len as i64);
-        let kernels = choose_kernels(request, &cfg.model, micro, seq, rt.matmuls, rt.device, rt.group.as_deref())?;
+        let kinds = RunKinds { weights: rt.kind, matmuls: rt.matmuls, autocast: rt.autocast };
+        let kernels = choose_kernels(request, &cfg.model, micro, seq, kinds, rt.device, rt.group.as_deref())?;
         if opts.placement.rank == 0 {
             kernels.log(b.micro_batch, b.seq_len);
         }

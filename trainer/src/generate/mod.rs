@@ -1,5 +1,8 @@
 //! Sampling (temperature, top-k, top-p) and generation: batched incremental decoding
-//! with a KV cache, and the plain full-prefix loop it is checked and benchmarked against.
+//! with a KV cache, in steps a CUDA graph replays ([`graph`]) or eagerly, and the plain
+//! full-prefix loop both are checked and benchmarked against.
+
+pub mod graph;
 
 use tch::{Kind, TchError, Tensor};
 
@@ -107,7 +110,8 @@ pub fn generate(
 /// Completions of `prompts` (token ids, any lengths), decoded together with a KV
 /// cache: the prompts are left-padded into one batch, and each step feeds one token
 /// per row. A row ends at `stop` (kept) or after `max_new` tokens; decoding ends when
-/// every row has. Prompt plus completion must fit the model's context.
+/// every row has. Prompt plus completion must fit the model's context. The reference of
+/// [`graph::generate_static`], which decodes the same way in steps a CUDA graph replays.
 pub fn generate_cached(
     model: &Model,
     prompts: &[Vec<i64>],
@@ -116,31 +120,12 @@ pub fn generate_cached(
     stop: Option<i64>,
     device: tch::Device,
 ) -> Result<Vec<Vec<i64>>, TchError> {
-    let b = prompts.len() as i64;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if b == 0 || prompts.iter().any(Vec::is_empty) {
-        return Err(TchError::Shape("generate_cached: every prompt needs at least one token".into()));
-    }
-    let ctx = model.config().max_seq_len as usize;
-    if longest + max_new > ctx {
-        return Err(TchError::Shape(format!(
-            "a prompt of {longest} tokens plus {max_new} new ones exceeds the model's context of {ctx}"
-        )));
-    }
-    let mut ids = Vec::with_capacity(prompts.len() * longest);
-    let mut real = Vec::with_capacity(ids.capacity());
-    for p in prompts {
-        let pad = longest - p.len();
-        ids.extend(std::iter::repeat_n(p[0], pad).chain(p.iter().copied()));
-        real.extend(std::iter::repeat_n(false, pad).chain(std::iter::repeat_n(true, p.len())));
-    }
-    let t = longest as i64;
+    let batch = LeftPadded::new(model, prompts, max_new, device)?;
     tch::no_grad(|| {
-        let mut cache = model.new_cache(b, t + max_new as i64)?;
-        let mut x = Tensor::f_from_slice(&ids)?.f_view([b, t])?.f_to_device(device)?;
-        let mut r = Tensor::f_from_slice(&real)?.f_view([b, t])?.f_to_device(device)?;
-        let ones = Tensor::f_ones([b, 1], (Kind::Bool, device))?;
-        let mut done = Tensor::f_zeros([b], (Kind::Bool, device))?;
+        let mut cache = model.new_cache(batch.rows, batch.len + max_new as i64)?;
+        let (mut x, mut r) = (batch.ids.shallow_clone(), batch.real.shallow_clone());
+        let ones = Tensor::f_ones([batch.rows, 1], (Kind::Bool, device))?;
+        let mut done = Tensor::f_zeros([batch.rows], (Kind::Bool, device))?;
         let mut out = Vec::with_capacity(max_new);
         for _ in 0..max_new {
             let logits = model.decode(&x, &r, &mut cache)?; // (B, V)
@@ -155,15 +140,61 @@ pub fn generate_cached(
             x = next.f_unsqueeze(1)?;
             r = ones.shallow_clone();
         }
-        let out = Tensor::f_stack(&out, 1)?.f_to_device(tch::Device::Cpu)?; // (B, n)
-        (0..b)
-            .map(|row| {
-                let row = Vec::<i64>::try_from(out.f_get(row)?)?;
-                let end = stop.and_then(|s| row.iter().position(|&id| id == s)).map_or(row.len(), |i| i + 1);
-                Ok(row[..end].to_vec())
-            })
-            .collect()
+        completions(&Tensor::f_stack(&out, 1)?, stop)
     })
+}
+
+/// Prompts left-padded into one batch for decoding with a KV cache.
+struct LeftPadded {
+    /// (B, T) token ids; padding repeats the row's first token.
+    ids: Tensor,
+    /// (B, T) false at padding.
+    real: Tensor,
+    rows: i64,
+    /// T: the longest prompt.
+    len: i64,
+}
+
+impl LeftPadded {
+    /// Checks that every prompt has a token and fits the context with `max_new` more.
+    fn new(model: &Model, prompts: &[Vec<i64>], max_new: usize, device: tch::Device) -> Result<Self, TchError> {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+            return Err(TchError::Shape("generate: every prompt needs at least one token".into()));
+        }
+        let ctx = model.config().max_seq_len as usize;
+        if longest + max_new > ctx {
+            return Err(TchError::Shape(format!(
+                "a prompt of {longest} tokens plus {max_new} new ones exceeds the model's context of {ctx}"
+            )));
+        }
+        let mut ids = Vec::with_capacity(prompts.len() * longest);
+        let mut real = Vec::with_capacity(ids.capacity());
+        for p in prompts {
+            let pad = longest - p.len();
+            ids.extend(std::iter::repeat_n(p[0], pad).chain(p.iter().copied()));
+            real.extend(std::iter::repeat_n(false, pad).chain(std::iter::repeat_n(true, p.len())));
+        }
+        let (rows, len) = (prompts.len() as i64, longest as i64);
+        Ok(LeftPadded {
+            ids: Tensor::f_from_slice(&ids)?.f_view([rows, len])?.f_to_device(device)?,
+            real: Tensor::f_from_slice(&real)?.f_view([rows, len])?.f_to_device(device)?,
+            rows,
+            len,
+        })
+    }
+}
+
+/// Each row of `tokens` (B, n) up to and with its first `stop`.
+fn completions(tokens: &Tensor, stop: Option<i64>) -> Result<Vec<Vec<i64>>, TchError> {
+    let out = tokens.f_to_device(tch::Device::Cpu)?;
+    (0..out.size()[0])
+        .map(|row| {
+            let row = Vec::<i64>::try_from(out.f_get(row)?)?;
+            let end = stop.and_then(|s| row.iter().position(|&id| id == s)).map_or(row.len(), |i| i + 1);
+            Ok(row[..end].to_vec())
+        })
+        .collect()
 }
 
 /// `n` completions of `prompt`, each decoded up to its first end-of-text token.
