@@ -28,6 +28,7 @@
 #include "row_kernels.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -111,7 +112,16 @@ struct Nvrtc {
   static const Nvrtc& get() {
     static const Nvrtc n = [] {
       const std::string dir = loaded_library_dir("libtorch_cuda.so");
-      const std::string beside = dir + "/../../nvidia/cu13/lib/libnvrtc.so.13";
+      const std::string cu13 = dir + "/../../nvidia/cu13/lib";
+      const std::string beside = cu13 + "/libnvrtc.so.13";
+      // NVRTC loads its builtins by name when it compiles, and finds them only where
+      // the library that loaded it looks (libtorch_cuda's RPATH does; the trainer's
+      // does not): loaded first by path, they are found by their soname.
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(cu13, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("libnvrtc-builtins.so.", 0) == 0) dlopen(entry.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
+      }
       void* lib = dir.empty() ? nullptr : dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (lib == nullptr) lib = dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
       TORCH_CHECK(lib != nullptr, "row kernels: cannot load NVRTC from ", beside,

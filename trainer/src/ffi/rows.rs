@@ -159,10 +159,10 @@ pub mod compile {
         let err = unsafe {
             shim_row_kernel_compile(
                 name.as_ptr(),
-                kinds.stream.c_int(),
-                kinds.branch.c_int(),
-                kinds.weight.c_int(),
-                kinds.scalar_type(out),
+                super::scalar_type(kinds.stream),
+                super::scalar_type(kinds.branch),
+                super::scalar_type(kinds.weight),
+                super::scalar_type(kinds.out),
                 capability,
                 &mut bytes,
                 target.as_mut_ptr(),

@@ -60,7 +60,7 @@ impl StepState {
         let next = if stop.is_some() { self.stop.f_where_self(&self.done, next)? } else { next.shallow_clone() };
         let next = next.f_unsqueeze(1)?; // (B, 1)
         let _ = self.out.f_index_copy_(1, &self.column, &next)?;
-        let _ = self.tokens.f_copy_(&next)?;
+        self.tokens.f_copy_(&next)?;
         if stop.is_some() {
             let _ = self.done.f_logical_or_(&next.f_squeeze_dim(1)?.f_eq_tensor(&self.stop)?)?;
         }
