@@ -118,23 +118,25 @@ fn benchmark_files_are_scored_as_lm_eval_scores_them() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `bench-generate --checkpoint`: GRPO's cached sampler and the full-prefix loop decode
-/// a trained model's validation questions; in f32 on the CPU every greedy row agrees,
-/// and a prompt length the questions cannot fill is refused naming the flag.
+/// `bench-generate --checkpoint`: GRPO's cached sampler (eager and in static steps) and
+/// the full-prefix loop decode a trained model's validation questions; in f32 on the CPU
+/// every greedy row agrees, and a prompt length the questions cannot fill or an empty
+/// bucket is refused naming the flag.
 #[test]
 fn the_sampler_decodes_a_trained_checkpoint_as_the_full_prefix_loop_does() {
     let dir = scratch("eval-bench-generate");
     let (out, _) = run_logged(&dir, RUN, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run = dir.join("out");
-    let bench = |prompt_tokens: &str| {
+    let bench_with = |prompt_tokens: &str, bucket: &str| {
         trainer_bin()
             .args(["bench-generate", "--device", "cpu", "--batch", "6", "--new-tokens", "24", "--checkpoint"])
             .arg(&run)
-            .args(["--prompt-tokens", prompt_tokens])
+            .args(["--prompt-tokens", prompt_tokens, "--bucket", bucket])
             .output()
             .unwrap()
     };
+    let bench = |prompt_tokens: &str| bench_with(prompt_tokens, "16");
     let out = bench("32");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(out.stdout.split(|&b| b == b'\n').rfind(|l| !l.is_empty()).unwrap()).unwrap();
@@ -142,6 +144,15 @@ fn the_sampler_decodes_a_trained_checkpoint_as_the_full_prefix_loop_does() {
     assert_eq!(v["weights"].as_str(), run.to_str());
     assert_eq!(v["greedy_agreement"].as_f64(), Some(1.0), "{v}");
     assert_eq!(v["partings"], serde_json::json!([]));
+    // The static step, eager on the CPU, over buckets of 16 slots: the same tokens.
+    assert_eq!((v["static_decoder"].as_str(), v["static_bucket"].as_i64()), (Some("eager steps"), Some(16)), "{v}");
+    assert_eq!(v["static_rows_identical_to_kv_cache"].as_str(), Some("6/6"), "{v}");
+    assert!(v["static_tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+
+    let out = bench_with("32", "0");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--bucket 0: must be at least 1"), "{err}");
 
     let out = bench("100000");
     assert!(!out.status.success());

@@ -43,7 +43,8 @@ fn paced(extra: &str) -> String {
 
 /// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
 /// restarted mid-run; then the same run with one trainer process killed, which the
-/// operator gang-restarts from the last checkpoint to the same losses; then the same
+/// operator gang-restarts from the last checkpoint to the same losses; then the same run
+/// with rank 0 killed during a checkpoint write (issue 43's drill 4); then the same
 /// run resized to one node mid-run, and the same run out of GPU memory with
 /// `onOutOfMemory: reduceMicroBatch`, which both continue on the same losses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,6 +131,35 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     let from = resumed[0]["step"].as_u64().unwrap();
     assert!(from >= checkpoint_step(&s) && from.is_multiple_of(8), "resumed from step {from}");
     assert_eq!(sim.step_losses("crash"), base, "the loss sequence after the restart equals the uninterrupted run's");
+
+    // --- the same run, rank 0 SIGKILLed in the middle of writing step 16's checkpoint
+    // (its model file on disk, the rest not): attempt 2 resumes from step 8, the last
+    // complete checkpoint, never reading the torn write, and retrains to the same losses.
+    let torn = format!(
+        "{SPEC}  env:\n    - {{name: TRAINER_INJECT_KILL_IN_CHECKPOINT_AT_STEP, value: \"16\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"0\"}}\n    - {{name: TRAINER_INJECT_ATTEMPT, value: \"1\"}}\n"
+    );
+    sim.apply("torn", &torn);
+    let s = sim.wait_phase("torn", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (2, 1), "one restart, counted");
+    let restart = sim
+        .events("torn")
+        .into_iter()
+        .find(|e| e.0 == "Warning" && e.2.contains("restarting the gang"))
+        .unwrap_or_else(|| panic!("{:?}", sim.events("torn")));
+    assert!(restart.2.contains("(node rank 0) exited with code 137 (SIGKILL)"), "{restart:?}");
+    let resumed: Vec<Value> = sim.records("torn").into_iter().filter(|r| r["kind"] == "resume").collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!((resumed[0]["attempt"].as_u64(), resumed[0]["step"].as_u64()), (Some(2), Some(8)), "{resumed:?}");
+    assert_eq!(sim.step_losses("torn"), base, "the losses after the torn write equal the uninterrupted run's");
+    // The torn write is swept once attempt 2 writes its own checkpoints.
+    let left: Vec<String> = std::fs::read_dir(sim.checkpoint_dir("torn"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "unfinished writes left: {left:?}");
+    assert_eq!(sim.checkpoints("torn").last().map(String::as_str), Some("step-00000040"));
 
     // --- the same run, resized to one node after its second checkpoint: the gang stops
     // (checkpointing where it is), resumes on one rank and trains on to the

@@ -482,6 +482,7 @@ fn write_checkpoint(
     model: Vec<(String, Tensor)>,
     optimizer: Vec<(String, Tensor)>,
     mut state: TrainState,
+    after_file: Option<&writer::FileHook>,
 ) -> Result<CheckpointRef> {
     let pid = std::process::id();
     let name = step_dir_name(state.step);
@@ -493,8 +494,12 @@ fn write_checkpoint(
     state.files.clear();
     for (file, tensors) in [(MODEL_FILE, &model), (OPTIMIZER_FILE, &optimizer)] {
         // Written straight from the tensors, fsynced, and hashed in the same pass.
-        let written = safetensors_writer::write_synced(&tmp.0.join(file), tensors)?;
+        let path = tmp.0.join(file);
+        let written = safetensors_writer::write_synced(&path, tensors)?;
         state.files.insert(file.into(), FileDigest { bytes: written.bytes, sha256: hex(&written.sha256) });
+        if let Some(hook) = after_file {
+            hook(state.step, &path);
+        }
     }
     drop((model, optimizer));
     state.time = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();

@@ -289,6 +289,35 @@ fn unfinished_write_is_ignored_with_a_warning() -> Result<()> {
     Ok(())
 }
 
+/// The file hook sees each tensor file as soon as it is on disk, inside the unfinished
+/// write and before the checkpoint exists, in the foreground and in the background: a
+/// process killed there leaves a torn write that resume ignores.
+#[test]
+fn the_file_hook_runs_inside_the_unfinished_write() -> Result<()> {
+    let tmp = TempDir::new("file-hook");
+    let seen: Arc<Mutex<Vec<(u64, String, bool, u64)>>> = Arc::default();
+    let record = seen.clone();
+    let hook: super::writer::FileHook = Arc::new(move |step, path: &Path| {
+        let parent = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+        let done = path.parent().unwrap().parent().unwrap().join(step_dir_name(step)).exists();
+        let bytes = fs::metadata(path).unwrap().len();
+        record.lock().unwrap().push((step, parent, done, bytes));
+    });
+    let mut ckpt = Checkpointer::new(&tmp.0, 2)?.after_each_file(hook);
+    ckpt.save(payload(1, 1.0)?)?;
+    let (_, snapshot) = ckpt.save_async(payload(2, 1.0)?)?;
+    snapshot.wait();
+    ckpt.wait()?;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for (i, (step, parent, done, bytes)) in seen.iter().enumerate() {
+        assert_eq!(*step, 1 + i as u64 / 2, "{seen:?}");
+        assert!(parent.starts_with(&format!(".tmp-step-0000000{step}-")), "{parent}");
+        assert!(!done && *bytes > 0, "{seen:?}");
+    }
+    Ok(())
+}
+
 #[test]
 fn background_save_writes_the_same_bytes_as_sync_save() -> Result<()> {
     let (a, b) = (TempDir::new("sync"), TempDir::new("async"));

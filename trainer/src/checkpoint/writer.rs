@@ -29,7 +29,13 @@ pub struct Checkpointer {
     dir: PathBuf,
     keep: Retention,
     pending: Option<JoinHandle<Result<CheckpointRef>>>,
+    after_file: Option<FileHook>,
 }
+
+/// Called with the step and the path of each tensor file of a checkpoint as soon as it
+/// is written and synced, before the checkpoint is complete (fault injection: a torn
+/// write).
+pub type FileHook = std::sync::Arc<dyn Fn(u64, &Path) + Send + Sync>;
 
 /// The copy a background save takes of its payload's tensors. Until [`Snapshot::wait`]
 /// returns, the writer may still be reading them: nothing may change them before
@@ -64,13 +70,20 @@ impl Checkpointer {
     pub fn new(dir: impl Into<PathBuf>, keep_last: u32) -> Result<Self> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(Checkpointer { dir, keep: Retention { last: keep_last.max(1) as usize, best: 0 }, pending: None })
+        let keep = Retention { last: keep_last.max(1) as usize, best: 0 };
+        Ok(Checkpointer { dir, keep, pending: None, after_file: None })
     }
 
     /// Also keeps the `keep_best` checkpoints of lowest validation loss, and points
     /// [`super::BEST_FILE`] at the lowest.
     pub fn keeping_best(mut self, keep_best: u32) -> Self {
         self.keep.best = keep_best as usize;
+        self
+    }
+
+    /// Calls `hook` after each tensor file a write puts on disk ([`FileHook`]).
+    pub fn after_each_file(mut self, hook: FileHook) -> Self {
+        self.after_file = Some(hook);
         self
     }
 
@@ -91,7 +104,7 @@ impl Checkpointer {
         let model = to_cpu(&self.dir, &payload.model, false)?;
         let optimizer = to_cpu(&self.dir, &payload.optimizer, false)?;
         let bytes = payload_bytes(&model, &optimizer);
-        write_checkpoint(&self.dir, self.keep, model, optimizer, payload.state)
+        write_checkpoint(&self.dir, self.keep, model, optimizer, payload.state, self.after_file.as_ref())
             .map_err(|e| space::explain(e, &self.dir, bytes))
     }
 
@@ -107,7 +120,7 @@ impl Checkpointer {
         let previous = self.wait()?;
         check_names(&self.dir, &payload.model)?;
         check_names(&self.dir, &payload.optimizer)?;
-        let (dir, keep) = (self.dir.clone(), self.keep);
+        let (dir, keep, after_file) = (self.dir.clone(), self.keep, self.after_file.clone());
         let (taken_tx, taken_rx) = mpsc::sync_channel(1);
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
@@ -118,7 +131,8 @@ impl Checkpointer {
                 let _ = taken_tx.send(());
                 let (model, optimizer) = copies?;
                 let bytes = payload_bytes(&model, &optimizer);
-                write_checkpoint(&dir, keep, model, optimizer, state).map_err(|e| space::explain(e, &dir, bytes))
+                write_checkpoint(&dir, keep, model, optimizer, state, after_file.as_ref())
+                    .map_err(|e| space::explain(e, &dir, bytes))
             })
             .map_err(io_err(&self.dir))?;
         self.pending = Some(handle);

@@ -9,6 +9,7 @@ use crds::config::RunConfig;
 use crds::contract::TrainerPhase;
 use crds::types::CheckpointRef;
 
+use super::faults::Faults;
 use super::report::{Event, Sinks};
 use super::trainer::Trainer;
 use crate::Error;
@@ -31,9 +32,19 @@ impl Checkpoints {
     /// Rank 0 checks that the directory can hold the run's checkpoints of about
     /// `estimate` bytes (a run that cannot keep them fails now, not after an interval
     /// of training) and starts the S3 mirror.
-    pub(super) fn start(cfg: &RunConfig, dir: &Path, rank0: bool, estimate: u64) -> Result<Checkpoints, Error> {
+    /// `faults` may kill the process during a write.
+    pub(super) fn start(
+        cfg: &RunConfig,
+        dir: &Path,
+        rank0: bool,
+        estimate: u64,
+        faults: &Faults,
+    ) -> Result<Checkpoints, Error> {
         let keep = &cfg.checkpoint;
-        let writer = Checkpointer::new(dir, keep.keep_last)?.keeping_best(keep.keep_best);
+        let mut writer = Checkpointer::new(dir, keep.keep_last)?.keeping_best(keep.keep_best);
+        if let Some(hook) = faults.checkpoint_hook() {
+            writer = writer.after_each_file(hook);
+        }
         if rank0 {
             checkpoint::space::preflight(dir, keep.keep_last, keep.keep_best, estimate)?;
         }

@@ -13,6 +13,9 @@ pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
 pub const INJECT_OOM_ENV: &str = "TRAINER_INJECT_OOM_AT_STEP";
 /// The process SIGKILLs itself at this step.
 pub const INJECT_KILL_ENV: &str = "TRAINER_INJECT_KILL_AT_STEP";
+/// The process SIGKILLs itself while it writes this step's checkpoint: the first tensor
+/// file is on disk, synced, and the checkpoint not complete (a torn write).
+pub const INJECT_KILL_IN_CHECKPOINT_ENV: &str = "TRAINER_INJECT_KILL_IN_CHECKPOINT_AT_STEP";
 /// Writing the checkpoint of this step, or of any later one, finds the disk full (ENOSPC).
 pub const INJECT_DISK_FULL_ENV: &str = "TRAINER_INJECT_DISK_FULL_AT_STEP";
 /// Every step sleeps this many milliseconds before its forward pass: a straggler.
@@ -28,6 +31,7 @@ pub struct Faults {
     nan: Option<u64>,
     oom: Option<u64>,
     kill: Option<u64>,
+    kill_in_checkpoint: Option<u64>,
     disk_full: Option<u64>,
     slow_ms: Option<u64>,
 }
@@ -43,6 +47,7 @@ impl Faults {
             nan: injected(INJECT_NAN_ENV, rank),
             oom: injected(INJECT_OOM_ENV, rank),
             kill: injected(INJECT_KILL_ENV, rank),
+            kill_in_checkpoint: injected(INJECT_KILL_IN_CHECKPOINT_ENV, rank),
             disk_full: injected(INJECT_DISK_FULL_ENV, rank),
             slow_ms: injected(INJECT_SLOW_ENV, rank),
         }
@@ -63,6 +68,19 @@ impl Faults {
             unsafe { libc::raise(libc::SIGKILL) };
         }
         Ok(())
+    }
+
+    /// What the checkpoint writer calls after each file, where a kill during a
+    /// checkpoint is injected.
+    pub fn checkpoint_hook(&self) -> Option<crate::checkpoint::writer::FileHook> {
+        let at = self.kill_in_checkpoint?;
+        Some(std::sync::Arc::new(move |step, path: &std::path::Path| {
+            if step == at {
+                tracing::warn!(path = %path.display(), "{INJECT_KILL_IN_CHECKPOINT_ENV}: killing this process");
+                // SAFETY: raise(3) on this process; SIGKILL cannot be caught.
+                unsafe { libc::raise(libc::SIGKILL) };
+            }
+        }))
     }
 
     /// Before writing the checkpoint of `step` into `dir`: ENOSPC from that step on.

@@ -95,9 +95,14 @@ impl Trainer {
             // A generated batch is never split by a stop: resuming must regenerate it.
             last_step = g.boundary_at_or_after(last_step).min(total_steps);
         }
-        let checkpoints =
-            Checkpoints::start(&self.cfg, self.checkpoint_dir(), self.rank0(), self.checkpoint_estimate())
-                .map_err(|e| self.failed(sinks, e))?;
+        let checkpoints = Checkpoints::start(
+            &self.cfg,
+            self.checkpoint_dir(),
+            self.rank0(),
+            self.checkpoint_estimate(),
+            &self.faults,
+        )
+        .map_err(|e| self.failed(sinks, e))?;
         let unigram_entropy = self.phase.mix().map(|m| m.unigram_entropy()).transpose()?;
         let data = match (unigram_entropy, self.phase.grpo()) {
             (Some(h), _) => format!("unigram entropy of the data {h:.3} nats/token"),
