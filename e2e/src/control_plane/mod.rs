@@ -87,6 +87,10 @@ pub struct ControlPlane {
     /// Dropped last to first: the scheduler and the controllers before the API server,
     /// the API server before etcd.
     daemons: Vec<Daemon>,
+    /// Each daemon's arguments, by name, to start it again as it was.
+    args: std::collections::BTreeMap<String, Vec<String>>,
+    /// etcd's client port (its URL is in the API server's arguments).
+    etcd_port: u16,
 }
 
 impl ControlPlane {
@@ -112,6 +116,8 @@ impl ControlPlane {
             nodes: node_ids,
             kubeconfig: dir.join("admin.kubeconfig"),
             daemons: Vec::new(),
+            args: Default::default(),
+            etcd_port: 0,
         };
         let server = cp.server();
         let write = |p: &Path, text: String| std::fs::write(p, text).map_err(|e| Error::io(p, e));
@@ -122,6 +128,7 @@ impl ControlPlane {
         write(&scheduler_config, cp.pki.kubeconfig(&server, "kube-scheduler", &scheduler.token))?;
 
         let etcd_port = cp.start_etcd().await?;
+        cp.etcd_port = etcd_port;
         cp.start_apiserver(etcd_port).await?;
         cp.start_controller_manager(&kcm_config).await?;
         cp.start_scheduler(&scheduler_config).await?;
@@ -142,12 +149,43 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<(), Error> {
-        let program = if name == "etcd" { self.bin.join("etcd") } else { self.bin.join(name) };
-        let mut cmd = Command::new(&program);
-        cmd.args(&args).current_dir(&self.dir);
-        let log = self.log(name);
-        self.daemons.push(Daemon::spawn(name, cmd, &log)?);
+        let daemon = self.daemon(name, &args)?;
+        self.daemons.push(daemon);
+        self.args.insert(name.to_string(), args);
         Ok(())
+    }
+
+    fn daemon(&self, name: &str, args: &[String]) -> Result<Daemon, Error> {
+        let mut cmd = Command::new(self.bin.join(name));
+        cmd.args(args).current_dir(&self.dir);
+        Daemon::spawn(name, cmd, &self.log(name))
+    }
+
+    /// Stops `name` (`etcd` or `kube-apiserver`: SIGTERM, as an upgrade or a node
+    /// restart does), keeps it away for `away`, then starts it again with the same
+    /// arguments, state and port and waits until it is ready. Everything else keeps
+    /// running meanwhile and finds it again at the same address.
+    pub async fn restart(&mut self, name: &str, away: Duration) -> Result<(), Error> {
+        let args = self.args.get(name).cloned().ok_or_else(|| Error::NotReady {
+            what: format!("{name} restart"),
+            waited: Duration::ZERO,
+            state: format!("{name} was not started"),
+        })?;
+        let at = self.daemons.iter().position(|d| d.name == name).expect("a started daemon is held");
+        self.daemons[at].stop(Duration::from_secs(10));
+        tokio::time::sleep(away).await;
+        // At the same place, so the daemons still stop in dependency order.
+        self.daemons[at] = self.daemon(name, &args)?;
+        match name {
+            "etcd" => {
+                let probe = probe_client(&format!("http://127.0.0.1:{}", self.etcd_port))?;
+                self.wait_ready("etcd", &probe, "/health", |body| body.contains("\"health\":\"true\"")).await
+            }
+            _ => {
+                let client = self.client().await?;
+                self.wait_ready(name, &client, "/readyz", |body| body.trim() == "ok").await
+            }
+        }
     }
 
     /// The daemon `name`, for the failure message of a wait.

@@ -521,3 +521,41 @@ async fn grpo_waits_for_its_base_run_and_retain_on_delete_keeps_checkpoints() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The API server away for 30 s mid-run, then etcd away for 10 s (issue 43's drill 3):
+/// each is stopped with SIGTERM and started again on the same state and port, as an
+/// upgrade does. Training goes on meanwhile (the trainer's own records on the claim move
+/// on), the operator's watches resume and status catches up, and no restart, second Job
+/// or Warning follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_rides_out_the_api_server_and_etcd_going_away() {
+    let mut sim = Scenario::new().await;
+    // 40 steps of at least 1.5 s: a minute of training for the outages to fall inside.
+    let spec = format!("{SPEC}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"1500\"}}\n");
+    sim.apply("away", &spec);
+    sim.wait("away", "Running at step 2", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
+    let trained = |sim: &Scenario| sim.step_losses("away").last().map_or(0, |s| s.0);
+
+    let before = trained(&sim);
+    sim.c.cp.restart("kube-apiserver", Duration::from_secs(30)).await.unwrap();
+    let during = trained(&sim);
+    assert!(during >= before + 10, "training went on without the API server: step {before} → {during}");
+    sim.wait("away", "status caught up after the API server's return", MINUTES(2), |s| step(s) >= during).await;
+
+    let before = trained(&sim);
+    sim.c.cp.restart("etcd", Duration::from_secs(10)).await.unwrap();
+    let during = trained(&sim);
+    assert!(during > before, "training went on without etcd: step {before} → {during}");
+    sim.wait("away", "status caught up after etcd's return", MINUTES(2), |s| step(s) >= during).await;
+
+    let s = sim.wait_phase("away", RunPhase::Succeeded, MINUTES(5)).await;
+    assert_eq!((s.attempt, s.restarts, s.reason.as_deref()), (1, 0, Some("Completed")));
+    assert_eq!(s.progress.map(|p| p.step), Some(40));
+    assert_eq!(sim.jobs("away"), vec!["away-a1"], "no second Job");
+    let phases = sim.phases_through("away", RunPhase::Succeeded).await;
+    assert_eq!(phases, vec![RunPhase::Pending, RunPhase::Running, RunPhase::Succeeded]);
+    let events = sim.events("away");
+    let count = |reason: &str| events.iter().filter(|e| e.1 == reason).count();
+    assert_eq!((count("JobCreated"), count("Completed")), (1, 1), "{events:?}");
+    assert!(events.iter().all(|e| e.0 != "Warning"), "{events:?}");
+}

@@ -294,14 +294,27 @@ fn unfinished_write_is_ignored_with_a_warning() -> Result<()> {
 /// process killed there leaves a torn write that resume ignores.
 #[test]
 fn the_file_hook_runs_inside_the_unfinished_write() -> Result<()> {
+    /// What the hook saw of one file.
+    #[derive(Clone, Debug)]
+    struct Seen {
+        step: u64,
+        /// The directory the file was written in.
+        dir: String,
+        /// Whether the step's checkpoint existed then.
+        complete: bool,
+        bytes: u64,
+    }
     let tmp = TempDir::new("file-hook");
-    let seen: Arc<Mutex<Vec<(u64, String, bool, u64)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let record = seen.clone();
     let hook: super::writer::FileHook = Arc::new(move |step, path: &Path| {
-        let parent = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
-        let done = path.parent().unwrap().parent().unwrap().join(step_dir_name(step)).exists();
-        let bytes = fs::metadata(path).unwrap().len();
-        record.lock().unwrap().push((step, parent, done, bytes));
+        let dir = path.parent().unwrap();
+        record.lock().unwrap().push(Seen {
+            step,
+            dir: dir.file_name().unwrap().to_string_lossy().into_owned(),
+            complete: dir.parent().unwrap().join(step_dir_name(step)).exists(),
+            bytes: fs::metadata(path).unwrap().len(),
+        });
     });
     let mut ckpt = Checkpointer::new(&tmp.0, 2)?.after_each_file(hook);
     ckpt.save(payload(1, 1.0)?)?;
@@ -310,10 +323,10 @@ fn the_file_hook_runs_inside_the_unfinished_write() -> Result<()> {
     ckpt.wait()?;
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 4, "{seen:?}");
-    for (i, (step, parent, done, bytes)) in seen.iter().enumerate() {
-        assert_eq!(*step, 1 + i as u64 / 2, "{seen:?}");
-        assert!(parent.starts_with(&format!(".tmp-step-0000000{step}-")), "{parent}");
-        assert!(!done && *bytes > 0, "{seen:?}");
+    for (i, s) in seen.iter().enumerate() {
+        assert_eq!(s.step, 1 + i as u64 / 2, "{seen:?}");
+        assert!(s.dir.starts_with(&format!(".tmp-step-0000000{}-", s.step)), "{s:?}");
+        assert!(!s.complete && s.bytes > 0, "{s:?}");
     }
     Ok(())
 }
