@@ -554,6 +554,8 @@ async fn a_run_rides_out_the_api_server_and_etcd_going_away() {
     assert_eq!(sim.jobs("away"), vec!["away-a1"], "no second Job");
     let phases = sim.phases_through("away", RunPhase::Succeeded).await;
     assert_eq!(phases, vec![RunPhase::Pending, RunPhase::Running, RunPhase::Succeeded]);
+    // The Completed event follows the status that says so by a moment.
+    sim.expect_event("away", "Normal", "Completed").await;
     let events = sim.events("away");
     let count = |reason: &str| events.iter().filter(|e| e.1 == reason).count();
     assert_eq!((count("JobCreated"), count("Completed")), (1, 1), "{events:?}");
