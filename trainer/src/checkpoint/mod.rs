@@ -476,13 +476,18 @@ fn remove_path(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Called with the step and the path of each tensor file of a checkpoint as soon as it
+/// is written and synced, before the checkpoint is complete (fault injection: a torn
+/// write).
+pub type FileHook = std::sync::Arc<dyn Fn(u64, &Path) + Send + Sync>;
+
 fn write_checkpoint(
     dir: &Path,
     keep: Retention,
     model: Vec<(String, Tensor)>,
     optimizer: Vec<(String, Tensor)>,
     mut state: TrainState,
-    after_file: Option<&writer::FileHook>,
+    after_file: Option<&FileHook>,
 ) -> Result<CheckpointRef> {
     let pid = std::process::id();
     let name = step_dir_name(state.step);

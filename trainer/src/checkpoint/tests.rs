@@ -307,7 +307,7 @@ fn the_file_hook_runs_inside_the_unfinished_write() -> Result<()> {
     let tmp = TempDir::new("file-hook");
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let record = seen.clone();
-    let hook: super::writer::FileHook = Arc::new(move |step, path: &Path| {
+    let hook: FileHook = Arc::new(move |step, path: &Path| {
         let dir = path.parent().unwrap();
         record.lock().unwrap().push(Seen {
             step,

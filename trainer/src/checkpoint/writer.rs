@@ -16,7 +16,7 @@ use crds::config::ResolvedCheckpoint;
 use crds::types::CheckpointRef;
 use tch::{Device, Tensor};
 
-use super::{Payload, Result, Retention, space, write_checkpoint};
+use super::{FileHook, Payload, Result, Retention, space, write_checkpoint};
 use crate::{Error, io_err};
 
 /// Writes checkpoints into one directory, synchronously or on a background thread, and
@@ -31,11 +31,6 @@ pub struct Checkpointer {
     pending: Option<JoinHandle<Result<CheckpointRef>>>,
     after_file: Option<FileHook>,
 }
-
-/// Called with the step and the path of each tensor file of a checkpoint as soon as it
-/// is written and synced, before the checkpoint is complete (fault injection: a torn
-/// write).
-pub type FileHook = std::sync::Arc<dyn Fn(u64, &Path) + Send + Sync>;
 
 /// The copy a background save takes of its payload's tensors. Until [`Snapshot::wait`]
 /// returns, the writer may still be reading them: nothing may change them before

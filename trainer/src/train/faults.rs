@@ -72,7 +72,7 @@ impl Faults {
 
     /// What the checkpoint writer calls after each file, where a kill during a
     /// checkpoint is injected.
-    pub fn checkpoint_hook(&self) -> Option<crate::checkpoint::writer::FileHook> {
+    pub fn checkpoint_hook(&self) -> Option<crate::checkpoint::FileHook> {
         let at = self.kill_in_checkpoint?;
         Some(std::sync::Arc::new(move |step, path: &std::path::Path| {
             if step == at {
