@@ -11,8 +11,6 @@ use tch::{Device, Kind, TchError, Tensor};
 
 use super::{LeftPadded, Sampling, completions, sample_next_in_graph};
 use crate::model::Model;
-#[cfg(test)]
-use crate::model::cache::KvCache;
 
 /// How the static decoder runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,19 +168,19 @@ impl Steps {
     }
 }
 
-/// The decoding state a caller can inspect in tests: the cache after the prefill.
-#[cfg(test)]
-pub(crate) fn prefilled(model: &Model, prompts: &[Vec<i64>], max_new: usize) -> Result<KvCache, TchError> {
-    let batch = LeftPadded::new(model, prompts, max_new, Device::Cpu)?;
-    let mut cache = model.new_cache(batch.rows, batch.len + max_new as i64)?;
-    let _ = tch::no_grad(|| model.decode(&batch.ids, &batch.real, &mut cache))?;
-    Ok(cache)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::generate::generate_cached;
+    use crate::model::cache::KvCache;
+
+    /// The KV cache of `prompts` after their prefill, with room for `max_new` more.
+    fn prefilled(model: &Model, prompts: &[Vec<i64>], max_new: usize) -> Result<KvCache, TchError> {
+        let batch = LeftPadded::new(model, prompts, max_new, Device::Cpu)?;
+        let mut cache = model.new_cache(batch.rows, batch.len + max_new as i64)?;
+        let _ = tch::no_grad(|| model.decode(&batch.ids, &batch.real, &mut cache))?;
+        Ok(cache)
+    }
 
     #[test]
     fn keys_grow_in_whole_buckets_up_to_the_capacity() {
