@@ -162,7 +162,7 @@ for p in dict.fromkeys(presets):
         if r.get("failed") or not r:
             print(f"{p:<14}{impl:<10}{'failed':>12}"); ok = False; continue
         print(f"{p:<14}{impl:<10}{r['tokens_per_s']:>12,.0f}{100*r['mfu']:>7.1f}%{(r.get('peak_mem_gib') or 0):>10.2f}{r.get('attention_backend', ''):>12}")
-        for key in ("attention", "swiglu", "rope"):
+        for key in ("attention", "swiglu", "rope", "norm", "loss"):
             if r.get(f"{key}_trials"):
                 print(f"{'':<14}{key} auto chose {r[key]}: " + "; ".join(
                     f"{t['candidate']} {t['ms']:.3f} ms" if t["ms"] is not None else f"{t['candidate']} rejected ({t.get('rejected')})"

@@ -178,27 +178,40 @@ def peer_step(a):
 
 def peer_generate(a):
     """Hugging Face `generate`, greedy with the KV cache, on the trainer's exported model
-    and prompts; the outputs are compared with the trainer's."""
+    and prompts; the outputs are compared with the trainer's. On CUDA with
+    `--cache static`, HF's static cache, which `generate` compiles by itself on CUDA."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
     torch.set_num_threads(a.threads)
-    model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
+    model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=dtype, attn_implementation="sdpa").to(a.device).eval()
     ours = json.load(open(os.path.join(a.dir, "generate.json")))
-    prompts = torch.tensor(ours["prompts"], dtype=torch.long)
+    prompts = torch.tensor(ours["prompts"], dtype=torch.long, device=a.device)
     new = len(ours["outputs"][0])
     # No end-of-text: both sides decode exactly `new` tokens, with nothing suppressed.
     model.generation_config.eos_token_id = None
     model.config.eos_token_id = None
+    extra = {"cache_implementation": "static"} if a.cache == "static" else {}
     gc = GenerationConfig(max_new_tokens=new, do_sample=False, use_cache=True, eos_token_id=None,
-                          pad_token_id=0, num_beams=1)
+                          pad_token_id=0, num_beams=1, **extra)
     mask = torch.ones_like(prompts)
+
+    def sync():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
 
     def run(n):
         with torch.inference_mode():
-            return model.generate(prompts, attention_mask=mask, generation_config=gc, max_new_tokens=n,
-                                  return_dict_in_generate=True)
+            out = model.generate(prompts, attention_mask=mask, generation_config=gc, max_new_tokens=n,
+                                 return_dict_in_generate=True)
+        sync()
+        return out
 
-    warm = run(min(4, new))
+    t = time.perf_counter()
+    # The warm-up decodes as many tokens as the timed runs: a static cache is sized by
+    # the whole length, and its compiled step by the cache's shape.
+    warm = run(new if a.cache == "static" else min(4, new))
+    warm_s = time.perf_counter() - t
     times, out = [], None
     for _ in range(a.repeats):
         t = time.perf_counter()
@@ -211,6 +224,7 @@ def peer_generate(a):
     print(json.dumps({
         "impl": "transformers-generate", "class": type(model).__name__,
         "attn_implementation": model.config._attn_implementation,
+        "device": a.device, "dtype": a.dtype, "cache": a.cache, "warmup_s": warm_s,
         "use_cache": gc.use_cache, "kv_cache_used": out.past_key_values is not None and warm.past_key_values is not None,
         "threads": torch.get_num_threads(), "rows": len(seqs), "new_tokens": new,
         "tokens_per_s": len(seqs) * new / statistics.median(times), "runs_s": times,
@@ -602,6 +616,9 @@ def main():
     peer_args(g)
     g.add_argument("--dir", required=True)
     g.add_argument("--repeats", type=int, default=3)
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    g.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
     c = sub.add_parser("peer-save")
     peer_args(c, shape)
     c.add_argument("--dir", required=True)

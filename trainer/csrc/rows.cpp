@@ -374,20 +374,34 @@ std::pair<at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, cons
   return {grad_input, grad_weight};
 }
 
-// RMSNorm of x + branch (or of x) as one autograd node: outputs the norm in `out_type`
-// and, with a branch, the sum (the residual stream the next layer adds to); saves the
-// normed stream, the weight and one float a row.
+// RMSNorm of x + branch as one autograd node: outputs the norm in `out_type` and the sum
+// (the residual stream the next layer adds to); saves the sum, the weight and one float
+// a row.
 struct ResidualRmsNormFn : public torch::autograd::Function<ResidualRmsNormFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& branch, const at::Tensor& weight, double eps,
                                                 int64_t out_type) {
     auto r = norm_forward(x, branch, weight, eps, static_cast<at::ScalarType>(out_type));
-    const bool has_branch = branch.defined();
-    ctx->saved_data["has_branch"] = has_branch;
-    if (has_branch) {
-      ctx->save_for_backward({r.sum, weight, r.rstd});
-      return {r.out, r.sum};
-    }
+    ctx->save_for_backward({r.sum, weight, r.rstd});
+    return {r.out, r.sum};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(saved[0]);
+    auto [grad_input, grad_weight] = norm_backward(grad_out, grads[1], saved[0], saved[1], saved[2]);
+    return {grad_input, grad_input, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// RMSNorm of x alone, the same kernels without a branch. A node of its own rather than
+// ResidualRmsNormFn with an undefined branch: autograd records every tensor input's
+// device, and an undefined tensor has none.
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& weight, double eps, int64_t out_type) {
+    auto r = norm_forward(x, at::Tensor(), weight, eps, static_cast<at::ScalarType>(out_type));
     ctx->save_for_backward({x, weight, r.rstd});
     return {r.out};
   }
@@ -395,11 +409,9 @@ struct ResidualRmsNormFn : public torch::autograd::Function<ResidualRmsNormFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const bool has_branch = ctx->saved_data["has_branch"].toBool();
     at::Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(saved[0]);
-    at::Tensor grad_sum = has_branch && grads.size() > 1 ? grads[1] : at::Tensor();
-    auto [grad_input, grad_weight] = norm_backward(grad_out, grad_sum, saved[0], saved[1], saved[2]);
-    return {grad_input, has_branch ? grad_input : at::Tensor(), grad_weight, at::Tensor(), at::Tensor()};
+    auto [grad_input, grad_weight] = norm_backward(grad_out, at::Tensor(), saved[0], saved[1], saved[2]);
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -438,8 +450,9 @@ char* shim_residual_rms_norm(const at::Tensor* x, const at::Tensor* branch, cons
     TORCH_CHECK(weight->device() == x->device(), "weight is on ", weight->device().str(), ", x on ",
                 x->device().str());
     require_cuda(*x);
-    auto r = ResidualRmsNormFn::apply(*x, has_branch ? *branch : at::Tensor(), *weight, eps,
-                                      static_cast<int64_t>(out_type));
+    const auto type = static_cast<int64_t>(out_type);
+    auto r = has_branch ? ResidualRmsNormFn::apply(*x, *branch, *weight, eps, type)
+                        : RmsNormFn::apply(*x, *weight, eps, type);
     *out = new at::Tensor(r[0]);
     if (has_branch) *sum = new at::Tensor(r[1]);
   });

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crds::types::Parallelism;
-use trainer::bench::memory::{MemoryCase, measure};
+use trainer::bench::memory::{Hardware, MemoryCase, measure};
 
 fn example(name: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name)).unwrap()
@@ -90,7 +90,15 @@ fn the_planned_step_peak_matches_the_allocator_within_15_percent() {
     cases.push(("tiny", 2, true, Parallelism::Zero1));
     let mut report = Vec::new();
     for (preset, micro_batch, checkpointing, parallelism) in cases {
-        let case = MemoryCase { preset: preset.into(), ranks: 2, micro_batch, seq: 256, checkpointing, parallelism };
+        let case = MemoryCase {
+            preset: preset.into(),
+            ranks: 2,
+            micro_batch,
+            seq: 256,
+            checkpointing,
+            parallelism,
+            hardware: Hardware::Cpu,
+        };
         let r = measure(&case).unwrap();
         report.push(format!("{case:?}: planned {} measured {} ratio {:.3}", r.planned, r.measured, r.ratio()));
         assert!(r.measured > r.resident, "{case:?}: the step allocates");

@@ -49,7 +49,28 @@ fn time_allreduce(group: &ProcessGroup, numel: i64, reps: u32) -> Result<f64, Er
     Ok(super::step::median(&times).unwrap_or(f64::NAN))
 }
 
-pub(crate) fn manifest(preset: &str, nodes: u32, micro: u32, seq: u32, steps: u32, parallelism: Parallelism) -> String {
+/// What each node of a benchmark's manifest trains on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hardware {
+    /// CPU ranks in f32.
+    Cpu,
+    /// One GPU a node, in bf16-mixed.
+    Gpu,
+}
+
+pub(crate) fn manifest(
+    preset: &str,
+    nodes: u32,
+    micro: u32,
+    seq: u32,
+    steps: u32,
+    parallelism: Parallelism,
+    hardware: Hardware,
+) -> String {
+    let (gpus, precision) = match hardware {
+        Hardware::Cpu => (0, "f32"),
+        Hardware::Gpu => (1, "bf16-mixed"),
+    };
     let per_step = micro as u64 * seq as u64 * nodes as u64;
     format!(
         r#"
@@ -63,9 +84,9 @@ spec:
     mix:
       - {{name: textbook, weight: 0.5, uri: "embedded:textbook"}}
       - {{name: facts, weight: 0.5, uri: "embedded:facts"}}
-  topology: {{nodes: {nodes}, gpusPerNode: 0}}
+  topology: {{nodes: {nodes}, gpusPerNode: {gpus}}}
   batch: {{globalTokens: {per_step}, microBatch: {micro}, seqLength: {seq}}}
-  precision: f32
+  precision: {precision}
   parallelism: {parallelism}
 "#,
         tokens = per_step * steps as u64,
@@ -110,7 +131,7 @@ fn time_steps(
     parallelism: Parallelism,
     dir: &std::path::Path,
 ) -> Result<Timed, Error> {
-    let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup, parallelism);
+    let yaml = manifest(&o.preset, world, o.micro_batch, o.seq, o.steps + o.warmup, parallelism, Hardware::Cpu);
     let cfg = crds::resolve(&crds::manifest::from_yaml(&yaml, "bench-ddp")?)
         .map_err(|e| Error::InvalidSpec(format!("bench-ddp: {e}")))?;
     on_ranks(threads, |thread, port| {

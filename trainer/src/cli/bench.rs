@@ -110,11 +110,19 @@ pub struct BenchMemoryArgs {
     pub micro_batches: Vec<u32>,
     #[arg(long, default_value_t = 256)]
     pub seq: u32,
-    #[arg(long, default_value_t = 2)]
-    pub ranks: u32,
+    /// Ranks (threads over Gloo) on the CPU; CUDA measures one rank on GPU 0
+    /// [default: 2 on the CPU, 1 on CUDA].
+    #[arg(long)]
+    pub ranks: Option<u32>,
     /// Strategies to measure.
     #[arg(long, value_delimiter = ',', default_value = "ddp,zero1")]
     pub parallelism: Vec<String>,
+    /// Measure without and with gradient checkpointing, or only one of them.
+    #[arg(long, value_delimiter = ',', default_value = "false,true")]
+    pub checkpointing: Vec<bool>,
+    /// cpu (f32, the CPU allocator) or cuda (bf16-mixed, the caching allocator).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// The model, batch, precision and device a benchmark runs.
@@ -325,8 +333,23 @@ fn parallelism_args(names: &[String]) -> Result<Vec<crds::types::Parallelism>, E
 
 /// `trainer bench-memory`.
 pub fn memory(a: BenchMemoryArgs) -> Result<(), Error> {
+    use crate::bench::memory::{Grid, run};
     let strategies = parallelism_args(&a.parallelism)?;
-    println!("{}", crate::bench::memory::run(&a.presets, &a.micro_batches, a.seq, a.ranks, &strategies)?);
+    let hardware = match bench_device(Some(&a.device))? {
+        tch::Device::Cpu => crate::bench::ddp::Hardware::Cpu,
+        _ => crate::bench::ddp::Hardware::Gpu,
+    };
+    let ranks = a.ranks.unwrap_or(if hardware == crate::bench::ddp::Hardware::Cpu { 2 } else { 1 });
+    let grid = Grid {
+        presets: &a.presets,
+        micro_batches: &a.micro_batches,
+        seq: a.seq,
+        ranks,
+        strategies: &strategies,
+        checkpointing: &a.checkpointing,
+        hardware,
+    };
+    println!("{}", run(&grid)?);
     Ok(())
 }
 

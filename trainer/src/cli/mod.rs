@@ -100,7 +100,8 @@ pub enum Command {
     /// ranks, and the step time of N ranks over 1 at the same per-rank batch.
     BenchDdp(bench::BenchDdpArgs),
     /// The memory planner against the allocator: each case's planned step peak per rank
-    /// and the peak libtorch's CPU allocator handed out, on local ranks.
+    /// and the peak libtorch's allocator handed out: the CPU's on local ranks, or CUDA's
+    /// caching allocator on one GPU.
     BenchMemory(bench::BenchMemoryArgs),
     /// How fast one core serves training batches from mmap shards through the mix
     /// (synthetic 45/25/20/10 shards unless --data is given).

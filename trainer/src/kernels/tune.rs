@@ -119,7 +119,7 @@ impl Problem {
                 let weight = randn(&[d], stream)?.f_mul_scalar(0.1)?.f_add_scalar(1.0)?;
                 plain(
                     vec![randn(&[tokens, d], stream)?, randn(&[tokens, d], kind)?, weight],
-                    vec![randn(&[tokens, d], kind)?, randn(&[tokens, d], stream)?],
+                    vec![randn(&[tokens, d], kind)?, randn(&[tokens, d], stream)?, randn(&[tokens, d], kind)?],
                 )
             }
             Op::Loss => {
@@ -150,8 +150,11 @@ impl Problem {
             (Op::Swiglu, _) => vec![swiglu_with(k, &xs[0], &xs[1])?],
             (Op::Rope, Some(rope)) => vec![rope_with(k, &xs[0], &rope.tables(xs[0].kind(), 0, xs[0].size()[2])?)?],
             (Op::Norm, _) => {
+                // Both forms a block runs: input_layernorm on the stream alone, then the
+                // attention's residual add with post_attention_layernorm.
+                let alone = residual_rms_norm_with(k, &xs[0], None, &xs[2], TRIAL_EPS)?;
                 let normed = residual_rms_norm_with(k, &xs[0], Some(&xs[1]), &xs[2], TRIAL_EPS)?;
-                vec![normed.out, normed.stream]
+                vec![normed.out, normed.stream, alone.out]
             }
             (op, _) => return Err(Error::Shim(format!("{} trial: its inputs are missing", op.name()))),
         };
