@@ -36,6 +36,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A node's network is cut while this file exists in its agent's root: the host side of
+/// every pod link of the node is down, also of pods started meanwhile ([`NodeLinks`]).
+pub const PARTITIONED: &str = "partitioned";
+
 /// The bridge's address and the pods' gateway.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 pub const POD_PREFIX: u8 = 16;
@@ -129,6 +133,51 @@ fn sweep_stale() {
     }
 }
 
+/// The host sides of one node's pod links in the cluster namespace (`veth<node>x<slot>`):
+/// a switch port each. Down, the node's pods keep their addresses and sockets but no
+/// frame reaches or leaves them, as when a node's NIC or its top-of-rack port fails.
+pub struct NodeLinks<'a> {
+    pub cluster_netns: &'a str,
+    pub node: u8,
+}
+
+impl NodeLinks<'_> {
+    /// The links that exist now.
+    pub fn list(&self) -> Result<Vec<String>, Error> {
+        let out = Command::new("ip")
+            .args(["-n", self.cluster_netns, "-o", "link", "show"])
+            .output()
+            .map_err(|e| Error::Io { path: PathBuf::from("ip"), source: e })?;
+        if !out.status.success() {
+            return Err(Error::Ip {
+                args: format!("-n {} -o link show", self.cluster_netns),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        let prefix = format!("veth{}x", self.node);
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            // "12: veth1x2@if3: <BROADCAST,...> ..."
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|name| name.split('@').next().unwrap_or(name).to_string())
+            .filter(|name| name.starts_with(&prefix))
+            .collect())
+    }
+
+    /// Sets every link of the node up or down; the links it set.
+    pub fn set(&self, up: bool) -> Result<Vec<String>, Error> {
+        let links = self.list()?;
+        for link in &links {
+            set_link(self.cluster_netns, link, up)?;
+        }
+        Ok(links)
+    }
+}
+
+fn set_link(cluster_netns: &str, link: &str, up: bool) -> Result<(), Error> {
+    ip(&["-n", cluster_netns, "link", "set", link, if up { "up" } else { "down" }])
+}
+
 /// One pod's network: its namespace, with a veth into the cluster's bridge.
 #[derive(Clone, Debug)]
 pub struct PodNetwork {
@@ -157,6 +206,11 @@ impl PodNetwork {
         ip(&["-n", &netns, "link", "set", "eth0", "up"])?;
         ip(&["-n", &netns, "route", "add", "default", "via", &gw])?;
         Ok(PodNetwork { netns, ip: addr, host_link, cluster_netns: cluster_netns.to_string() })
+    }
+
+    /// Sets the host side of the pod's link up or down (see [`NodeLinks`]).
+    pub fn set_link(&self, up: bool) -> Result<(), Error> {
+        set_link(&self.cluster_netns, &self.host_link, up)
     }
 
     /// Deletes the namespace and its link (a CNI DEL).

@@ -210,6 +210,11 @@ impl Pods {
 
         let slot = self.free_slot().ok_or(Error::Exhausted)?;
         let net = PodNetwork::create(&cfg.netns_prefix, &cfg.cluster_netns, cfg.index, slot).map_err(Error::Network)?;
+        // Checked after the link exists: whoever cuts the node writes the marker first,
+        // then sets down the links it finds, so a pod started meanwhile is cut by one.
+        if cfg.root.join(crate::network::PARTITIONED).exists() {
+            net.set_link(false).map_err(Error::Network)?;
+        }
         let pod_ip = net.ip.to_string();
         let host_ip = crate::network::pod_ip(cfg.index, 1).to_string();
         let started = async {

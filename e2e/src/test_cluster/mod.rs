@@ -17,6 +17,7 @@ use crate::network::relay::{self, Relay};
 use crate::network::{ClusterNetwork, Enter};
 
 mod cpus;
+mod nodes;
 mod pods;
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
@@ -163,7 +164,8 @@ impl TestCluster {
         Ok(())
     }
 
-    /// Stops node `name`'s agent as a crash would (its pods' processes die with it).
+    /// Stops node `name`'s agent as a crash of its kubelet would: its pods' processes run
+    /// on, and nothing reports them ([`TestCluster::lose_node`] ends them too).
     pub fn kill_agent(&mut self, name: &str) {
         if let Some((_, d)) = self.agents.iter_mut().find(|(n, _)| n == name) {
             d.kill();

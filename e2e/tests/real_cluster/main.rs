@@ -12,6 +12,7 @@ mod scenario;
 
 mod crd;
 mod failures;
+mod network_faults;
 mod nodes;
 mod operator;
 mod run;

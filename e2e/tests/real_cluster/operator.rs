@@ -1,7 +1,9 @@
-//! §3.5: the operator itself. Two replicas as the chart's ServiceAccount: one holds the
-//! real Lease; SIGKILLed mid-run, the other takes over within the lease duration and
-//! goes on observing the same Job, with no spurious restart and no duplicate Job; the
-//! killed replica, started again, waits as the standby.
+//! §3.5 and issue 43's drill 5: the operator itself. Two replicas as the chart's
+//! ServiceAccount: one holds the real Lease; SIGKILLed with 51 runs in flight (two
+//! training, 49 suspended, one of the two just failed), the other takes over within the
+//! lease duration and goes on observing the same Jobs, with no spurious restart, no
+//! duplicate Job and the one real restart counted once; the killed replica, started
+//! again, waits as the standby.
 
 use std::time::{Duration, Instant};
 
@@ -17,10 +19,24 @@ fn holder(c: &e2e::test_cluster::TestCluster) -> String {
         .unwrap_or_default()
 }
 
+/// Runs suspended beside the two that train: 51 in flight.
+const SUSPENDED: usize = 49;
+
+/// The messages of the events about object `name`.
+fn event_messages(c: &e2e::test_cluster::TestCluster, name: &str) -> Vec<String> {
+    let selector = format!("involvedObject.name={name}");
+    let jsonpath = "jsonpath={range .items[*]}{.message}{'\\n'}{end}";
+    kubectl(c, &["-n", "ml", "get", "events", "--field-selector", &selector, "-o", jsonpath])
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
 #[tokio::test]
 async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     let _slot = cluster_slot().await;
-    let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
+    // One CPU a pod on nodes of 1.5: "ha" on two nodes, "flaky" on the third.
+    let mut c = cluster_with(3, |o| o.cpu = "1500m".into()).await;
     helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     start_chart_operator(&mut c, "trainingrun-operator-0");
     start_chart_operator(&mut c, "trainingrun-operator-1");
@@ -34,11 +50,28 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
         d["spec"]["tokens"] = Value::from("2M");
     });
     apply(&c, "ml", &run);
+    apply(&c, "ml", &tiny_cluster("flaky", |_| {}));
+    let suspended: Vec<String> = (0..SUSPENDED)
+        .map(|i| tiny_cluster(&format!("queued-{i:02}"), |d| d["spec"]["suspend"] = Value::from(true)))
+        .collect();
+    apply(&c, "ml", &suspended.join("---\n"));
     let field = |c: &e2e::test_cluster::TestCluster, p: &str| run_field(c, "ml", "ha", p);
     poll(&c, "ml", "a first checkpoint", Duration::from_secs(300), || {
         field(&c, "{.status.lastCheckpoint.step}").parse::<u64>().map_err(|_| field(&c, "{.status}"))
     });
+    poll(&c, "ml", "every suspended run's Job", Duration::from_secs(120), || {
+        let phases = kubectl(&c, &["-n", "ml", "get", "trainingruns", "-o", "jsonpath={.items[*].status.phase}"]);
+        let n = phases.split_whitespace().filter(|p| *p == "Suspended").count();
+        if n == SUSPENDED { Ok(()) } else { Err(format!("{n} Suspended: {phases}")) }
+    });
+    poll(&c, "ml", "flaky training", Duration::from_secs(300), || {
+        let step = run_field(&c, "ml", "flaky", "{.status.progress.step}");
+        if step.parse::<u64>().is_ok_and(|s| s >= 1) { Ok(()) } else { Err(format!("step {step:?}")) }
+    });
 
+    // flaky's worker dies, and at once the leader: the restart straddles the hand-over.
+    let pod = kubectl(&c, &["-n", "ml", "get", "pods", "-l", "job-name=flaky-a1", "-o", "jsonpath={.items[0].metadata.name}"]);
+    assert_eq!(c.kill_workers("ml", pod.trim()).unwrap_or_else(|e| panic!("{e}")), 1);
     // SIGKILL the leader: no chance to release the Lease.
     let index: usize = leader.rsplit('-').next().and_then(|i| i.parse().ok()).expect("the leader's index");
     let killed = Instant::now();
@@ -65,4 +98,26 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     );
     assert_eq!(events.lines().count(), 1, "one JobCreated event: {events}");
     assert_eq!(holder(&c), standby, "the restarted replica waits while the other leads");
+
+    // The restart that straddled the hand-over, counted once.
+    wait_for(&c, "ml", "trainingrun/flaky", "condition=Succeeded", Duration::from_secs(600));
+    let flaky = |p: &str| run_field(&c, "ml", "flaky", p);
+    assert_eq!((flaky("{.status.attempt}"), flaky("{.status.restarts}")), ("2".into(), "1".into()));
+    let restarts: Vec<String> =
+        event_messages(&c, "flaky").into_iter().filter(|m| m.contains("restarting the gang")).collect();
+    assert_eq!(restarts.len(), 1, "one restart event: {restarts:?}");
+    assert!(restarts[0].contains("restart 1 of"), "{restarts:?}");
+    // Every suspended run: one suspended Job of attempt 1, nothing counted.
+    let all_jobs = kubectl(&c, &["-n", "ml", "get", "jobs", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.suspend}{'\\n'}{end}"]);
+    let mut names: Vec<&str> = all_jobs.lines().map(|l| l.split(' ').next().unwrap_or_default()).collect();
+    names.sort();
+    let mut want: Vec<String> = (0..SUSPENDED).map(|i| format!("queued-{i:02}-a1")).collect();
+    want.extend(["flaky-a2".to_string(), "ha-a1".to_string()]);
+    want.sort();
+    assert_eq!(names, want, "one Job a run, of its current attempt");
+    assert!(all_jobs.lines().filter(|l| l.starts_with("queued-")).all(|l| l.ends_with(" true")), "{all_jobs}");
+    let attempts = kubectl(&c, &["-n", "ml", "get", "trainingruns", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.attempt} {.status.restarts}{'\\n'}{end}"]);
+    for line in attempts.lines().filter(|l| l.starts_with("queued-")) {
+        assert!(line.ends_with(" 1 0"), "a suspended run restarted: {line}");
+    }
 }

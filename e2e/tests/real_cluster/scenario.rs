@@ -14,7 +14,7 @@ use crds::types::{RunPhase, TrainingRunStatus};
 use e2e::test_cluster::TestCluster;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -51,8 +51,13 @@ pub struct Scenario {
 impl Scenario {
     /// A 2-node cluster, the chart installed, its operator running, namespace `ml`.
     pub async fn new() -> Scenario {
+        Scenario::with_nodes(2).await
+    }
+
+    /// [`Scenario::new`] with `nodes` nodes.
+    pub async fn with_nodes(nodes: usize) -> Scenario {
         let slot = cluster_slot().await;
-        let c = cluster(2).await;
+        let c = cluster(nodes).await;
         helm_install(&c, &["statusPollInterval=1s", "statusWriteInterval=1s"]);
         namespace(&c, NS).await;
         let phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>> = Arc::default();
@@ -204,6 +209,22 @@ impl Scenario {
         let pods: Api<Pod> = Api::namespaced(self.c.client.clone(), NS);
         let p = block(pods.get(pod)).unwrap_or_else(|e| panic!("pod {pod}: {e}"));
         p.spec.and_then(|s| s.node_name).unwrap_or_else(|| panic!("pod {pod} is not bound"))
+    }
+
+    /// (status, reason) of node `node`'s condition `type_`.
+    pub fn node_condition(&self, node: &str, type_: &str) -> (String, String) {
+        let nodes: Api<Node> = Api::all(self.c.client.clone());
+        let n = block(nodes.get(node)).unwrap_or_else(|e| panic!("node {node}: {e}"));
+        let conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+        let c = conditions.into_iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("{node} has no {type_}"));
+        (c.status, c.reason.unwrap_or_default())
+    }
+
+    /// The keys of node `node`'s taints.
+    pub fn node_taints(&self, node: &str) -> Vec<String> {
+        let nodes: Api<Node> = Api::all(self.c.client.clone());
+        let n = block(nodes.get(node)).unwrap_or_else(|e| panic!("node {node}: {e}"));
+        n.spec.and_then(|s| s.taints).unwrap_or_default().into_iter().map(|t| t.key).collect()
     }
 
     /// Events about a run: (type, reason, note).
@@ -389,6 +410,16 @@ impl Scenario {
     /// SIGCONT to every process of `pod`.
     pub fn resume(&self, pod: &str) {
         self.c.signal_pod(NS, pod, libc::SIGCONT).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Cuts node `node` off the pod network (`cut`) or heals it; the links it set.
+    pub fn partition(&self, node: &str, cut: bool) -> Vec<String> {
+        self.c.partition_node(node, cut).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Node `node` lost as to a power failure: silent, then its agent and pods gone.
+    pub fn lose_node(&mut self, node: &str) {
+        self.c.lose_node(node).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// `pod`'s container log.

@@ -17,7 +17,7 @@ use crate::scenario::{MINUTES, Scenario, checkpoint_step, step};
 /// nano on the embedded corpus, 2 nodes × 1 process, 64-token sequences:
 /// 40 steps of 1,024 tokens, a checkpoint every 8, and a final evaluation of 2K tokens
 /// per source (the default, 1M, would take longer than the training).
-const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
+pub(crate) const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
   tokens: 40960
   data:
     mix:
@@ -37,7 +37,7 @@ const SPEC: &str = r#"  model: {preset: nano, tokenizer: embedded}
 /// acts "mid-run" (kills a worker, pauses one, edits the spec) does it between a status
 /// it has seen and the run's end; nano's own work is a few tens of milliseconds a step,
 /// which a status read every few seconds can miss entirely.
-fn paced(extra: &str) -> String {
+pub(crate) fn paced(extra: &str) -> String {
     format!("{SPEC}{extra}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"250\"}}\n")
 }
 

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 
 use super::outcome::{Decision, Outcome};
 use crate::change::Change;
+use crate::failure;
 use crate::observed::Observed;
 use crate::resources::{ATTEMPT_LABEL, job_name};
 use crate::settings::Settings;
@@ -81,7 +82,7 @@ pub(super) struct Ctx<'a> {
     pub(super) current: Option<&'a Job>,
     /// The pods of the current attempt.
     pub(super) pods: Vec<Pod>,
-    /// How many pods of earlier attempts are left.
+    /// How many pods of earlier attempts are left, but for those left on a lost node.
     pub(super) stale_pods: usize,
 }
 
@@ -95,7 +96,12 @@ impl<'a> Ctx<'a> {
         let attempt = old.attempt.max(1);
         let current_name = job_name(&s.run.name_any(), attempt);
         let current = s.obs.jobs.iter().find(|j| j.name_any() == current_name);
-        let stale_pods = s.obs.pods.iter().filter(|p| attempt_of(*p) != Some(attempt)).count();
+        let stale_pods = s
+            .obs
+            .pods
+            .iter()
+            .filter(|p| attempt_of(*p) != Some(attempt) && !failure::left_on_lost_node(p, s.now, s.settings))
+            .count();
         let pods = s.obs.pods.iter().filter(|p| attempt_of(*p) == Some(attempt)).cloned().collect();
         Ctx {
             run: s.run,

@@ -104,6 +104,18 @@ mod tests {
             scene.obs.pods.push(p);
             scene
         };
+        // Evicted from an unreachable node, never confirmed gone.
+        let left_on_lost_node = |mut scene: Scene| {
+            let mut p = running(1);
+            p.metadata.labels = Some([(crate::resources::ATTEMPT_LABEL.to_string(), "1".to_string())].into());
+            p.metadata.deletion_timestamp = Some(Time(scene.now));
+            let evicted = serde_json::json!({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"});
+            p.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new).push(
+                serde_json::from_value(evicted).expect("a pod condition"),
+            );
+            scene.obs.pods.push(p);
+            scene
+        };
         /// What is observed, and what it comes to: the phase and reason, whether the
         /// Job is created, the attempt after.
         struct Case {
@@ -134,6 +146,14 @@ mod tests {
                 Restarting,
                 "PodFailed",
                 false,
+                2,
+            ),
+            case(
+                "an old pod left on a lost node",
+                left_on_lost_node(Scene::new(GPU_SPEC).status(restarting_after_pod_failed)),
+                Restarting,
+                "PodFailed",
+                true,
                 2,
             ),
             case(

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::hints::hint;
+use super::lost::left_on_lost_node;
 use super::pods::{cfg_memory_limit, completion_index, condition, last_line, phase, pod_name, terminated};
 use crate::clock::seconds_between;
 use crate::settings::Settings;
@@ -65,8 +66,7 @@ pub(super) fn classify_pod(pod: &Pod, cfg: &RunConfig, now: Timestamp, settings:
     if phase(pod) != "Failed" && term.is_none() {
         // A pod on a lost node stays Terminating forever.
         let deleted = pod.metadata.deletion_timestamp.as_ref()?.0;
-        let overdue = now > deleted && seconds_between(deleted, now) > settings.lost_node_timeout.as_secs();
-        return (overdue && phase(pod) != "Succeeded").then(|| PodFailure {
+        return (left_on_lost_node(pod, now, settings) && phase(pod) != "Succeeded").then(|| PodFailure {
             device_oom: false,
             non_finite: None,
             kind: Kind::Disruption,

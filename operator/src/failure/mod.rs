@@ -3,12 +3,14 @@
 
 mod cause;
 mod hints;
+mod lost;
 mod pods;
 mod stuck;
 
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use lost::left_on_lost_node;
 pub use pods::completion_index;
 
 use crds::RunConfig;

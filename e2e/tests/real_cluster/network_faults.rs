@@ -1,0 +1,141 @@
+//! Issue 43's drills 1 and 2 on the real control plane: a node cut off the pod network
+//! mid-run, and a node lost. Each asserts status, events, the restarts counted and the
+//! checkpoint the next attempt resumed from.
+
+use std::time::{Duration, Instant};
+
+use crds::types::RunPhase;
+use e2e::control_plane::NODE_MONITOR_GRACE;
+use serde_json::Value;
+
+use crate::scenario::{MINUTES, Scenario, checkpoint_step, step};
+use crate::scenarios::{SPEC, paced};
+
+/// Every 8 steps, as [`SPEC`] says.
+const CHECKPOINT_EVERY: u64 = 8;
+
+/// The last step `run` has recorded on its claim.
+fn last_step(sim: &Scenario, run: &str) -> u64 {
+    sim.step_losses(run).last().map_or(0, |s| s.0)
+}
+
+/// The step attempt 2 resumed from.
+fn resumed_from(sim: &Scenario, run: &str) -> u64 {
+    let resumed: Vec<Value> = sim.records(run).into_iter().filter(|r| r["kind"] == "resume").collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["attempt"], 2, "{resumed:?}");
+    resumed[0]["step"].as_u64().expect("the resumed step")
+}
+
+/// The "restarting the gang" Warning about `run`.
+fn restart_event(sim: &Scenario, run: &str) -> String {
+    let events = sim.events(run);
+    let found = events.iter().filter(|e| e.0 == "Warning" && e.2.contains("restarting the gang")).collect::<Vec<_>>();
+    assert_eq!(found.len(), 1, "one gang restart: {events:#?}");
+    found[0].2.clone()
+}
+
+/// Drill 1: the node of rank 1 cut off the pod network (its pod's link down at the
+/// switch port) while the gang trains, so the next gradient all-reduce hangs on both
+/// sides. Both ranks' collectives time out after `collectiveTimeout` (10 s here), the
+/// operator names CollectiveTimeout and the pod and restarts the gang once, counted.
+/// The node stays cut while attempt 2's pods start (a pod started there is cut too),
+/// then heals; attempt 2 resumes from the last complete checkpoint, at most one
+/// checkpoint interval back, and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_mid_collective_times_out_restarts_once_and_completes_once_healed() {
+    let sim = Scenario::new().await;
+    let spec = paced("").replace("collectiveTimeout: 5m", "collectiveTimeout: 10s");
+    assert_ne!(spec, paced(""), "the spec sets collectiveTimeout");
+    sim.apply("cut", &spec);
+    sim.wait("cut", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
+    let pod = sim.pod("cut-a1", 1).await;
+    let node = sim.node_of(&pod);
+    let cut = sim.partition(&node, true);
+    assert!(!cut.is_empty(), "{node} has the link of {pod}");
+    let cut_at = Instant::now();
+    let trained = last_step(&sim, "cut");
+
+    let s = sim.wait("cut", "a gang restart", MINUTES(2), |s| s.attempt == 2).await;
+    let detected = cut_at.elapsed();
+    // Attempt 2's pods are created after this; attempt 1 recorded nothing after the cut.
+    let trained = trained.max(last_step(&sim, "cut"));
+    eprintln!("the cut {:.1} s → attempt 2 (collectiveTimeout 10 s)", detected.as_secs_f64());
+    // A step was at most in its 250 ms pause when the link went: the all-reduce that
+    // followed waited out its whole timeout.
+    assert!(detected >= Duration::from_secs(9), "restarted before the collective could time out: {detected:?}");
+    assert!(detected < Duration::from_secs(40), "the timeout took {detected:?} to restart the gang");
+    assert_eq!(s.restarts, 1, "a collective timeout is counted");
+    let event = restart_event(&sim, "cut");
+    assert!(event.contains("CollectiveTimeout") && event.contains("(node rank "), "{event}");
+    assert!(event.contains("restart 1 of"), "{event}");
+
+    // Attempt 2's pods run; one on the cut node starts cut, then the node heals.
+    let pods = [sim.pod("cut-a2", 0).await, sim.pod("cut-a2", 1).await];
+    let on_cut_node = pods.iter().filter(|p| sim.node_of(p) == node).count();
+    let healed = sim.partition(&node, false);
+    let new_links = healed.iter().filter(|l| !cut.contains(l)).count();
+    assert!(new_links >= on_cut_node, "a pod started on the cut node was cut: {healed:?} (cut {cut:?})");
+
+    let s = sim.wait_phase("cut", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (2, 1), "one restart, counted once");
+    assert_eq!(sim.jobs("cut"), vec!["cut-a2"]);
+    let resumed = resumed_from(&sim, "cut");
+    assert!(resumed >= 16 && resumed.is_multiple_of(CHECKPOINT_EVERY), "resumed from step {resumed}");
+    assert!(trained - resumed <= CHECKPOINT_EVERY, "steps {resumed}..{trained} lost: more than one checkpoint interval");
+    let steps: Vec<u64> = sim.step_losses("cut").iter().map(|s| s.0).collect();
+    assert_eq!(steps, (1..=40).collect::<Vec<_>>());
+}
+
+/// Drill 2: the node of rank 1 lost on a 3-node cluster (silent, then its agent and
+/// processes gone). Its Lease stops; the real node-lifecycle controller marks it
+/// NotReady after `--node-monitor-grace-period` (30 s here, [`NODE_MONITOR_GRACE`]) and
+/// taints it unreachable; the taint-eviction controller evicts the pod after the run's
+/// `tolerationSeconds` (5 s, in `spec.topology.tolerations`; 300 s by default) with a
+/// DisruptionTarget condition. The operator restarts the gang as a disruption, not
+/// counted against `maxRestarts`, on the other two nodes; attempt 2 resumes from the last
+/// checkpoint and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_is_a_disruption_and_the_gang_restarts_on_the_other_nodes() {
+    let mut sim = Scenario::with_nodes(3).await;
+    let tolerations = "tolerations: [{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}, {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5}]";
+    let spec = paced("").replace("collectiveTimeout: 5m}", &format!("collectiveTimeout: 5m, {tolerations}}}"));
+    assert_ne!(spec, paced(""), "the spec sets tolerations");
+    assert!(SPEC.contains("collectiveTimeout: 5m"), "the survivor's collective outlasts the eviction");
+    sim.apply("lost", &spec);
+    sim.wait("lost", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
+    let pod = sim.pod("lost-a1", 1).await;
+    let node = sim.node_of(&pod);
+    sim.lose_node(&node);
+    let lost_at = Instant::now();
+    let trained = last_step(&sim, "lost");
+
+    let s = sim.wait("lost", "a gang restart", NODE_MONITOR_GRACE + MINUTES(2), |s| s.attempt == 2).await;
+    let restarted = lost_at.elapsed();
+    let trained = trained.max(last_step(&sim, "lost"));
+    eprintln!("{node} lost → attempt 2 in {:.1} s (grace {NODE_MONITOR_GRACE:?}, toleration 5 s)", restarted.as_secs_f64());
+    assert!(restarted >= NODE_MONITOR_GRACE - Duration::from_secs(10), "restarted before the node was NotReady");
+    assert_eq!(s.restarts, 0, "a lost node is a disruption, not counted");
+    let ready = sim.node_condition(&node, "Ready");
+    assert_eq!(ready.0, "Unknown", "{node}: {ready:?}");
+    assert!(sim.node_taints(&node).contains(&"node.kubernetes.io/unreachable".to_string()));
+    let event = restart_event(&sim, "lost");
+    assert!(
+        event.contains(&format!("pod {pod} (node rank 1) was disrupted (DeletionByTaintManager"))
+            && event.contains("not counted toward maxRestarts"),
+        "{event}"
+    );
+
+    let pods = [sim.pod("lost-a2", 0).await, sim.pod("lost-a2", 1).await];
+    for p in &pods {
+        assert_ne!(sim.node_of(p), node, "{p} on the lost node");
+    }
+    let s = sim.wait_phase("lost", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (2, 0));
+    assert_eq!(sim.jobs("lost"), vec!["lost-a2"]);
+    let resumed = resumed_from(&sim, "lost");
+    assert!(resumed >= 16 && resumed.is_multiple_of(CHECKPOINT_EVERY), "resumed from step {resumed}");
+    assert!(trained - resumed <= CHECKPOINT_EVERY, "steps {resumed}..{trained} lost: more than one checkpoint interval");
+    let steps: Vec<u64> = sim.step_losses("lost").iter().map(|s| s.0).collect();
+    assert_eq!(steps, (1..=40).collect::<Vec<_>>());
+}
