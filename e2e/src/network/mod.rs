@@ -142,8 +142,8 @@ pub struct NodeLinks<'a> {
 }
 
 impl NodeLinks<'_> {
-    /// The links that exist now.
-    pub fn list(&self) -> Result<Vec<String>, Error> {
+    /// The links that exist now, and whether each is up.
+    pub fn list(&self) -> Result<Vec<(String, bool)>, Error> {
         let out = Command::new("ip")
             .args(["-n", self.cluster_netns, "-o", "link", "show"])
             .output()
@@ -157,16 +157,21 @@ impl NodeLinks<'_> {
         let prefix = format!("veth{}x", self.node);
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
-            // "12: veth1x2@if3: <BROADCAST,...> ..."
-            .filter_map(|l| l.split(": ").nth(1))
-            .map(|name| name.split('@').next().unwrap_or(name).to_string())
-            .filter(|name| name.starts_with(&prefix))
+            .filter_map(|l| {
+                // "12: veth1x2@if3: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 ..."
+                let mut fields = l.split(": ");
+                let name = fields.nth(1)?;
+                let name = name.split('@').next().unwrap_or(name);
+                let flags = fields.next()?.split('>').next()?.trim_start_matches('<');
+                let up = flags.split(',').any(|f| f == "UP");
+                name.starts_with(&prefix).then(|| (name.to_string(), up))
+            })
             .collect())
     }
 
     /// Sets every link of the node up or down; the links it set.
     pub fn set(&self, up: bool) -> Result<Vec<String>, Error> {
-        let links = self.list()?;
+        let links: Vec<String> = self.list()?.into_iter().map(|(name, _)| name).collect();
         for link in &links {
             set_link(self.cluster_netns, link, up)?;
         }

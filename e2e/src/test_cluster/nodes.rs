@@ -39,6 +39,14 @@ impl TestCluster {
             .map_err(|e| Error::Setup(format!("node {name}'s links: {e}")))
     }
 
+    /// Node `name`'s pod links, and whether each is up.
+    pub fn node_links(&self, name: &str) -> Result<Vec<(String, bool)>, Error> {
+        let node = self.node_number(name)?;
+        NodeLinks { cluster_netns: &self.net.netns, node }
+            .list()
+            .map_err(|e| Error::Setup(format!("node {name}'s links: {e}")))
+    }
+
     /// Loses node `name` as a power loss would: its network goes silent first (no FIN or
     /// RST reaches its peers), then its agent and every process of its pods die. Its
     /// Lease is no longer renewed; what follows is the control plane's.

@@ -417,6 +417,11 @@ impl Scenario {
         self.c.partition_node(node, cut).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Node `node`'s pod links, and whether each is up.
+    pub fn links(&self, node: &str) -> Vec<(String, bool)> {
+        self.c.node_links(node).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Node `node` lost as to a power failure: silent, then its agent and pods gone.
     pub fn lose_node(&mut self, node: &str) {
         self.c.lose_node(node).unwrap_or_else(|e| panic!("{e}"));

@@ -109,10 +109,13 @@ mod tests {
             let mut p = running(1);
             p.metadata.labels = Some([(crate::resources::ATTEMPT_LABEL.to_string(), "1".to_string())].into());
             p.metadata.deletion_timestamp = Some(Time(scene.now));
-            let evicted = serde_json::json!({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"});
-            p.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new).push(
-                serde_json::from_value(evicted).expect("a pod condition"),
-            );
+            let evicted =
+                serde_json::json!({"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"});
+            p.status
+                .get_or_insert_with(Default::default)
+                .conditions
+                .get_or_insert_with(Vec::new)
+                .push(serde_json::from_value(evicted).expect("a pod condition"));
             scene.obs.pods.push(p);
             scene
         };

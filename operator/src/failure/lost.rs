@@ -37,9 +37,10 @@ mod tests {
             .map(|r| json!({"type": "DisruptionTarget", "status": "True", "reason": r}))
             .into_iter()
             .collect();
-        let mut p: Pod =
-            serde_json::from_value(json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": conditions}}))
-                .unwrap();
+        let mut p: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": conditions}}),
+        )
+        .unwrap();
         p.metadata.deletion_timestamp = deleted.map(|t| Time(t.parse().unwrap()));
         p
     }
