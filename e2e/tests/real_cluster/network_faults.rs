@@ -31,7 +31,10 @@ async fn completes_as_attempt_2(sim: &Scenario, run: &str, restarts: u32, traine
     assert_eq!(records[0]["attempt"], 2, "{records:?}");
     let resumed = records[0]["step"].as_u64().expect("the resumed step");
     assert!(resumed >= 16 && resumed.is_multiple_of(CHECKPOINT_EVERY), "resumed from step {resumed}");
-    assert!(trained - resumed <= CHECKPOINT_EVERY, "steps {resumed}..{trained} lost: more than one checkpoint interval");
+    assert!(
+        trained - resumed <= CHECKPOINT_EVERY,
+        "steps {resumed}..{trained} lost: more than one checkpoint interval"
+    );
     let steps: Vec<u64> = sim.step_losses(run).iter().map(|s| s.0).collect();
     assert_eq!(steps, (1..=40).collect::<Vec<_>>());
 }
