@@ -53,15 +53,13 @@ generate() {
     python3 bench/suite.py peer-generate --threads 8 --dir /tmp/hf-ml --repeats 1 --device cuda \
       --dtype bfloat16 --cache static
 }
-T="$TRAINER"
 export -f kernels generate
-export TRAINER
 step kernels 40 bash -c kernels
 step gpu-xl 280 env PRESETS="xlarge:8" GRAPH_PRESETS="" CHECK=0 STEPS=10 WARMUP=3 bench/gpu.sh
 step generate 260 bash -c generate
-step parity 20 "$T" bench-generate --device cuda --checkpoint .device/tiny-local --batch 128 \
+step parity 20 "$TRAINER" bench-generate --device cuda --checkpoint .device/tiny-local --batch 128 \
   --prompt-tokens 128 --new-tokens 128
-step memory 60 "$T" bench-memory --device cuda --presets medium-large,xlarge --micro-batches 8 --seq 2048 \
+step memory 60 "$TRAINER" bench-memory --device cuda --presets medium-large,xlarge --micro-batches 8 --seq 2048 \
   --parallelism ddp --checkpointing false
 step gpu-ml 170 env PRESETS="medium-large:8" GRAPH_PRESETS="" CHECK=0 STEPS=10 WARMUP=3 bench/gpu.sh
 tail -n 60 "$LOG"

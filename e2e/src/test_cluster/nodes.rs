@@ -56,7 +56,9 @@ impl TestCluster {
         let pods = self.dir.join("nodes").join(name).join("pods");
         for pod in std::fs::read_dir(&pods).map_err(|e| Error::io(&pods, e))?.flatten() {
             let pid = std::fs::read_to_string(pod.path().join("pid")).ok().and_then(|t| t.trim().parse::<u32>().ok());
-            if let Some(pid) = pid {
+            // Only a group that still leads itself: an earlier pod's pid may be reused.
+            // SAFETY: getpgid(2) has no preconditions.
+            if let Some(pid) = pid.filter(|&p| unsafe { libc::getpgid(p as libc::pid_t) } == p as libc::pid_t) {
                 signal_group(pid, libc::SIGKILL);
             }
         }
