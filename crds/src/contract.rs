@@ -7,8 +7,19 @@ use crate::types::{CheckpointRef, RunMetrics};
 
 /// Rendezvous (c10d TCPStore) port on rank 0.
 pub const RENDEZVOUS_PORT: u16 = 29500;
-/// Rank 0's HTTP port: `/status`, `/metrics`, `/healthz`.
+/// Rank 0's HTTP port: `/status`, `/metrics`, `/healthz`; every pod's, `/healthz` and
+/// [`LINK_PROBE_PATH`].
 pub const STATUS_PORT: u16 = 8080;
+/// On every pod's status port: [`LINK_PROBE_BYTES`] bytes that the operator times to
+/// measure the pod's network link from its own seat.
+pub const LINK_PROBE_PATH: &str = "/link-probe";
+/// Large enough that a slow link shows in the time (256 KiB take 0.2 ms at 10 Gbit/s,
+/// 0.2 s at 10 Mbit/s), small enough to fetch from every pod at every status poll.
+pub const LINK_PROBE_BYTES: usize = 256 * 1024;
+/// A link is slow only when its probe takes longer than this as well as
+/// `failurePolicy.stragglerFactor` × the other pods' median: below it, what varies is
+/// the machines' scheduling, not the link.
+pub const LINK_PROBE_FLOOR_SECONDS: f64 = 0.05;
 
 /// Where the ConfigMap's `run.json` is mounted.
 pub const CONFIG_PATH: &str = "/etc/trainingrun/run.json";
@@ -241,11 +252,14 @@ pub enum RunReason {
     Straggler,
     /// Straggler=False: the ranks keep pace (and the event when a straggler recovers).
     NoStraggler,
+    /// Straggler=True: one pod's network link, timed by the operator, stays over
+    /// failurePolicy.stragglerFactor × the other pods' median.
+    SlowLink,
 }
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 39] = [
+    pub const OPERATOR: [RunReason; 40] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
@@ -285,6 +299,7 @@ impl RunReason {
         RunReason::NotRolledBack,
         RunReason::Straggler,
         RunReason::NoStraggler,
+        RunReason::SlowLink,
     ];
 
     /// Every reason: the trainer's failure reasons, then the operator's.
@@ -334,6 +349,7 @@ impl RunReason {
             RunReason::NotRolledBack => "NotRolledBack",
             RunReason::Straggler => "Straggler",
             RunReason::NoStraggler => "NoStraggler",
+            RunReason::SlowLink => "SlowLink",
         }
     }
 

@@ -213,6 +213,9 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         if poll.asked() {
             ctx.remember(&uid, |m| m.last_poll = Some(now));
         }
+        if poll == Poll::Answered && cfg.topology.nodes > 1 {
+            obs.links = Some(observe::probe_links(&ctx.status_client, &obs, cfg.attempt).await);
+        }
         if let Poll::Failed(PollError::Refused(message)) = &poll
             && observe::refusal_event_due(ctx.memory(&uid).last_refusal_event, now)
         {

@@ -17,6 +17,7 @@ pub mod observed;
 pub mod plausible;
 pub mod resources;
 pub mod settings;
+pub mod slow_link;
 pub mod stall;
 pub mod status;
 pub mod straggler;

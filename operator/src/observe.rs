@@ -1,12 +1,12 @@
 //! Step 4: what the cluster says: the run's Jobs and pods, the run it starts from,
 //! and rank 0's `/status`.
 
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crds::config::ResolvedInit;
-use crds::contract::CONFIG_KEY;
-use crds::contract::TrainerStatus;
+use crds::contract::{CONFIG_KEY, LINK_PROBE_BYTES, LINK_PROBE_PATH, STATUS_PORT, TrainerStatus};
 use crds::{RunConfig, TrainingRun};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::header::CONTENT_LENGTH;
@@ -24,7 +24,7 @@ use crate::plausible::plausible;
 use crate::resources::{RUN_LABEL, applied_hash, configmap_name, pvc_name};
 use crate::{Error, Verb};
 
-pub use crate::observed::{InitRun, Observed, rank0_running};
+pub use crate::observed::{InitRun, LinkProbe, Observed, link_targets, rank0_running};
 
 /// The most of an answer to `GET /status` the operator reads. A trainer's document is
 /// a few KiB plus about 90 bytes per rank, so this serves ten thousand ranks and stops
@@ -106,6 +106,54 @@ impl StatusClient {
     }
 }
 
+/// Link probes in flight at once: a thousand pods whose links are all dead take 63
+/// timeouts to time, not a thousand.
+const LINK_PROBES_AT_ONCE: usize = 16;
+
+impl StatusClient {
+    /// Seconds to fetch [`LINK_PROBE_PATH`] whole from a pod's status port at `addr`:
+    /// the client's timeout when it was not all there by then; `None` when the pod
+    /// refused or answered an error (its server is not up: no reading of its link).
+    pub async fn time_link(&self, addr: SocketAddr) -> Option<f64> {
+        let url = format!("http://{addr}{LINK_PROBE_PATH}");
+        let uri: hyper::Uri = url.parse().ok()?;
+        let start = Instant::now();
+        let fetch = async {
+            let resp = self.http.get(uri).await.ok().filter(|r| r.status().is_success())?;
+            let body = Limited::new(resp.into_body(), LINK_PROBE_BYTES).collect().await.ok()?;
+            (body.to_bytes().len() == LINK_PROBE_BYTES).then_some(())
+        };
+        match tokio::time::timeout(self.timeout, fetch).await {
+            Ok(Some(())) => Some(start.elapsed().as_secs_f64()),
+            Ok(None) => {
+                tracing::debug!("link probe {url}: no full answer");
+                None
+            }
+            Err(_) => Some(self.timeout.as_secs_f64()),
+        }
+    }
+}
+
+/// Times the links of `attempt`'s running pods ([`link_targets`]).
+pub async fn probe_links(status: &StatusClient, obs: &Observed, attempt: u32) -> Vec<LinkProbe> {
+    use futures::StreamExt;
+    let targets: Vec<(LinkProbe, IpAddr)> = link_targets(obs, attempt)
+        .into_iter()
+        .map(|(node_rank, pod, ip)| {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            (LinkProbe { node_rank, pod: pod.name_any(), node, seconds: 0.0 }, ip)
+        })
+        .collect();
+    let probes = futures::stream::iter(targets).map(|(probe, ip)| async move {
+        let seconds = status.time_link(SocketAddr::new(ip, STATUS_PORT)).await?;
+        Some(LinkProbe { seconds, ..probe })
+    });
+    let mut links: Vec<LinkProbe> =
+        probes.buffer_unordered(LINK_PROBES_AT_ONCE).filter_map(|p| async { p }).collect().await;
+    links.sort_by_key(|l| l.node_rank);
+    links
+}
+
 /// At most `max` bytes of `s`, cut at a character boundary.
 fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -138,7 +186,7 @@ pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Res
         }
         _ => None,
     };
-    Ok(Observed { jobs, pods, init_run, trainer: None })
+    Ok(Observed { jobs, pods, init_run, trainer: None, links: None })
 }
 
 /// What the run's attempts run under: its ConfigMap's config, and its checkpoint

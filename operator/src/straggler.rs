@@ -1,14 +1,15 @@
 //! Stragglers, pure: the rank whose own work per step (before the gradient all-reduce,
 //! as rank 0 reports every rank's) stays over `failurePolicy.stragglerFactor` × the
 //! median of the other ranks' for `stragglerReadings` readings of rank 0's status in a
-//! row, each at a new step. Report only: the Straggler condition names the rank, its
+//! row, each at a new step; or a pod whose link is slow ([`slow_link`]). Report only: the Straggler condition names the rank, its
 //! pod and its node, an event and an alert follow, and nothing restarts.
 
 use crds::contract::{RankTiming, RunReason};
-use crds::types::Straggler;
+use crds::types::{SlowLink, Straggler};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::failure::completion_index;
+use crate::slow_link;
 use crate::status::{Cond, STRAGGLER};
 
 /// The slowest rank, with the median of the others' compute seconds per step.
@@ -61,28 +62,35 @@ pub fn placed(mut s: Straggler, pods: &[Pod], procs_per_node: u32) -> Straggler 
     s
 }
 
-/// Straggler: True once the same rank was over the factor for `readings` readings in a row.
-pub fn condition(s: Option<&Straggler>, readings: u32) -> Cond {
-    let Some(s) = s.filter(|s| s.readings >= readings) else {
-        return Cond { type_: STRAGGLER, status: false, reason: RunReason::NoStraggler.into(), message: String::new() };
+/// Straggler: True once the same rank was over the factor, or the same pod's link was
+/// slow ([`slow_link`]), for `readings` readings in a row; a slow rank first when both.
+pub fn condition(s: Option<&Straggler>, link: Option<&SlowLink>, readings: u32) -> Cond {
+    let s = s.filter(|s| s.readings >= readings);
+    let link = link.filter(|l| l.readings >= readings).map(slow_link::message);
+    let Some(s) = s else {
+        return match link {
+            Some(message) => Cond { type_: STRAGGLER, status: true, reason: RunReason::SlowLink.into(), message },
+            None => {
+                Cond { type_: STRAGGLER, status: false, reason: RunReason::NoStraggler.into(), message: String::new() }
+            }
+        };
     };
     let pod = s.pod.as_deref().unwrap_or("its pod is gone");
     let node = s.node.as_deref().map_or(String::new(), |n| format!(" on node {n}"));
-    Cond {
-        type_: STRAGGLER,
-        status: true,
-        reason: RunReason::Straggler.into(),
-        message: format!(
-            "rank {} ({pod}{node}) takes {:.2}× the other ranks' median work per step ({:.3} s against {:.3} s) for \
-             {} readings in a row, and every step of the gang waits for it: look at that node's GPU (clocks, \
-             temperature, ECC errors) and data path, or cordon the node and delete the pod to move the gang",
-            s.rank,
-            s.compute_seconds / s.median_seconds,
-            s.compute_seconds,
-            s.median_seconds,
-            s.readings
-        ),
+    let mut message = format!(
+        "rank {} ({pod}{node}) takes {:.2}× the other ranks' median work per step ({:.3} s against {:.3} s) for {} \
+         readings in a row, and every step of the gang waits for it: look at that node's GPU (clocks, temperature, \
+         ECC errors) and data path, or cordon the node and delete the pod to move the gang",
+        s.rank,
+        s.compute_seconds / s.median_seconds,
+        s.compute_seconds,
+        s.median_seconds,
+        s.readings
+    );
+    if let Some(link) = link {
+        message = format!("{message}; and {link}");
     }
+    Cond { type_: STRAGGLER, status: true, reason: RunReason::Straggler.into(), message }
 }
 
 #[cfg(test)]
@@ -147,9 +155,9 @@ mod tests {
         };
         let s = placed(s, &[pod], 4);
         assert_eq!((s.pod.as_deref(), s.node.as_deref()), (Some("llm-a1-1-xyz"), Some("gpu-7")));
-        let c = condition(Some(&s), 3);
+        let c = condition(Some(&s), None, 3);
         assert_eq!((c.status, c.reason.as_str()), (false, "NoStraggler"), "2 readings of 3");
-        let c = condition(Some(&Straggler { readings: 3, ..s }), 3);
+        let c = condition(Some(&Straggler { readings: 3, ..s.clone() }), None, 3);
         assert_eq!((c.status, c.reason.as_str()), (true, "Straggler"));
         assert!(
             c.message.starts_with(
@@ -159,6 +167,16 @@ mod tests {
             "{}",
             c.message
         );
-        assert!(!condition(None, 3).status);
+        assert!(!condition(None, None, 3).status);
+
+        let link = SlowLink { node_rank: 1, pod: "llm-a1-1-xyz".into(), readings: 3, ..Default::default() };
+        let c = condition(None, Some(&link), 3);
+        assert_eq!((c.status, c.reason.as_str()), (true, "SlowLink"), "{}", c.message);
+        assert!(c.message.starts_with("the network link of pod llm-a1-1-xyz"), "{}", c.message);
+        let c = condition(None, Some(&SlowLink { readings: 2, ..link.clone() }), 3);
+        assert_eq!(c.reason.as_str(), "NoStraggler", "2 readings of 3");
+        let c = condition(Some(&Straggler { readings: 3, ..s }), Some(&link), 3);
+        assert_eq!(c.reason.as_str(), "Straggler", "a slow rank first");
+        assert!(c.message.contains("; and the network link of pod llm-a1-1-xyz"), "{}", c.message);
     }
 }

@@ -1,12 +1,14 @@
 //! The operator's poll of rank 0's `/status` against endpoints that answer slowly,
 //! without end, too much, garbage or lies: each is cut short or refused with a message
-//! naming the URL and what was wrong, and nothing reaches `obs.trainer`.
+//! naming the URL and what was wrong, and nothing reaches `obs.trainer`. The link
+//! probe is timed to its last byte, and only a whole probe is a reading.
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crds::RunConfig;
-use crds::contract::{TrainerPhase, TrainerStatus};
+use crds::contract::{LINK_PROBE_BYTES, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
 use k8s_openapi::api::core::v1::Pod;
 use operator::observe::{Observed, Poll, PollError, STATUS_BODY_LIMIT, StatusClient, poll_rank0};
@@ -391,4 +393,66 @@ async fn an_endpoint_that_never_answers_times_out() {
     let message = unanswered(StatusClient::new(TIMEOUT).get(&url).await.unwrap_err());
     assert_eq!(message, format!("GET {url}: no answer within {TIMEOUT:?}"));
     assert!(started.elapsed() < TIMEOUT + Duration::from_secs(2));
+}
+
+/// Serves [`LINK_PROBE_BYTES`] in 16 KiB blocks, `pause` before each; the address.
+async fn probe_server(pause: Duration, body_len: usize) -> SocketAddr {
+    let url = serve(move |conn| async move {
+        if read_request(&conn).await.is_err() {
+            return;
+        }
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {LINK_PROBE_BYTES}\r\n\r\n");
+        if write_all(&conn, head.as_bytes()).await.is_err() {
+            return;
+        }
+        for block in vec![b'0'; body_len].chunks(16 << 10) {
+            tokio::time::sleep(pause).await;
+            if write_all(&conn, block).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    })
+    .await;
+    url.trim_start_matches("http://").trim_end_matches("/status").parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_link_probe_is_timed_to_its_last_byte() {
+    let client = StatusClient::new(TIMEOUT);
+    let fast = client.time_link(probe_server(Duration::ZERO, LINK_PROBE_BYTES).await).await.expect("a reading");
+    // 16 blocks, each 30 ms late: a link that carries 256 KiB in about half a second.
+    let slow = client.time_link(probe_server(Duration::from_millis(30), LINK_PROBE_BYTES).await).await;
+    let slow = slow.expect("a reading");
+    eprintln!("link probe: {fast:.4} s whole at once, {slow:.4} s throttled");
+    assert!((0.48..TIMEOUT.as_secs_f64()).contains(&slow), "{slow}");
+    assert!(fast < 0.1 && fast * 4.0 < slow, "{fast} against {slow}");
+}
+
+#[tokio::test]
+async fn a_link_probe_with_no_whole_answer_is_no_reading_and_a_silent_one_the_timeout() {
+    let client = StatusClient::new(TIMEOUT);
+    // A body cut short: the server closes before its announced length.
+    let short = serve(|conn| async move {
+        if read_request(&conn).await.is_ok() {
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {LINK_PROBE_BYTES}\r\n\r\n000");
+            let _ = write_all(&conn, head.as_bytes()).await;
+        }
+    })
+    .await;
+    let short: SocketAddr = short.trim_start_matches("http://").trim_end_matches("/status").parse().unwrap();
+    assert_eq!(client.time_link(short).await, None, "cut short");
+    // A port nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    assert_eq!(client.time_link(closed).await, None, "refused");
+    // A body past the probe's size.
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let endless = endless("HTTP/1.1 200 OK\r\n\r\n", tx).await;
+    let endless: SocketAddr = endless.trim_start_matches("http://").trim_end_matches("/status").parse().unwrap();
+    assert_eq!(client.time_link(endless).await, None, "more than a probe");
+    // Accepted and never answered: at least as slow as the timeout.
+    let silent = probe_server(Duration::from_secs(60), LINK_PROBE_BYTES).await;
+    let started = Instant::now();
+    assert_eq!(client.time_link(silent).await, Some(TIMEOUT.as_secs_f64()));
+    assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1));
 }

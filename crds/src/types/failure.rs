@@ -60,12 +60,15 @@ pub struct FailurePolicy {
     #[serde(default)]
     pub rollback_skip: RollbackSkip,
     /// A rank whose own work per step (before the gradient all-reduce) takes more than
-    /// this many times the median rank's is a straggler; above 1.
+    /// this many times the median rank's is a straggler, and so is a pod whose network
+    /// link (timed by the operator) is this many times slower than the median pod's
+    /// (and slower than 50 ms for its 256 KiB probe); above 1.
     #[serde(default = "default_straggler_factor")]
     #[x_kube(validation = Rule::new("self > 1.0").message("stragglerFactor must be above 1"))]
     pub straggler_factor: f64,
-    /// Readings of rank 0's status in a row (each at a new step) that find the same
-    /// straggler before the Straggler condition is set. Report only: nothing restarts.
+    /// Readings in a row that find the same straggler before the Straggler condition is
+    /// set: of rank 0's status, each at a new step, for a slow rank; of every pod's link,
+    /// each at a poll, for a slow link. Report only: nothing restarts.
     #[serde(default = "default_straggler_readings")]
     #[x_kube(validation = Rule::new("self >= 1").message("stragglerReadings must be at least 1"))]
     pub straggler_readings: u32,

@@ -69,6 +69,11 @@ pub struct TrainingRunStatus {
     /// failurePolicy.stragglerFactor × the median rank's (several ranks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub straggler: Option<Straggler>,
+    /// The pod whose network link is slowest, while the time the operator takes to fetch
+    /// a fixed probe from it is over failurePolicy.stragglerFactor × the other pods'
+    /// median (several nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_link: Option<SlowLink>,
     /// Topology for display, nodes x GPUs per node, e.g. "4x2".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = bounds::SHORT))]
@@ -264,6 +269,27 @@ pub struct Straggler {
     pub readings: u32,
     /// The step of the last reading: a reading counts once per new step.
     pub step: u64,
+}
+
+/// A pod whose network link is slower than the other pods', timed by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlowLink {
+    /// Its pod's completion index: ranks nodeRank × GPUs per node onwards.
+    pub node_rank: u32,
+    /// Its pod.
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
+    pub pod: String,
+    /// The node of its pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
+    pub node: Option<String>,
+    /// Seconds the operator took to fetch the link probe (256 KiB) from its pod.
+    pub probe_seconds: f64,
+    /// The other pods' median.
+    pub median_seconds: f64,
+    /// Readings in a row, up to the last, that found it over the factor.
+    pub readings: u32,
 }
 
 /// Settings a failure policy changed from the spec's.

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("`ip {args}` failed: {stderr}")]
     Ip { args: String, stderr: String },
+    #[error("`tc {args}` failed: {stderr}")]
+    Tc { args: String, stderr: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("no free address left for node {node}")]

@@ -56,6 +56,18 @@ pub fn ip(args: &[&str]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Runs `tc` with `args`.
+pub fn tc(args: &[&str]) -> Result<(), Error> {
+    let out = Command::new("tc").args(args).output().map_err(|e| Error::Io { path: PathBuf::from("tc"), source: e })?;
+    if !out.status.success() {
+        return Err(Error::Tc {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// The path of a named network namespace.
 pub fn netns_path(name: &str) -> PathBuf {
     Path::new("/run/netns").join(name)
@@ -174,6 +186,36 @@ impl NodeLinks<'_> {
         let links: Vec<String> = self.list()?.into_iter().map(|(name, _)| name).collect();
         for link in &links {
             set_link(self.cluster_netns, link, up)?;
+        }
+        Ok(links)
+    }
+
+    /// Caps every link of the node at `rate` each way (tc's notation: "16mbit"), as a
+    /// NIC that negotiated a lower speed or a policed switch port does, or lifts the cap
+    /// (`None`). A token bucket on both ends of each pod's veth: the host side shapes
+    /// what reaches the pod, the pod's `eth0` what leaves it. The links it shaped.
+    pub fn shape(&self, rate: Option<&str>) -> Result<Vec<String>, Error> {
+        let links: Vec<String> = self.list()?.into_iter().map(|(name, _)| name).collect();
+        let prefix = self.cluster_netns.strip_suffix("-c").unwrap_or(self.cluster_netns);
+        for link in &links {
+            let slot = link.strip_prefix(&format!("veth{}x", self.node)).unwrap_or_default();
+            let pod_netns = format!("{prefix}-{}-{slot}", self.node);
+            for (netns, dev) in [(self.cluster_netns, link.as_str()), (pod_netns.as_str(), "eth0")] {
+                match rate {
+                    // A burst of 32 KiB passes at line rate; a queue of up to 1 s, so that
+                    // the cap slows traffic rather than dropping it.
+                    Some(r) => tc(&[
+                        "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", r, "burst", "32kb",
+                        "latency", "1s",
+                    ])?,
+                    None => match tc(&["-n", netns, "qdisc", "del", "dev", dev, "root"]) {
+                        // The kernel's default qdisc has nothing to delete.
+                        Err(Error::Tc { stderr, .. }) if stderr.contains("Cannot delete qdisc with handle of zero") => {
+                        }
+                        r => r?,
+                    },
+                }
+            }
         }
         Ok(links)
     }

@@ -1,5 +1,6 @@
 //! What a test does to a whole node, as the failures that cost GPU-days do: its network
-//! cut and healed (a failed NIC or switch port), and the node lost (powered off: its
+//! cut and healed (a failed NIC or switch port), slowed (a NIC at a lower speed), and
+//! the node lost (powered off: its
 //! network silent first, then its agent and every process gone).
 
 use super::TestCluster;
@@ -36,6 +37,15 @@ impl TestCluster {
         }
         NodeLinks { cluster_netns: &self.net.netns, node }
             .set(!cut)
+            .map_err(|e| Error::Setup(format!("node {name}'s links: {e}")))
+    }
+
+    /// Caps node `name`'s pod links at `rate` each way ("16mbit"), or lifts the cap
+    /// (`None`): a slow node. The links it shaped.
+    pub fn slow_node(&self, name: &str, rate: Option<&str>) -> Result<Vec<String>, Error> {
+        let node = self.node_number(name)?;
+        NodeLinks { cluster_netns: &self.net.netns, node }
+            .shape(rate)
             .map_err(|e| Error::Setup(format!("node {name}'s links: {e}")))
     }
 

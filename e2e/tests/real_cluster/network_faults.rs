@@ -1,5 +1,5 @@
-//! Issue 43's drills 1 and 2 on the real control plane: a node cut off the pod network
-//! mid-run, and a node lost. Each asserts status, events, the restarts counted and the
+//! Issue 43's drills 1, 2 and 6 on the real control plane: a node cut off the pod
+//! network mid-run, a node lost, and a node slowed. Each asserts status, events, the restarts counted and the
 //! checkpoint the next attempt resumed from.
 
 use std::time::{Duration, Instant};
@@ -150,4 +150,54 @@ async fn a_lost_node_is_a_disruption_and_the_gang_restarts_on_the_other_nodes() 
         assert_ne!(sim.node_of(p), node, "{p} on the lost node");
     }
     completes_as_attempt_2(&sim, "lost", 0, trained).await;
+}
+
+/// Drill 6: the node of rank 1 slowed to 16 Mbit/s each way (a token bucket on both ends
+/// of its pod's link: a NIC at a lower speed) while the gang trains. Every collective
+/// slows alike, so the ranks' own timings cannot tell; the operator, timing each pod's
+/// link at each poll, names the pod and its node in the Straggler condition (SlowLink)
+/// after `stragglerReadings` (3) readings, with a Warning event and the alert's metric.
+/// Report only: the run goes on; healed, the condition clears with a Normal event, and
+/// the run completes as attempt 1 with every step recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_names_its_pod_and_node_and_the_run_goes_on() {
+    let sim = Scenario::new().await;
+    sim.apply("lag", &paced(""));
+    sim.wait("lag", "step 4", MINUTES(5), |s| step(s) >= 4).await;
+    let pod = sim.pod("lag-a1", 1).await;
+    let node = sim.node_of(&pod);
+    let shaped = sim.slow_node(&node, Some("16mbit"));
+    assert!(!shaped.is_empty(), "{node} has the link of {pod}");
+    let slowed_at = Instant::now();
+
+    let straggling =
+        |s: &crds::types::TrainingRunStatus| s.conditions.iter().any(|c| c.type_ == "Straggler" && c.status == "True");
+    let s = sim.wait("lag", "Straggler", MINUTES(2), straggling).await;
+    eprintln!("{node} slowed → Straggler in {:.1} s: {:?}", slowed_at.elapsed().as_secs_f64(), s.slow_link);
+    let link = s.slow_link.expect("status.slowLink");
+    assert_eq!((link.node_rank, link.pod.as_str(), link.node.as_deref()), (1, pod.as_str(), Some(node.as_str())));
+    // 256 KiB at 16 Mbit/s take 0.13 s, more behind the gradients queued on the link.
+    assert!(link.probe_seconds >= 0.12 && link.readings >= 3, "{link:?}");
+    assert_eq!(s.straggler, None, "no rank's own work is slower");
+    let (_, reason, message) = sim.condition("lag", "Straggler");
+    assert_eq!(reason, "SlowLink");
+    assert!(
+        message.starts_with(&format!("the network link of pod {pod} (node rank 1 on node {node}) takes")),
+        "{message}"
+    );
+    sim.expect_event("lag", "Warning", "SlowLink").await;
+    sim.expect_metric(
+        r#"trainingrun_condition{name="lag",namespace="ml",reason="SlowLink",status="True",type="Straggler"} 1"#,
+    )
+    .await;
+    assert_eq!((s.phase, s.attempt, s.restarts), (Some(RunPhase::Running), 1, 0), "report only");
+
+    sim.slow_node(&node, None);
+    sim.wait("lag", "Straggler cleared", MINUTES(2), |s| !straggling(s) && s.slow_link.is_none()).await;
+    sim.expect_event("lag", "Normal", "NoStraggler").await;
+    let s = sim.wait_phase("lag", RunPhase::Succeeded, MINUTES(10)).await;
+    assert_eq!((s.attempt, s.restarts), (1, 0), "the run went on");
+    assert_eq!(sim.jobs("lag"), vec!["lag-a1".to_string()]);
+    let steps: Vec<u64> = sim.step_losses("lag").iter().map(|s| s.0).collect();
+    assert_eq!(steps, (1..=40).collect::<Vec<_>>());
 }

@@ -417,6 +417,11 @@ impl Scenario {
         self.c.partition_node(node, cut).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Caps node `node`'s pod links at `rate` each way, or lifts the cap.
+    pub fn slow_node(&self, node: &str, rate: Option<&str>) -> Vec<String> {
+        self.c.slow_node(node, rate).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Node `node`'s pod links, and whether each is up.
     pub fn links(&self, node: &str) -> Vec<(String, bool)> {
         self.c.node_links(node).unwrap_or_else(|e| panic!("{e}"))

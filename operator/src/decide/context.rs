@@ -167,6 +167,7 @@ impl Draft {
     pub(super) fn next_attempt(&mut self, job: &str) -> u32 {
         self.new.attempt += 1;
         self.new.straggler = None;
+        self.new.slow_link = None;
         self.d.delete_jobs.push(job.to_string());
         self.new.attempt
     }

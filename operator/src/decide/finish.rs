@@ -24,6 +24,7 @@ pub(super) fn finish(frame: &Frame, draft: Draft, o: Outcome, accepted: Cond) ->
     new.reason = Some(o.reason.clone());
     if o.phase != RunPhase::Running {
         new.straggler = None;
+        new.slow_link = None;
     }
     let stalled = stall_condition(stall.as_ref(), &new);
     let mut conds = phase_conditions(&new, &o, accepted, stalled.clone());
@@ -96,7 +97,7 @@ fn policy_conditions(frame: &Frame, new: &TrainingRunStatus) -> PolicyConditions
     PolicyConditions {
         signal: p.no_signal_steps.map(|n| learning_signal::learning_signal(new, n)),
         rolled_back: p.max_rollbacks.map(|max| rollback::rolled_back(new, max)),
-        slow: p.straggler_readings.map(|n| straggler::condition(new.straggler.as_ref(), n)),
+        slow: p.straggler_readings.map(|n| straggler::condition(new.straggler.as_ref(), new.slow_link.as_ref(), n)),
     }
 }
 

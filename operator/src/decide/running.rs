@@ -1,5 +1,5 @@
 //! The current attempt runs, pure: the trainer's report becomes progress, metrics and
-//! the straggler reading, and a step that stops advancing is a stall (reported, or a
+//! the straggler reading, the links timed the slow-link reading, and a step that stops advancing is a stall (reported, or a
 //! restart with `onStall: restart`).
 
 use crds::contract::RunReason;
@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::context::{Ctx, Draft};
 use super::outcome::Outcome;
 use super::restart::{Failure, restart};
-use crate::{stall, status, straggler};
+use crate::{slow_link, stall, status, straggler};
 
 pub(super) fn outcome(ctx: &Ctx, draft: &mut Draft) -> Outcome {
     let (old, cfg) = (&ctx.old, ctx.cfg);
@@ -20,6 +20,9 @@ pub(super) fn outcome(ctx: &Ctx, draft: &mut Draft) -> Outcome {
         let f = cfg.failure.straggler_factor;
         draft.new.straggler = straggler::track(old.straggler.as_ref(), &t.ranks, t.step, f)
             .map(|s| straggler::placed(s, &ctx.pods, cfg.topology.procs_per_node));
+    }
+    if let Some(links) = &ctx.obs.links {
+        draft.new.slow_link = slow_link::track(old.slow_link.as_ref(), links, cfg.failure.straggler_factor);
     }
     let p = draft.new.progress.as_mut().expect("Draft::start sets the progress");
     let last = old.progress.as_ref().and_then(|p| p.last_progress_time.as_ref()).map(|t| t.0);

@@ -1,6 +1,6 @@
 use super::*;
 use crate::change::Change;
-use crate::observed::{InitRun, Observed};
+use crate::observed::{InitRun, LinkProbe, Observed};
 use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR};
 use crate::settings::Settings;
 use crate::status;
@@ -226,6 +226,56 @@ fn stall_is_reported_once_then_clears() {
     let d = step(&mut r, &obs(2), t("00:13:00"));
     assert_eq!(cond(&r, "Stalled").0, "False");
     assert_eq!(d.notes[0].reason, "Progressing");
+}
+
+#[test]
+fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
+    let mut r = run(GPU_SPEC);
+    step(&mut r, &Observed::default(), t("00:00:00"));
+    let report = TrainerStatus {
+        phase: crds::contract::TrainerPhase::Training,
+        attempt: 1,
+        step: 5,
+        total_steps: 244,
+        tokens: 5 * 262144,
+        total_tokens: 244 * 262144,
+        metrics: Default::default(),
+        last_checkpoint: None,
+        best_checkpoint: None,
+        tokens_by_source: Default::default(),
+        ranks: Vec::new(),
+    };
+    let probe = |node_rank: u32, seconds| LinkProbe {
+        node_rank,
+        pod: format!("llm-a1-{node_rank}-x"),
+        node: Some(format!("n{node_rank}")),
+        seconds,
+    };
+    let obs = |links: Option<Vec<LinkProbe>>| Observed {
+        jobs: vec![attempt_job(1, json!([]))],
+        pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
+        trainer: Some(report.clone()),
+        links,
+        init_run: None,
+    };
+    let slow = || Some(vec![probe(0, 0.004), probe(1, 0.6)]);
+    step(&mut r, &obs(slow()), t("00:01:00"));
+    let d = step(&mut r, &obs(slow()), t("00:01:20"));
+    assert_eq!(cond(&r, "Straggler").0, "False", "2 readings of 3");
+    assert!(d.notes.is_empty());
+    let d = step(&mut r, &obs(None), t("00:01:30"));
+    assert_eq!(d.status.slow_link.as_ref().map(|l| l.readings), Some(2), "no probe, no reading");
+    let d = step(&mut r, &obs(slow()), t("00:01:40"));
+    assert_eq!(cond(&r, "Straggler"), ("True".into(), "SlowLink".into()));
+    let l = d.status.slow_link.as_ref().unwrap();
+    assert_eq!((l.node_rank, l.pod.as_str(), l.node.as_deref(), l.readings), (1, "llm-a1-1-x", Some("n1"), 3));
+    assert_eq!(d.notes.len(), 1, "{:?}", d.notes);
+    assert!(d.notes[0].warning && d.notes[0].reason == "SlowLink", "{:?}", d.notes);
+    assert!(d.notes[0].message.starts_with("the network link of pod llm-a1-1-x (node rank 1 on node n1)"));
+    let d = step(&mut r, &obs(Some(vec![probe(0, 0.004), probe(1, 0.005)])), t("00:02:00"));
+    assert_eq!(cond(&r, "Straggler"), ("False".into(), "NoStraggler".into()));
+    assert_eq!(d.status.slow_link, None);
+    assert_eq!(d.notes.iter().map(|n| (n.warning, n.reason.as_str())).collect::<Vec<_>>(), [(false, "NoStraggler")]);
 }
 
 #[test]

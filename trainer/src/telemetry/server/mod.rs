@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crds::config::RunConfig;
-use crds::contract::{FailureReason, TrainerPhase, TrainerStatus};
+use crds::contract::{FailureReason, LINK_PROBE_BYTES, LINK_PROBE_PATH, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
 use hyper::Method;
 use prometheus::{Encoder, TextEncoder};
@@ -264,7 +264,7 @@ impl std::fmt::Debug for StatusServer {
 fn route(method: &Method, path: &str, state: &SharedStatus) -> http::Reply {
     const TEXT: &str = "text/plain; charset=utf-8";
     let reply = |code, content_type, body| http::Reply { code, content_type, body };
-    let known = matches!(path, "/status" | "/metrics" | "/healthz");
+    let known = matches!(path, "/status" | "/metrics" | "/healthz" | LINK_PROBE_PATH);
     if !known {
         return reply(404, TEXT, format!("not found: {path}\n"));
     }
@@ -274,6 +274,7 @@ fn route(method: &Method, path: &str, state: &SharedStatus) -> http::Reply {
     match path {
         "/status" => reply(200, "application/json", state.status_json()),
         "/metrics" => reply(200, prometheus::TEXT_FORMAT, state.metrics_text()),
+        LINK_PROBE_PATH => reply(200, "application/octet-stream", "0".repeat(LINK_PROBE_BYTES)),
         _ if state.read().healthy() => reply(200, TEXT, "ok\n".into()),
         _ => reply(503, TEXT, "failed\n".into()),
     }
@@ -507,6 +508,17 @@ mod tests {
         assert_eq!(code, 405);
         assert!(head.to_ascii_lowercase().contains("allow: get"), "{head}");
         assert_eq!(http(server.addr(), "DELETE", "/healthz").0, 405);
+    }
+
+    #[test]
+    fn the_link_probe_is_its_fixed_size_on_every_pod() {
+        let state = shared();
+        let server = start(&state);
+        let (code, head, body) = http(server.addr(), "GET", LINK_PROBE_PATH);
+        assert_eq!(code, 200);
+        assert!(head.to_ascii_lowercase().contains(&format!("content-length: {LINK_PROBE_BYTES}")), "{head}");
+        assert_eq!(body.len(), LINK_PROBE_BYTES);
+        assert_eq!(http(server.addr(), "POST", LINK_PROBE_PATH).0, 405);
     }
 
     #[test]
