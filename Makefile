@@ -1,5 +1,5 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator bench-control-plane e2e-kind
+.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator bench-control-plane bench-recovery e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
@@ -43,3 +43,8 @@ bench-operator: ## reconcile BENCH_RUNS (10,000) TrainingRuns against the fake A
 bench-control-plane: ## on the real control plane (root): apply → first step, rank death → attempt 2's first step, API requests per steady reconcile
 	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" \
 	  && cargo build -q --locked -p operator -p trainer && cargo bench -q --locked -p e2e --bench control_plane --profile dev
+
+bench-recovery: ## on the real control plane (root): a killed rank's recovery, TrainingRun against JobSet (built from the Go module proxy), 5 kills each
+	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" \
+	  PT_JOBSET_DIR="$$(scripts/setup-jobset.sh)" \
+	  && cargo build -q --locked -p operator -p trainer && cargo bench -q --locked -p e2e --bench recovery --profile dev

@@ -7,6 +7,7 @@
 
 pub mod control_plane;
 pub mod fake_api;
+pub mod jobset;
 pub mod network;
 pub mod node_agent;
 pub mod provisioner;

@@ -232,6 +232,8 @@ pub struct PodNetwork {
     pub ip: Ipv4Addr,
     host_link: String,
     cluster_netns: String,
+    /// False once deleted: the slot, and with it these names, may then be another pod's.
+    live: bool,
 }
 
 impl PodNetwork {
@@ -252,7 +254,7 @@ impl PodNetwork {
         ip(&["-n", &netns, "addr", "add", &cidr, "dev", "eth0"])?;
         ip(&["-n", &netns, "link", "set", "eth0", "up"])?;
         ip(&["-n", &netns, "route", "add", "default", "via", &gw])?;
-        Ok(PodNetwork { netns, ip: addr, host_link, cluster_netns: cluster_netns.to_string() })
+        Ok(PodNetwork { netns, ip: addr, host_link, cluster_netns: cluster_netns.to_string(), live: true })
     }
 
     /// Sets the host side of the pod's link up or down (see [`NodeLinks`]).
@@ -260,8 +262,13 @@ impl PodNetwork {
         set_link(&self.cluster_netns, &self.host_link, up)
     }
 
-    /// Deletes the namespace and its link (a CNI DEL).
-    pub fn delete(&self) {
+    /// Deletes the namespace and its link (a CNI DEL), once: a pod that finished gives
+    /// its slot back at once, so a second delete when the API removes it would take a
+    /// newer pod's namespace of the same name.
+    pub fn delete(&mut self) {
+        if !std::mem::replace(&mut self.live, false) {
+            return;
+        }
         let _ = ip(&["netns", "delete", &self.netns]);
         let _ = ip(&["-n", &self.cluster_netns, "link", "delete", &self.host_link]);
     }

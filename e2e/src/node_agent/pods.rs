@@ -209,7 +209,8 @@ impl Pods {
         let under_mount = |p: &str| mounts.iter().any(|m| p == m || p.starts_with(&format!("{m}/")));
 
         let slot = self.free_slot().ok_or(Error::Exhausted)?;
-        let net = PodNetwork::create(&cfg.netns_prefix, &cfg.cluster_netns, cfg.index, slot).map_err(Error::Network)?;
+        let mut net =
+            PodNetwork::create(&cfg.netns_prefix, &cfg.cluster_netns, cfg.index, slot).map_err(Error::Network)?;
         // Checked after the link exists: whoever cuts the node writes the marker first,
         // then sets down the links it finds, so a pod started meanwhile is cut by one.
         if cfg.root.join(crate::network::PARTITIONED).exists() {
