@@ -19,17 +19,20 @@
 //! The last line printed is `BENCH_JSON {...}`. Needs root and the debug `operator`
 //! and `trainer` binaries (`cargo build -p operator -p trainer`).
 
+#[path = "common/claim.rs"]
+mod claim;
 #[allow(dead_code)]
 #[path = "../tests/real_cluster/harness.rs"]
 mod harness;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
+use claim::{claim_dir, records, unix_now, until};
 use e2e::test_cluster::TestCluster;
 use harness::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use serde_yaml_ng::Value as Yaml;
 
 const NS: &str = "bench";
@@ -39,43 +42,6 @@ const RECONCILES: u64 = 20;
 /// the nodes', on their own clocks).
 const RUN_RESOURCES: [&str; 8] =
     ["trainingruns", "configmaps", "services", "persistentvolumeclaims", "jobs", "pods", "events", "networkpolicies"];
-
-fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs_f64()
-}
-
-/// Polls `check` every 100 ms until it returns `Some`, or panics after `limit` with
-/// the last state it described.
-fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
-    let start = Instant::now();
-    loop {
-        match check() {
-            Ok(v) => return v,
-            Err(state) if start.elapsed() > limit => panic!("{what}: not within {limit:?}; last seen: {state}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
-/// The directory of the run's checkpoint claim (the hostPath of its bound volume).
-fn claim_dir(c: &TestCluster) -> PathBuf {
-    let pvc = format!("{RUN}-checkpoints");
-    let volume = until("the claim bound", Duration::from_secs(120), || {
-        match c.kubectl_out(&["-n", NS, "get", "pvc", &pvc, "-o", "jsonpath={.spec.volumeName}"]) {
-            Ok(v) if !v.is_empty() => Ok(v),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    PathBuf::from(kubectl(c, &["get", "pv", &volume, "-o", "jsonpath={.spec.hostPath.path}"]))
-}
-
-fn records(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
 
 /// The time of attempt `attempt`'s first step record.
 fn first_step(dir: &Path, attempt: u64) -> Result<f64, String> {
@@ -152,7 +118,7 @@ fn main() {
     // apply → first step.
     let applied = unix_now();
     apply(&c, NS, &run);
-    let dir = claim_dir(&c);
+    let dir = claim_dir(&c, NS, &format!("{RUN}-checkpoints"));
     let stepped = until("attempt 1's first step", Duration::from_secs(300), || first_step(&dir, 1));
     let started = container_started(&c, 1);
     let to_first_step = stepped - applied;

@@ -17,13 +17,16 @@
 //! min and max of each. The last line printed is `BENCH_JSON {...}`. Needs root and
 //! the debug `operator` and `trainer` binaries (`cargo build -p operator -p trainer`).
 
+#[path = "common/claim.rs"]
+mod claim;
 #[allow(dead_code)]
 #[path = "../tests/real_cluster/harness.rs"]
 mod harness;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, UNIX_EPOCH};
 
+use claim::{claim_dir, records, unix_now, until};
 use e2e::jobset::JobSetController;
 use e2e::test_cluster::TestCluster;
 use harness::*;
@@ -63,42 +66,6 @@ spec:
     - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: "250"}}
 "#
     )
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs_f64()
-}
-
-/// Polls `check` every 100 ms until it returns `Ok`, or panics after `limit` with the
-/// last state it described.
-fn until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
-    let start = Instant::now();
-    loop {
-        match check() {
-            Ok(v) => return v,
-            Err(state) if start.elapsed() > limit => panic!("{what}: not within {limit:?}; last seen: {state}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
-/// The directory of claim `pvc` once bound (the hostPath of its volume).
-fn claim_dir(c: &TestCluster, pvc: &str) -> PathBuf {
-    let volume = until(&format!("claim {pvc} bound"), Duration::from_secs(300), || {
-        match c.kubectl_out(&["-n", NS, "get", "pvc", pvc, "-o", "jsonpath={.spec.volumeName}"]) {
-            Ok(v) if !v.is_empty() => Ok(v),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    PathBuf::from(kubectl(c, &["get", "pv", &volume, "-o", "jsonpath={.spec.hostPath.path}"]))
-}
-
-fn records(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 /// The records from the `n`th start or resume record on (0: the first attempt's).
@@ -269,7 +236,7 @@ fn main() {
     let mut ours = Vec::new();
     if systems.contains("trainingrun") {
         apply(&c, NS, &spec("tr", false));
-        let dir = claim_dir(&c, "tr-checkpoints");
+        let dir = claim_dir(&c, NS, "tr-checkpoints");
         ours = recoveries(&c, "TrainingRun", &dir, &|k, index| {
             pod_by(&c, &format!("job-name=tr-a{},{INDEX}={index}", k + 1))
         });
@@ -289,7 +256,7 @@ fn main() {
     let manifest = jobset("js", &job);
     let (ok, _, err) = kubectl_stdin(&c, &["-n", NS, "apply", "-f", "-"], &manifest.to_string());
     assert!(ok, "kubectl apply of the JobSet: {err}\n--- jobset:\n{}", jobset_controller.daemon.log_tail(30));
-    let dir = claim_dir(&c, "jsrun-checkpoints");
+    let dir = claim_dir(&c, NS, "jsrun-checkpoints");
     let theirs = recoveries(&c, "JobSet", &dir, &|k, index| {
         pod_by(&c, &format!("jobset.sigs.k8s.io/jobset-name=js,jobset.sigs.k8s.io/restart-attempt={k},{INDEX}={index}"))
     });

@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod observed;
+pub mod outlier;
 pub mod plausible;
 pub mod resources;
 pub mod settings;

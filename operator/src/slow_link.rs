@@ -9,18 +9,12 @@ use crds::contract::{LINK_PROBE_BYTES, LINK_PROBE_FLOOR_SECONDS};
 use crds::types::SlowLink;
 
 use crate::observed::LinkProbe;
+use crate::outlier;
 
 /// The slowest link when it is over `factor` × the median of the others' and over the
 /// floor. Needs two pods or more.
 pub fn slowest(links: &[LinkProbe], factor: f64) -> Option<(&LinkProbe, f64)> {
-    let slow = links.iter().max_by(|a, b| a.seconds.total_cmp(&b.seconds))?;
-    let mut others: Vec<f64> = links.iter().filter(|l| l.node_rank != slow.node_rank).map(|l| l.seconds).collect();
-    if others.is_empty() {
-        return None;
-    }
-    others.sort_by(f64::total_cmp);
-    let n = others.len();
-    let median = if n % 2 == 1 { others[n / 2] } else { (others[n / 2 - 1] + others[n / 2]) / 2.0 };
+    let (slow, median) = outlier::slowest(links, |l| l.seconds)?;
     (slow.seconds > LINK_PROBE_FLOOR_SECONDS && slow.seconds > factor * median).then_some((slow, median))
 }
 

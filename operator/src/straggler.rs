@@ -9,8 +9,8 @@ use crds::types::{SlowLink, Straggler};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::failure::completion_index;
-use crate::slow_link;
 use crate::status::{Cond, STRAGGLER};
+use crate::{outlier, slow_link};
 
 /// The slowest rank, with the median of the others' compute seconds per step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,14 +23,7 @@ pub struct Slowest {
 /// The slowest rank when its compute time is over `factor` × the median of the
 /// others'. Needs two ranks or more.
 pub fn slowest(ranks: &[RankTiming], factor: f64) -> Option<Slowest> {
-    let slow = ranks.iter().max_by(|a, b| a.compute_seconds.total_cmp(&b.compute_seconds))?;
-    let mut others: Vec<f64> = ranks.iter().filter(|r| r.rank != slow.rank).map(|r| r.compute_seconds).collect();
-    if others.is_empty() {
-        return None;
-    }
-    others.sort_by(f64::total_cmp);
-    let n = others.len();
-    let median = if n % 2 == 1 { others[n / 2] } else { (others[n / 2 - 1] + others[n / 2]) / 2.0 };
+    let (slow, median) = outlier::slowest(ranks, |r| r.compute_seconds)?;
     (median > 0.0 && slow.compute_seconds > factor * median).then_some(Slowest {
         rank: slow.rank,
         compute_seconds: slow.compute_seconds,

@@ -44,28 +44,24 @@ pub const PARTITIONED: &str = "partitioned";
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 pub const POD_PREFIX: u8 = 16;
 
-/// Runs `ip` with `args`.
-pub fn ip(args: &[&str]) -> Result<(), Error> {
-    let out = Command::new("ip").args(args).output().map_err(|e| Error::Io { path: PathBuf::from("ip"), source: e })?;
+/// Runs `program` with `args`; a failure is `failed(args, stderr)`.
+fn run(program: &str, args: &[&str], failed: fn(String, String) -> Error) -> Result<(), Error> {
+    let out =
+        Command::new(program).args(args).output().map_err(|e| Error::Io { path: PathBuf::from(program), source: e })?;
     if !out.status.success() {
-        return Err(Error::Ip {
-            args: args.join(" "),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        return Err(failed(args.join(" "), String::from_utf8_lossy(&out.stderr).trim().to_string()));
     }
     Ok(())
 }
 
+/// Runs `ip` with `args`.
+pub fn ip(args: &[&str]) -> Result<(), Error> {
+    run("ip", args, |args, stderr| Error::Ip { args, stderr })
+}
+
 /// Runs `tc` with `args`.
 pub fn tc(args: &[&str]) -> Result<(), Error> {
-    let out = Command::new("tc").args(args).output().map_err(|e| Error::Io { path: PathBuf::from("tc"), source: e })?;
-    if !out.status.success() {
-        return Err(Error::Tc {
-            args: args.join(" "),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
+    run("tc", args, |args, stderr| Error::Tc { args, stderr })
 }
 
 /// The path of a named network namespace.

@@ -40,6 +40,23 @@ fn labelled(mut p: Pod, attempt: u32) -> Pod {
     p
 }
 
+/// Rank 0's report at `step` of attempt 1 of a [`GPU_SPEC`] run.
+fn report(step: u64) -> TrainerStatus {
+    TrainerStatus {
+        phase: crds::contract::TrainerPhase::Training,
+        attempt: 1,
+        step,
+        total_steps: 244,
+        tokens: step * 262144,
+        total_tokens: 244 * 262144,
+        metrics: Default::default(),
+        last_checkpoint: None,
+        best_checkpoint: None,
+        tokens_by_source: Default::default(),
+        ranks: Vec::new(),
+    }
+}
+
 fn cond(r: &TrainingRun, type_: &str) -> (String, String) {
     let c = status::condition(r.status.as_ref().unwrap(), type_).unwrap_or_else(|| panic!("no {type_}"));
     (c.status.clone(), c.reason.clone())
@@ -194,19 +211,6 @@ fn suspend_and_resume_never_unsuspending_kueue() {
 fn stall_is_reported_once_then_clears() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{stallTimeout: 10m}}\n"));
     step(&mut r, &Observed::default(), t("00:00:00"));
-    let report = |step: u64| TrainerStatus {
-        phase: crds::contract::TrainerPhase::Training,
-        attempt: 1,
-        step,
-        total_steps: 244,
-        tokens: step * 262144,
-        total_tokens: 244 * 262144,
-        metrics: Default::default(),
-        last_checkpoint: None,
-        best_checkpoint: None,
-        tokens_by_source: Default::default(),
-        ranks: Vec::new(),
-    };
     let obs = |step| Observed {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
@@ -232,19 +236,6 @@ fn stall_is_reported_once_then_clears() {
 fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
     let mut r = run(GPU_SPEC);
     step(&mut r, &Observed::default(), t("00:00:00"));
-    let report = TrainerStatus {
-        phase: crds::contract::TrainerPhase::Training,
-        attempt: 1,
-        step: 5,
-        total_steps: 244,
-        tokens: 5 * 262144,
-        total_tokens: 244 * 262144,
-        metrics: Default::default(),
-        last_checkpoint: None,
-        best_checkpoint: None,
-        tokens_by_source: Default::default(),
-        ranks: Vec::new(),
-    };
     let probe = |node_rank: u32, seconds| LinkProbe {
         node_rank,
         pod: format!("llm-a1-{node_rank}-x"),
@@ -254,7 +245,7 @@ fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
     let obs = |links: Option<Vec<LinkProbe>>| Observed {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
-        trainer: Some(report.clone()),
+        trainer: Some(report(5)),
         links,
         init_run: None,
     };
