@@ -153,6 +153,18 @@ def main():
           if o["kind"] == "PodMonitor"]
     if len(pm) != 1 or pm[0]["spec"]["namespaceSelector"] != {"matchNames": ["ml"]}:
         fail("watchNamespace must limit the trainers' PodMonitor to that namespace")
+    # prometheusRule.for replaces an alert's `for:` and nothing else.
+    shorter = {"TrainingRunStalled": "5s", "TrainingRunNaNLoss": "1s"}
+    rules = [o for _, o in objects(render({"prometheusRule": {"enabled": True, "for": shorter}})) if o["kind"] == "PrometheusRule"]
+    expected = yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"]
+    for group in expected:
+        for rule in group["rules"]:
+            if rule.get("alert") in shorter:
+                rule["for"] = shorter[rule["alert"]]
+    if len(rules) != 1 or rules[0]["spec"]["groups"] != expected:
+        fail("prometheusRule.for must set the named alerts' for: and change nothing else")
+    if not helm.lint(str(CHART), {"prometheusRule": {"for": {"TrainingRunStalled": "soon"}}}, strict=True, namespace=NAMESPACE).get("errors"):
+        fail("values.schema.json accepted prometheusRule.for TrainingRunStalled: soon")
     # values.schema.json is enforced.
     bad = helm.lint(str(CHART), {"replicas": 0, "logFormat": "xml"}, strict=True, namespace=NAMESPACE)
     if not bad.get("errors"):

@@ -7,7 +7,8 @@
 # the GPU benchmark job on CPU, and checks the Helm chart, the alert rules and the Argo
 # CD health check. The real-control-plane suite (e2e/tests/real_cluster) runs against
 # kube-apiserver, etcd, the controller manager and the scheduler built from source by
-# scripts/setup-control-plane.sh (as root: its pods get network namespaces).
+# scripts/setup-control-plane.sh (as root: its pods get network namespaces), with
+# Prometheus built by scripts/setup-prometheus.sh for the alert drills.
 # `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,9 +29,10 @@ control_plane_log="$(mktemp)"
 { cargo build --locked -p trainer && cargo test -p trainer --locked --no-run &&
   cargo test --workspace --exclude trainer --locked --no-run; } > "$build_log" 2>&1 &
 build=$!
-scripts/setup-control-plane.sh > "$control_plane_log.bin" 2> "$control_plane_log" &
+{ scripts/setup-control-plane.sh > "$control_plane_log.bin" &&
+  scripts/setup-prometheus.sh > "$control_plane_log.prometheus"; } 2> "$control_plane_log" &
 control_plane=$!
-trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$control_plane_log" "$control_plane_log.bin"' EXIT
+trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$control_plane_log" "$control_plane_log".*' EXIT
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
 export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
@@ -42,11 +44,12 @@ if ! wait "$build"; then
 fi
 if ! wait "$control_plane"; then
   cat "$control_plane_log" >&2
-  echo "building the control plane failed (above)" >&2
+  echo "building the control plane or Prometheus failed (above)" >&2
   exit 1
 fi
 PT_CONTROL_PLANE_BIN="$(cat "$control_plane_log.bin")"
-export PT_CONTROL_PLANE_BIN
+PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
+export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR
 cargo test -p trainer --locked
 cargo test --workspace --exclude trainer --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check

@@ -8,7 +8,9 @@
 pub mod control_plane;
 pub mod fake_api;
 pub mod jobset;
+pub mod monitoring;
 pub mod network;
 pub mod node_agent;
+pub mod prometheus;
 pub mod provisioner;
 pub mod test_cluster;

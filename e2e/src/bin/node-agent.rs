@@ -66,6 +66,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let ca_pem = match e2e::control_plane::kubeconfig_ca(&args.kubeconfig) {
+        Ok(pem) => pem,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cfg = Config {
         node: args.node,
         index: args.index,
@@ -79,6 +86,7 @@ async fn main() -> ExitCode {
         gpus: args.gpus,
         kubelet_version: "v1.37.2-e2e".into(),
         max_grace: args.max_grace,
+        ca_pem,
     };
     let stop = async {
         let mut term =

@@ -376,6 +376,20 @@ pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
     kube::Client::try_from(config).map_err(|e| Error::Setup(format!("{}: {e}", kubeconfig.display())))
 }
 
+/// The CA a kubeconfig trusts (its first cluster's `certificate-authority-data`), PEM.
+pub fn kubeconfig_ca(kubeconfig: &Path) -> Result<String, Error> {
+    use base64::Engine;
+    let bad = |why: String| Error::Setup(format!("{}: {why}", kubeconfig.display()));
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
+    let data = config
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref()?.certificate_authority_data.clone())
+        .ok_or_else(|| bad("no certificate-authority-data".into()))?;
+    let pem = base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| bad(e.to_string()))?;
+    String::from_utf8(pem).map_err(|e| bad(e.to_string()))
+}
+
 /// A client for a component's health endpoint: plain HTTP, or HTTPS that accepts the
 /// component's self-signed certificate, no credentials.
 fn probe_client(url: &str) -> Result<kube::Client, Error> {

@@ -280,6 +280,8 @@ pub struct Enter {
     /// `None` where this machine has no `/etc/resolv.conf` to mount over.
     resolv: Option<CString>,
     hostname: Option<CString>,
+    /// Directories bind-mounted over others: (source, target).
+    binds: Vec<(CString, CString)>,
 }
 
 impl Enter {
@@ -292,12 +294,22 @@ impl Enter {
             hosts: cstr(&names.hosts.display().to_string()),
             resolv,
             hostname: hostname.map(cstr),
+            binds: Vec::new(),
         })
+    }
+
+    /// Also bind-mounts directory `source` over `target`, which is created on the host
+    /// (empty) when missing: a mount point needs one.
+    pub fn bind(mut self, source: &Path, target: &Path) -> Result<Enter, Error> {
+        std::fs::create_dir_all(target).map_err(|e| Error::Io { path: target.to_path_buf(), source: e })?;
+        let cstr = |p: &Path| CString::new(p.display().to_string()).expect("no NUL in a path");
+        self.binds.push((cstr(source), cstr(target)));
+        Ok(self)
     }
 
     /// Makes `cmd` enter these namespaces between fork and exec.
     pub fn apply(self, cmd: &mut Command) {
-        let Enter { netns, hosts, resolv, hostname } = self;
+        let Enter { netns, hosts, resolv, hostname, binds } = self;
         // SAFETY: only async-signal-safe system calls run between fork and exec, on
         // values prepared before the fork.
         unsafe {
@@ -324,6 +336,15 @@ impl Enter {
                     check(libc::mount(
                         r.as_ptr(),
                         c"/etc/resolv.conf".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
+                for (source, target) in &binds {
+                    check(libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),

@@ -52,4 +52,6 @@ pub struct Config {
     pub kubelet_version: String,
     /// A deleted pod's processes get at most this long after SIGTERM.
     pub max_grace: Duration,
+    /// The cluster's CA, PEM: a pod's `ca.crt`.
+    pub ca_pem: String,
 }

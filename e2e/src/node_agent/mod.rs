@@ -7,12 +7,14 @@
 //! There is no container runtime here: an image maps to a binary built from this
 //! checkout (`--image trainer=/path/to/trainer`), and a volume is a directory the pod's
 //! mount path links to (ConfigMaps written out, a claim's PersistentVolume `hostPath`,
-//! an emptyDir).
+//! an emptyDir). The ServiceAccount's files are bind-mounted at their real path
+//! ([`service_account`]), so in-cluster clients work as in a pod.
 
 mod config;
 pub mod container;
 pub mod node;
 pub mod pods;
+pub mod service_account;
 
 pub use config::{Config, Error};
 

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::config::{Config, Error};
 use super::container::{self, Process, Terminated, now_rfc3339};
+use super::service_account;
 use crate::network::{Enter, PodNetwork, hosts};
 
 /// A pod this agent has started.
@@ -282,12 +283,11 @@ impl Pods {
                 env.push(("RUST_LOG".into(), filter));
             }
 
-            let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
-            argv.extend(container.args.clone().unwrap_or_default());
-            if argv.is_empty() {
-                return Err(Error::Pod("the container has no command".into()));
-            }
-            let mut args: Vec<String> = argv[1..].to_vec();
+            // The mapped binary is the image's entrypoint: a command names it first (its
+            // path in the image is not this machine's), and without one the args follow it.
+            let command = container.command.clone().unwrap_or_default();
+            let mut args: Vec<String> = command.into_iter().skip(1).collect();
+            args.extend(container.args.clone().unwrap_or_default());
             if args.first().map(String::as_str) == Some("launch") {
                 args.extend(["--output".into(), in_root(contract::CHECKPOINT_MOUNT).display().to_string()]);
                 args.extend(["--init-dir".into(), in_root(contract::INIT_MOUNT).display().to_string()]);
@@ -305,8 +305,12 @@ impl Pods {
             );
             let names = cfg.hosts.register(&uid, &head, Some(&ns)).map_err(Error::Network)?;
             let hostname = spec.hostname.clone().unwrap_or(name.clone());
-            let enter =
+            let mut enter =
                 Enter::new(&crate::network::netns_path(&net.netns), &names, Some(&hostname)).map_err(Error::Network)?;
+            if service_account::wanted(pod) {
+                let files = service_account::project(client, cfg, pod, &dir).await?;
+                enter = enter.bind(&files, Path::new(service_account::MOUNT)).map_err(Error::Network)?;
+            }
             container::start(container::Launch {
                 program,
                 args,

@@ -170,6 +170,23 @@ pub fn helm_install(c: &TestCluster, sets: &[&str]) {
     );
 }
 
+/// `helm template` of the chart with `sets` (`key=value`): every object it renders.
+pub fn helm_template(c: &TestCluster, sets: &[&str]) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    let chart = repo().join("charts/trainingrun-operator");
+    let mut cmd = c.cp.helm();
+    cmd.args(["template", RELEASE]).arg(&chart).args(["--namespace", OPERATOR_NS]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("helm");
+    assert!(out.status.success(), "helm template failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .filter_map(|doc| Option::<serde_json::Value>::deserialize(doc).expect("helm's YAML"))
+        .collect()
+}
+
 /// The environment the chart's Deployment gives the operator container, with the
 /// downward-API fields resolved as the kubelet would for pod `pod`.
 pub fn chart_operator_env(c: &TestCluster, pod: &str) -> Vec<(String, String)> {

@@ -10,6 +10,7 @@
 mod harness;
 mod scenario;
 
+mod alerts;
 mod crd;
 mod failures;
 mod network_faults;

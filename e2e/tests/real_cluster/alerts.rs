@@ -1,0 +1,152 @@
+//! Issue 44, part 1: the chart's alerts fire from live metrics. The chart's operator runs
+//! as its Deployment's pod (the node agent runs the operator image, with the pod's
+//! ServiceAccount token projected); Prometheus, built from the Go module proxy, scrapes
+//! it and the rank-0 trainers through the scrape jobs translated from the chart's own
+//! ServiceMonitor and PodMonitor (`e2e::monitoring`), discovering them through the real
+//! API server, and evaluates the chart's PrometheusRule every second. Each drill reads
+//! the alert's state from Prometheus' `/api/v1/alerts`.
+
+use std::time::{Duration, Instant};
+
+use e2e::prometheus::Prometheus;
+use e2e::test_cluster::TestCluster;
+use serde_json::Value;
+
+use crate::harness::*;
+use crate::scenario::MINUTES;
+use crate::scenarios::{SPEC, paced};
+
+const NS: &str = "ml";
+
+/// The chart's monitoring objects, scraped every second.
+const MONITORING: [&str; 5] = [
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.interval=1s",
+    "trainerMetrics.podMonitor.enabled=true",
+    "trainerMetrics.podMonitor.interval=1s",
+    "prometheusRule.enabled=true",
+];
+
+struct Monitored {
+    c: TestCluster,
+    prom: Prometheus,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// A 2-node cluster, the chart installed with its operator running as its pod, and
+/// Prometheus scraping it.
+async fn monitored() -> Monitored {
+    let slot = cluster_slot().await;
+    let operator = workspace_binary("operator");
+    assert!(operator.exists(), "{} is missing: cargo build -p operator", operator.display());
+    let c = cluster_with(2, |o| {
+        o.images.insert("operator".into(), operator);
+    })
+    .await;
+    helm_install(&c, &["replicas=1", "statusPollInterval=1s", "statusWriteInterval=1s"]);
+    wait_for(&c, OPERATOR_NS, &format!("deployment/{RELEASE}"), "condition=Available", MINUTES(2));
+    namespace(&c, NS).await;
+    let objects = helm_template(&c, &MONITORING);
+    let prom = Prometheus::start(&c, &objects, "1s").await.unwrap_or_else(|e| panic!("Prometheus: {e}"));
+    let m = Monitored { c, prom, _slot: slot };
+    m.until("the operator scraped", MINUTES(1), |p| {
+        let up = p.query(r#"up{job="trainingrun-operator"}"#).map_err(|e| e.to_string())?;
+        match up.first().and_then(|s| s["value"][1].as_str()) {
+            Some("1") => Ok(()),
+            _ => Err(format!("up: {up:?}")),
+        }
+    });
+    m
+}
+
+impl Monitored {
+    /// Polls Prometheus every 200 ms until `check` is `Ok`; on timeout panics with the
+    /// last state, Prometheus' targets and the cluster.
+    fn until<T>(&self, what: &str, timeout: Duration, mut check: impl FnMut(&Prometheus) -> Result<T, String>) -> T {
+        let start = Instant::now();
+        loop {
+            match check(&self.prom) {
+                Ok(v) => return v,
+                Err(state) if start.elapsed() >= timeout => {
+                    let targets = self.prom.api("targets").map(|t| t.to_string()).unwrap_or_else(|e| e.to_string());
+                    panic!(
+                        "{what}: not within {timeout:?}; last seen: {state}\n--- targets: {targets}\n--- prometheus:\n{}\n{}",
+                        self.prom.daemon.log_tail(20),
+                        self.c.dump(NS)
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    fn apply(&self, name: &str, spec: &str) {
+        let manifest = format!(
+            "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingRun\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+        );
+        apply(&self.c, NS, &manifest);
+    }
+
+    /// The alerts about run `name`.
+    fn alerts_of(&self, name: &str) -> Result<Vec<Value>, String> {
+        let all = self.prom.alerts().map_err(|e| e.to_string())?;
+        Ok(all.into_iter().filter(|a| a["labels"]["name"] == name && a["labels"]["namespace"] == NS).collect())
+    }
+
+    /// Waits for alert `alert` about run `name` to fire; its labels.
+    fn firing(&self, alert: &str, name: &str, timeout: Duration) -> Value {
+        self.until(&format!("{alert} firing for {NS}/{name}"), timeout, |_| {
+            let alerts = self.alerts_of(name)?;
+            alerts
+                .iter()
+                .find(|a| a["labels"]["alertname"] == alert && a["state"] == "firing")
+                .map(|a| a["labels"].clone())
+                .ok_or_else(|| format!("{alerts:?}"))
+        })
+    }
+}
+
+/// A NaN at step 5: the run fails as NaNLoss and `TrainingRunNaNLoss` fires with the
+/// run's name and namespace, from the operator's `trainingrun_condition` as Prometheus
+/// scraped it. A host OOM kill with `onOutOfMemory: fail`: `TrainingRunOutOfMemory`. A
+/// healthy run beside them raises no alert over its whole life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nan_and_an_oom_fire_their_alerts_and_a_healthy_run_fires_none() {
+    let m = monitored().await;
+    let one_node = SPEC.replace("nodes: 2", "nodes: 1");
+    // Paced to 250 ms a step, so that its trainer lives through several scrapes.
+    m.apply("healthy", &paced(""));
+    m.apply("nan", &format!("{one_node}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"5\"}}\n"));
+    m.apply(
+        "oom",
+        &format!("{one_node}  failurePolicy: {{onOutOfMemory: fail}}\n  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"250\"}}\n"),
+    );
+    let labels = m.firing("TrainingRunNaNLoss", "nan", MINUTES(5));
+    assert_eq!(labels["severity"], "critical", "{labels}");
+    assert_eq!(run_field(&m.c, NS, "nan", "{.status.reason}"), "NaNLoss");
+
+    let pod = poll(&m.c, NS, "the oom run's pod running", MINUTES(5), || {
+        let selector = "job-name=oom-a1,batch.kubernetes.io/job-completion-index=0";
+        let name =
+            kubectl(&m.c, &["-n", NS, "get", "pods", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}"]);
+        let name = name.split_whitespace().next().map(String::from).ok_or("no pod yet")?;
+        m.c.container_pid(NS, &name).map(|_| name).map_err(|e| e.to_string())
+    });
+    m.c.oom_kill(NS, &pod).unwrap_or_else(|e| panic!("{e}"));
+    let labels = m.firing("TrainingRunOutOfMemory", "oom", MINUTES(2));
+    assert_eq!(labels["severity"], "critical", "{labels}");
+    assert_eq!(run_field(&m.c, NS, "oom", "{.status.reason}"), "OutOfMemory");
+
+    // The healthy run, from apply to Succeeded: never an alert about it, pending or
+    // firing; and its trainer scraped through the PodMonitor meanwhile, its loss under
+    // the run's name.
+    let mut loss_seen = false;
+    m.until("the healthy run Succeeded without an alert", MINUTES(10), |p| {
+        let alerts = m.alerts_of("healthy")?;
+        assert!(alerts.is_empty(), "alerts about a healthy run: {alerts:?}");
+        loss_seen |= !p.query(r#"trainer_loss{name="healthy",namespace="ml"}"#).unwrap_or_default().is_empty();
+        let phase = run_field(&m.c, NS, "healthy", "{.status.phase}");
+        if phase == "Succeeded" { Ok(()) } else { Err(phase) }
+    });
+    assert!(loss_seen, "the healthy run's trainer was never scraped: {:?}", m.prom.api("targets"));
+}
