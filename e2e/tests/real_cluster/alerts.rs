@@ -18,14 +18,39 @@ use crate::scenarios::{SPEC, paced};
 
 const NS: &str = "ml";
 
-/// The chart's monitoring objects, scraped every second.
-const MONITORING: [&str; 5] = [
+/// The chart's monitoring objects, scraped every second, the stall alert's `for:`
+/// (5 minutes) shortened to 5 s.
+const MONITORING: [&str; 6] = [
     "metrics.serviceMonitor.enabled=true",
     "metrics.serviceMonitor.interval=1s",
     "trainerMetrics.podMonitor.enabled=true",
     "trainerMetrics.podMonitor.interval=1s",
     "prometheusRule.enabled=true",
+    "prometheusRule.for.TrainingRunStalled=5s",
 ];
+
+/// The dashboard's panels that a CPU pretraining run cannot fill, and why; each is
+/// checked to be empty, so that the list stays true.
+const EMPTY_BY_DESIGN: [(&str, &str); 2] = [
+    ("MFU", "the trainer reports MFU against a GPU's peak FLOP rate, on CUDA only"),
+    ("GRPO held-out accuracy", "a pretraining run evaluates no GRPO questions"),
+];
+
+/// Every query of `files/dashboard.json`, with its panel's title.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo().join("charts/trainingrun-operator/files/dashboard.json"))
+        .expect("the dashboard");
+    let d: Value = serde_json::from_str(&text).expect("the dashboard's JSON");
+    let mut out = Vec::new();
+    for panel in d["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            if let (Some(title), Some(expr)) = (panel["title"].as_str(), t["expr"].as_str()) {
+                out.push((title.to_string(), expr.to_string()));
+            }
+        }
+    }
+    out
+}
 
 struct Monitored {
     c: TestCluster,
@@ -109,13 +134,18 @@ impl Monitored {
 /// A NaN at step 5: the run fails as NaNLoss and `TrainingRunNaNLoss` fires with the
 /// run's name and namespace, from the operator's `trainingrun_condition` as Prometheus
 /// scraped it. A host OOM kill with `onOutOfMemory: fail`: `TrainingRunOutOfMemory`. A
-/// healthy run beside them raises no alert over its whole life.
+/// trainer stopped (SIGSTOP) past `stallTimeout`: `TrainingRunStalled`, resolved once it
+/// continues. A healthy run beside them raises no alert over its whole life, and every
+/// query of the Grafana dashboard returns its data while it trains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nan_and_an_oom_fire_their_alerts_and_a_healthy_run_fires_none() {
+async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     let m = monitored().await;
     let one_node = SPEC.replace("nodes: 2", "nodes: 1");
-    // Paced to 250 ms a step, so that its trainer lives through several scrapes.
-    m.apply("healthy", &paced(""));
+    // Paced to 250 ms a step, so that its trainer lives through several scrapes, and
+    // validated every 8 steps, so that the validation panel has a series to show.
+    let healthy = paced("").replace("validation: {tokens: 2K}", "validation: {tokens: 2K, everySteps: 8}");
+    assert_ne!(healthy, paced(""), "the healthy run validates every 8 steps");
+    m.apply("healthy", &healthy);
     m.apply("nan", &format!("{one_node}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"5\"}}\n"));
     m.apply(
         "oom",
@@ -138,15 +168,52 @@ async fn a_nan_and_an_oom_fire_their_alerts_and_a_healthy_run_fires_none() {
     assert_eq!(run_field(&m.c, NS, "oom", "{.status.reason}"), "OutOfMemory");
 
     // The healthy run, from apply to Succeeded: never an alert about it, pending or
-    // firing; and its trainer scraped through the PodMonitor meanwhile, its loss under
-    // the run's name.
-    let mut loss_seen = false;
+    // firing; and every dashboard query with data at some point of its life (the
+    // conditions panel: the failed NaN run's).
+    let mut empty: Vec<(String, String)> =
+        dashboard_queries().into_iter().filter(|(title, _)| !EMPTY_BY_DESIGN.iter().any(|(t, _)| title == t)).collect();
     m.until("the healthy run Succeeded without an alert", MINUTES(10), |p| {
         let alerts = m.alerts_of("healthy")?;
         assert!(alerts.is_empty(), "alerts about a healthy run: {alerts:?}");
-        loss_seen |= !p.query(r#"trainer_loss{name="healthy",namespace="ml"}"#).unwrap_or_default().is_empty();
+        empty.retain(|(title, expr)| {
+            let run = if title.starts_with("Failure and stall") { "nan" } else { "healthy" };
+            let expr = expr.replace("$namespace", NS).replace("$run", run);
+            p.query(&expr).unwrap_or_default().is_empty()
+        });
         let phase = run_field(&m.c, NS, "healthy", "{.status.phase}");
         if phase == "Succeeded" { Ok(()) } else { Err(phase) }
     });
-    assert!(loss_seen, "the healthy run's trainer was never scraped: {:?}", m.prom.api("targets"));
+    assert!(empty.is_empty(), "dashboard panels without data over the healthy run's life: {empty:#?}");
+    for (title, why) in EMPTY_BY_DESIGN {
+        for (_, expr) in dashboard_queries().iter().filter(|(t, _)| t == title) {
+            let expr = expr.replace("$namespace", NS).replace("$run", "healthy");
+            let got = m.prom.query(&expr).unwrap_or_default();
+            assert!(got.is_empty(), "{title} is listed as empty ({why}) and has data: {got:?}");
+        }
+    }
+
+    // The stopped trainer: Stalled after a minute without progress, the alert 5 s later;
+    // resolved when it continues.
+    m.apply("stuck", &paced("  failurePolicy: {stallTimeout: 1m}\n").replace("nodes: 2", "nodes: 1"));
+    let pod = poll(&m.c, NS, "the stuck run's pod training", MINUTES(5), || {
+        let step = run_field(&m.c, NS, "stuck", "{.status.progress.step}");
+        if step.parse::<u64>().unwrap_or(0) < 2 {
+            return Err(format!("step {step:?}"));
+        }
+        let selector = "job-name=stuck-a1,batch.kubernetes.io/job-completion-index=0";
+        let name =
+            kubectl(&m.c, &["-n", NS, "get", "pods", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}"]);
+        name.split_whitespace().next().map(String::from).ok_or_else(|| "no pod".to_string())
+    });
+    m.c.signal_pod(NS, &pod, libc::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
+    m.firing("TrainingRunStalled", "stuck", MINUTES(3));
+    m.c.signal_pod(NS, &pod, libc::SIGCONT).unwrap_or_else(|e| panic!("{e}"));
+    m.until("TrainingRunStalled resolved", MINUTES(2), |_| {
+        let alerts = m.alerts_of("stuck")?;
+        if alerts.iter().any(|a| a["labels"]["alertname"] == "TrainingRunStalled") {
+            Err(format!("{alerts:?}"))
+        } else {
+            Ok(())
+        }
+    });
 }
