@@ -194,7 +194,12 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
 
     // The stopped trainer: Stalled after a minute without progress, the alert 5 s later;
     // resolved when it continues.
-    m.apply("stuck", &paced("  failurePolicy: {stallTimeout: 1m}\n").replace("nodes: 2", "nodes: 1"));
+    // 400 paced steps: far more than the time to stop it, however loaded the machine.
+    let stuck = paced("  failurePolicy: {stallTimeout: 1m}\n")
+        .replace("nodes: 2", "nodes: 1")
+        .replace("tokens: 40960", "tokens: 409600");
+    assert!(stuck.contains("tokens: 409600"), "the stuck run is long");
+    m.apply("stuck", &stuck);
     let pod = poll(&m.c, NS, "the stuck run's pod training", MINUTES(5), || {
         let step = run_field(&m.c, NS, "stuck", "{.status.progress.step}");
         if step.parse::<u64>().unwrap_or(0) < 2 {
