@@ -9,7 +9,7 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -25,19 +25,7 @@ pub const CRD_NAME: &str = "jobsets.jobset.x-k8s.io";
 /// Where JobSet's binary and CRD are: `$PT_JOBSET_DIR`, else what
 /// `scripts/setup-jobset.sh` prints (building them if needed).
 pub fn binaries() -> Result<PathBuf, Error> {
-    if let Some(dir) = std::env::var_os("PT_JOBSET_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-jobset.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| Error::Spawn { program: script.display().to_string(), source: e })?;
-    if !out.status.success() {
-        return Err(Error::Setup(format!("{} failed ({})", script.display(), out.status)));
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::control_plane::tool_dir("PT_JOBSET_DIR", "setup-jobset.sh")
 }
 
 /// The running controller; stopped when dropped.

@@ -8,7 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -28,19 +28,7 @@ const ACCOUNT: &str = "prometheus";
 /// Where Prometheus' binary is: `$PT_PROMETHEUS_DIR`, else what
 /// `scripts/setup-prometheus.sh` prints (building it if needed).
 pub fn binaries() -> Result<PathBuf, Error> {
-    if let Some(dir) = std::env::var_os("PT_PROMETHEUS_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-prometheus.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| Error::Spawn { program: script.display().to_string(), source: e })?;
-    if !out.status.success() {
-        return Err(Error::Setup(format!("{} failed ({})", script.display(), out.status)));
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::control_plane::tool_dir("PT_PROMETHEUS_DIR", "setup-prometheus.sh")
 }
 
 /// The read access Prometheus needs to discover pods and EndpointSlices.

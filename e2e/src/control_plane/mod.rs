@@ -31,10 +31,16 @@ pub const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// Where the control plane's binaries are: `$PT_CONTROL_PLANE_BIN` (set by `make
 /// test`), else what `scripts/setup-control-plane.sh` prints (building them if needed).
 pub fn binaries() -> Result<PathBuf, Error> {
-    if let Some(dir) = std::env::var_os("PT_CONTROL_PLANE_BIN") {
+    tool_dir("PT_CONTROL_PLANE_BIN", "setup-control-plane.sh")
+}
+
+/// A directory of tools built from the Go module proxy: `$<env>` when set, else what
+/// `scripts/<script>` prints (building them if needed).
+pub fn tool_dir(env: &str, script: &str) -> Result<PathBuf, Error> {
+    if let Some(dir) = std::env::var_os(env) {
         return Ok(PathBuf::from(dir));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-control-plane.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script);
     let out = Command::new("bash")
         .arg(&script)
         .stderr(std::process::Stdio::inherit())
