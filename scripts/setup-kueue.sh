@@ -12,7 +12,7 @@ if [ -z "$version" ]; then
   echo "$module/go.mod: no sigs.k8s.io/kueue version in its require line" >&2
   exit 1
 fi
-hash="$(cat "$module/go.mod" "$module/go.sum" 2>/dev/null | sha256sum | cut -c1-12)"
+hash="$({ cat "$module/go.mod"; cat "$module/go.sum" 2>/dev/null || true; } | sha256sum | cut -c1-12)"
 dir="$PT_CACHE/kueue/$version-$hash"
 if [ -x "$dir/kueue" ] && [ -d "$dir/crd" ] && [ -f "$dir/webhooks.yaml" ]; then
   echo "$dir"
