@@ -18,7 +18,16 @@ end
 local function progress(status)
   local p = status.progress
   if p ~= nil and p.percent ~= nil then
-    return string.format(" (%.1f%% of the token budget)", p.percent)
+    -- Argo CD runs health checks without the string and math libraries: tenths by hand,
+    -- a half to even, as string.format("%.1f") would.
+    local scaled = p.percent * 10
+    local tenths = scaled - scaled % 1
+    local rest = scaled - tenths
+    if rest > 0.5 or (rest == 0.5 and tenths % 2 == 1) then
+      tenths = tenths + 1
+    end
+    local whole = (tenths - tenths % 10) / 10
+    return " (" .. tostring(whole) .. "." .. tostring(tenths % 10) .. "% of the token budget)"
   end
   return ""
 end

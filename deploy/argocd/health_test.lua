@@ -3,8 +3,14 @@
 local dir = arg and arg[0] and arg[0]:match("^(.*)/[^/]*$") or "."
 local script = assert(loadfile(dir .. "/health.lua"))
 
+-- Argo CD's VM opens only the base, package, table and a safe os library for a
+-- custom health check (util/lua, UseOpenLibs false): the same here.
+local sandbox = { ipairs = ipairs, pairs = pairs, tostring = tostring, tonumber = tonumber, type = type,
+  next = next, select = select, error = error, pcall = pcall, table = table }
+setfenv(script, sandbox)
+
 local function run(o)
-  obj = o
+  sandbox.obj = o
   return script()
 end
 
