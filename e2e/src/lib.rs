@@ -5,6 +5,7 @@
 //! control plane cannot do the job (an injected clock, a reconcile driven by hand): a
 //! stateful fake API server ([`fake_api`]) (see docs/testing.md).
 
+pub mod argocd;
 pub mod control_plane;
 pub mod fake_api;
 pub mod jobset;

@@ -212,6 +212,23 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     });
     m.c.signal_pod(NS, &pod, libc::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
     m.firing("TrainingRunStalled", "stuck", MINUTES(3));
+    // Argo CD's own Lua engine judges every run of the drills by deploy/argocd/health.lua.
+    m.apply("parked", &format!("{one_node}  suspend: true\n"));
+    let judged = poll(&m.c, NS, "Argo CD's health of every run", MINUTES(1), || {
+        let list = kubectl(&m.c, &["-n", NS, "get", "trainingruns", "-o", "json"]);
+        let items = serde_json::from_str::<Value>(&list).map_err(|e| e.to_string())?["items"].clone();
+        let h = e2e::argocd::health(items.as_array().ok_or("no items")?).map_err(|e| e.to_string())?;
+        let status = |n: &str| h.get(n).map(|(s, _)| s.as_str()).unwrap_or("");
+        let want = [
+            ("nan", "Degraded"),
+            ("oom", "Degraded"),
+            ("healthy", "Healthy"),
+            ("stuck", "Degraded"),
+            ("parked", "Suspended"),
+        ];
+        if want.iter().all(|(n, s)| status(n) == *s) { Ok(h) } else { Err(format!("{h:?}")) }
+    });
+    assert!(judged["nan"].1.contains("NaN"), "Degraded names the cause: {:?}", judged["nan"]);
     m.c.signal_pod(NS, &pod, libc::SIGCONT).unwrap_or_else(|e| panic!("{e}"));
     m.until("TrainingRunStalled resolved", MINUTES(2), |_| {
         let alerts = m.alerts_of("stuck")?;
