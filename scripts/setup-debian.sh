@@ -4,7 +4,6 @@
 #                wheel ships none; every Gloo symbol resolves from libtorch_cpu).
 # With --test also what the tests need:
 #   prometheus   promtool, for the alert rules' unit tests.
-#   lua5.1       Argo CD's Lua dialect, for the health check's tests.
 #   iproute2     ip, which gives the real-cluster suite's pods their network namespaces.
 # With --image what scripts/check-image.sh needs:
 #   debootstrap  builds the image's Debian root file system without Docker.
@@ -15,7 +14,6 @@ missing=()
 [ -f /usr/include/gloo/config.h ] || [ -n "${GLOO_INCLUDE_DIR:-}" ] || missing+=(libgloo-dev)
 if [ "${1:-}" = --test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
-  command -v lua5.1 >/dev/null || missing+=(lua5.1)
   command -v ip >/dev/null || missing+=(iproute2)
 fi
 if [ "${1:-}" = --image ]; then

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs PyTorch 2.11.0 (CPU libtorch for the
 # build, the full wheel plus transformers for the proofs against PyTorch) and the
-# Python validators into ~/.cache/puretransformer (and promtool and Lua 5.1 from
-# Debian), then runs the Rust tests, checks the golden files against PyTorch,
+# Python validators into ~/.cache/puretransformer (and promtool from Debian), then runs the Rust tests, checks the golden files against PyTorch,
 # validates the CRD and the examples, compiles the jiterator kernels with NVRTC, tests
-# the GPU benchmark job on CPU, and checks the Helm chart, the alert rules and the Argo
-# CD health check. The real-control-plane suite (e2e/tests/real_cluster) runs against
-# kube-apiserver, etcd, the controller manager and the scheduler built from source by
+# the GPU benchmark job on CPU, and checks the Helm chart and the alert rules. The
+# real-control-plane suite (e2e/tests/real_cluster) runs against kube-apiserver, etcd,
+# the controller manager and the scheduler built from source by
 # scripts/setup-control-plane.sh (as root: its pods get network namespaces), with
-# Prometheus built by scripts/setup-prometheus.sh for the alert drills.
+# Prometheus (scripts/setup-prometheus.sh) for the alert drills, Kueue
+# (scripts/setup-kueue.sh) for the queueing scenarios, and Argo CD's Lua health
+# evaluation (scripts/setup-argocd-health.sh), which also judges the health check's
+# fixtures.
 # `make test` runs this.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,7 +32,9 @@ control_plane_log="$(mktemp)"
   cargo test --workspace --exclude trainer --locked --no-run; } > "$build_log" 2>&1 &
 build=$!
 { scripts/setup-control-plane.sh > "$control_plane_log.bin" &&
-  scripts/setup-prometheus.sh > "$control_plane_log.prometheus"; } 2> "$control_plane_log" &
+  scripts/setup-prometheus.sh > "$control_plane_log.prometheus" &&
+  scripts/setup-kueue.sh > "$control_plane_log.kueue" &&
+  scripts/setup-argocd-health.sh > "$control_plane_log.argocd"; } 2> "$control_plane_log" &
 control_plane=$!
 trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$control_plane_log" "$control_plane_log".*' EXIT
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
@@ -44,12 +48,14 @@ if ! wait "$build"; then
 fi
 if ! wait "$control_plane"; then
   cat "$control_plane_log" >&2
-  echo "building the control plane or Prometheus failed (above)" >&2
+  echo "building the control plane, Prometheus, Kueue or argocd-health failed (above)" >&2
   exit 1
 fi
 PT_CONTROL_PLANE_BIN="$(cat "$control_plane_log.bin")"
 PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
-export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR
+PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
+PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
+export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
 cargo test -p trainer --locked
 cargo test --workspace --exclude trainer --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
@@ -66,8 +72,7 @@ TRAINER="$CARGO_TARGET_DIR/debug/trainer" \
 # bench/gpu.sh (issue 10's GPU job) on CPU: a dry run and its micro-batch search and failures.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gpu-test.sh
 "$PT_VENV_CPU/bin/python" scripts/validate-manifests.py --operator "$CARGO_TARGET_DIR/debug/operator"
-# Packaging: the Helm chart, the alerts, the Argo CD health check.
+# Packaging: the Helm chart and the alerts (the Argo CD health check: e2e/tests/argocd_health.rs).
 "$PT_VENV_CPU/bin/python" scripts/check-chart.py
 promtool check rules charts/trainingrun-operator/files/alerts.yaml
 promtool test rules charts/trainingrun-operator/files/alerts_test.yaml
-lua5.1 deploy/argocd/health_test.lua

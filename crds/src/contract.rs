@@ -172,8 +172,13 @@ pub enum RunReason {
     InvalidSpec,
     /// Waiting for the run named by `initFrom.trainingRun` to succeed.
     WaitingForInitRun,
-    /// The Job waits for Kueue to admit it.
+    /// The Job waits for Kueue to admit it (and Queued=True, naming the LocalQueue).
     WaitingForQueue,
+    /// Queued=False: Kueue admitted the run's Job (and it has not been evicted since).
+    Admitted,
+    /// Queued=False: the run's Job has not waited for Kueue (not yet created, or
+    /// suspended by `spec.suspend` before it was admitted).
+    NotQueued,
     /// A Job was created: the phase reason of a first attempt, and the event of each.
     JobCreated,
     /// The Job's pods are not all running yet.
@@ -259,11 +264,13 @@ pub enum RunReason {
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 40] = [
+    pub const OPERATOR: [RunReason; 42] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
         RunReason::WaitingForQueue,
+        RunReason::Admitted,
+        RunReason::NotQueued,
         RunReason::JobCreated,
         RunReason::PodsPending,
         RunReason::ImagePullBackOff,
@@ -314,6 +321,8 @@ impl RunReason {
             RunReason::InvalidSpec => "InvalidSpec",
             RunReason::WaitingForInitRun => "WaitingForInitRun",
             RunReason::WaitingForQueue => "WaitingForQueue",
+            RunReason::Admitted => "Admitted",
+            RunReason::NotQueued => "NotQueued",
             RunReason::JobCreated => "JobCreated",
             RunReason::PodsPending => "PodsPending",
             RunReason::ImagePullBackOff => "ImagePullBackOff",

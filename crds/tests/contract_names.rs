@@ -13,7 +13,7 @@ const FILES: &[&str] = &[
     "charts/trainingrun-operator/files/dashboard.json",
     "charts/trainingrun-operator/tests/snapshot.yaml",
     "deploy/argocd/health.lua",
-    "deploy/argocd/health_test.lua",
+    "deploy/argocd/health_fixtures.json",
 ];
 
 /// A reason named in a file, with the line it is on.
@@ -84,37 +84,39 @@ fn matched_names(text: &str) -> Vec<Named> {
     out
 }
 
-/// The reasons of the conditions in the Lua fixtures: the third argument of
-/// `cond("Type", "Status", "Reason", …)`.
-fn fixture_condition_reasons(text: &str) -> Vec<Named> {
-    let mut out = Vec::new();
-    for (at, _) in text.match_indices("cond(") {
-        if text[..at].chars().next_back().is_some_and(is_ident) {
-            continue;
-        }
-        let mut rest = &text[at + "cond(".len()..];
-        let mut args = Vec::new();
-        while let Some((value, len)) = string_literal(rest.trim_start()) {
-            args.push(value);
-            rest = rest.trim_start()[len..].trim_start();
-            match rest.strip_prefix(',') {
-                Some(r) => rest = r,
-                None => break,
+/// Every value of a `reason` key in a JSON document (the Argo CD health fixtures), with
+/// the line of its first occurrence.
+fn json_reasons(text: &str) -> Vec<Named> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    match (k.as_str(), v) {
+                        ("reason", serde_json::Value::String(s)) => out.push(s.clone()),
+                        _ => walk(v, out),
+                    }
+                }
             }
-        }
-        if let Some(reason) = args.get(2) {
-            out.push(Named { line: line_of(text, at), name: reason.to_string() });
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
         }
     }
-    out
+    let doc: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON: {e}"));
+    let mut names = Vec::new();
+    walk(&doc, &mut names);
+    let mut named: Vec<Named> = names
+        .into_iter()
+        .map(|name| {
+            let at = text.find(&format!("\"{name}\"")).unwrap_or(0);
+            Named { line: line_of(text, at), name }
+        })
+        .collect();
+    named.sort_by_key(|n| n.line);
+    named
 }
 
 fn names_in(path: &str, text: &str) -> Vec<Named> {
-    let mut names = matched_names(text);
-    if path.ends_with(".lua") {
-        names.extend(fixture_condition_reasons(text));
-    }
-    names
+    if path.ends_with(".json") && !path.contains("dashboard") { json_reasons(text) } else { matched_names(text) }
 }
 
 fn unknown(names: &[Named]) -> Vec<&Named> {
@@ -160,7 +162,12 @@ fn the_extraction_finds_each_form() {
     assert_eq!(names, [Named { line: 1, name: "RestartLimitExceeded".into() }]);
     assert_eq!(unknown(&names).len(), 1, "a reason the operator never writes is caught");
 
-    let lua = "if status.reason == \"Stalled\" then end\nlocal x = { reason = \"NaNLoss\", reason2 = \"x\" }\nhs.message = status.reason or \"unknown reason\"\nlocal function cond(type_, status, reason, message)\nconds = { cond(\"Running\", \"False\", \"Failed\"), cond(\"Stalled\", \"True\", \"NoProgress\", \"no step\") }";
+    let lua = "if status.reason == \"Stalled\" then end\nlocal x = { reason = \"NaNLoss\", reason2 = \"x\" }\nhs.message = status.reason or \"unknown reason\"";
     let names: Vec<String> = names_in("x.lua", lua).into_iter().map(|n| n.name).collect();
-    assert_eq!(names, ["Stalled", "NaNLoss", "Failed", "NoProgress"]);
+    assert_eq!(names, ["Stalled", "NaNLoss"]);
+
+    let fixtures = r#"[{"name": "n", "object": {"status": {"reason": "NaNLoss",
+        "conditions": [{"type": "Stalled", "status": "True", "reason": "NoProgress", "message": "reason: x"}]}}}]"#;
+    let names = names_in("fixtures.json", fixtures);
+    assert_eq!(names, [Named { line: 1, name: "NaNLoss".into() }, Named { line: 2, name: "NoProgress".into() }]);
 }

@@ -83,6 +83,12 @@ for _, type_ in ipairs({ "NoLearningSignal", "Straggler", "Stalled" }) do
     return hs
   end
 end
+-- Waiting for Kueue to admit its Job, in the words of the condition that names the queue.
+local queued = condition(status, "Queued")
+if queued ~= nil and queued.status == "True" and queued.message ~= nil and queued.message ~= "" then
+  hs.message = queued.message
+  return hs
+end
 hs.message = tostring(phase or "Pending") .. progress(status)
 if status.reason ~= nil and status.reason ~= "" then
   hs.message = hs.message .. ": " .. status.reason

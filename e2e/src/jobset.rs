@@ -7,10 +7,9 @@
 //! election and the metrics server are off; the cert rotator is off
 //! (`internalCertManagement.enable: false`) since the certificate is made here.
 
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::control_plane::pki::Pki;
@@ -33,25 +32,6 @@ pub struct JobSetController {
     pub daemon: Daemon,
     /// Its directory: config, certificate, log.
     pub dir: PathBuf,
-}
-
-/// `kubectl args...` of `c` with `stdin`; its stdout, or an error with its stderr.
-fn kubectl_with(c: &TestCluster, args: &[&str], stdin: &str) -> Result<String, String> {
-    let mut child = c
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("kubectl: {e}"))?;
-    child.stdin.take().expect("piped").write_all(stdin.as_bytes()).map_err(|e| format!("kubectl's stdin: {e}"))?;
-    let out = child.wait_with_output().map_err(|e| format!("kubectl: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    } else {
-        Err(format!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
 }
 
 /// The four webhooks of JobSet's `config/components/webhook` (with its patches: the pod
@@ -143,9 +123,9 @@ impl JobSetController {
         let daemon = Daemon::spawn("jobset", cmd, &dir.join("jobset.log"))?;
 
         let hooks = webhook_configurations(&format!("https://127.0.0.1:{port}"), &pki.ca_pem);
-        kubectl_with(c, &["apply", "-f", "-"], &hooks).map_err(Error::Setup)?;
+        c.kubectl_in(&["apply", "-f", "-"], &hooks).map_err(Error::Setup)?;
         wait_until("JobSet's webhooks", Duration::from_secs(120), || async {
-            kubectl_with(c, &["create", "--dry-run=server", "-o", "name", "-f", "-"], PROBE).map(|_| ())
+            c.kubectl_in(&["create", "--dry-run=server", "-o", "name", "-f", "-"], PROBE).map(|_| ())
         })
         .await
         .map_err(|e| Error::Setup(format!("{e}\n--- jobset:\n{}", daemon.log_tail(30))))?;

@@ -17,6 +17,8 @@ pub const POLICY_CONDITION_TYPES: [&str; 3] = [NO_LEARNING_SIGNAL, ROLLED_BACK, 
 pub const NO_LEARNING_SIGNAL: &str = "NoLearningSignal";
 pub const ROLLED_BACK: &str = "RolledBack";
 pub const STRAGGLER: &str = "Straggler";
+/// On runs with `spec.queueName`, last: whether the Job waits for Kueue to admit it.
+pub const QUEUED: &str = "Queued";
 
 /// One condition as the pipeline decided it.
 #[derive(Clone, Debug, PartialEq)]

@@ -170,8 +170,12 @@ pub struct TrainingRunSpec {
     #[schemars(length(max = bounds::DNS_SUBDOMAIN))]
     pub scheduler_name: Option<String>,
 
-    /// Kueue LocalQueue. Copied to the Job's `kueue.x-k8s.io/queue-name` label;
-    /// Kueue then admits (un-suspends) the Job when quota allows.
+    /// Kueue LocalQueue. Copied to the Job's `kueue.x-k8s.io/queue-name` label; the
+    /// Job is created suspended and Kueue admits (un-suspends) it when quota allows.
+    /// Meanwhile the run is Pending (WaitingForQueue) with the Queued condition naming
+    /// the queue. An eviction by Kueue (preemption) is a disruption, not a failure:
+    /// the run waits in the queue again and resumes from its last checkpoint, with no
+    /// restart counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = bounds::DNS_LABEL))]
     pub queue_name: Option<String>,

@@ -36,6 +36,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::mounts::Binds;
+
 /// A node's network is cut while this file exists in its agent's root: the host side of
 /// every pod link of the node is down, also of pods started meanwhile ([`NodeLinks`]).
 pub const PARTITIONED: &str = "partitioned";
@@ -276,80 +278,43 @@ impl PodNetwork {
 /// namespace with the pod's hostname.
 pub struct Enter {
     netns: OwnedFd,
-    hosts: CString,
-    /// `None` where this machine has no `/etc/resolv.conf` to mount over.
-    resolv: Option<CString>,
     hostname: Option<CString>,
-    /// Directories bind-mounted over others: (source, target).
-    binds: Vec<(CString, CString)>,
+    /// The name files over `/etc/hosts` and `/etc/resolv.conf` (where this machine has
+    /// one to mount over), then the directories bound by [`Enter::bind`].
+    binds: Binds,
 }
 
 impl Enter {
     pub fn new(netns: &Path, names: &hosts::NameFiles, hostname: Option<&str>) -> Result<Enter, Error> {
         let fd = std::fs::File::open(netns).map_err(|e| Error::Io { path: netns.to_path_buf(), source: e })?;
-        let cstr = |s: &str| CString::new(s).expect("no NUL in a path or hostname");
-        let resolv = Path::new("/etc/resolv.conf").exists().then(|| cstr(&names.resolv.display().to_string()));
-        Ok(Enter {
-            netns: fd.into(),
-            hosts: cstr(&names.hosts.display().to_string()),
-            resolv,
-            hostname: hostname.map(cstr),
-            binds: Vec::new(),
-        })
+        let resolv = Path::new("/etc/resolv.conf");
+        let mut binds = Binds::default()
+            .bind(&names.hosts, Path::new("/etc/hosts"))
+            .map_err(|e| Error::Io { path: names.hosts.clone(), source: e })?;
+        if resolv.exists() {
+            binds = binds.bind(&names.resolv, resolv).map_err(|e| Error::Io { path: names.resolv.clone(), source: e })?;
+        }
+        let hostname = hostname.map(|h| CString::new(h).expect("no NUL in a hostname"));
+        Ok(Enter { netns: fd.into(), hostname, binds })
     }
 
     /// Also bind-mounts directory `source` over `target`, which is created on the host
     /// (empty) when missing: a mount point needs one.
     pub fn bind(mut self, source: &Path, target: &Path) -> Result<Enter, Error> {
-        std::fs::create_dir_all(target).map_err(|e| Error::Io { path: target.to_path_buf(), source: e })?;
-        let cstr = |p: &Path| CString::new(p.display().to_string()).expect("no NUL in a path");
-        self.binds.push((cstr(source), cstr(target)));
+        self.binds = self.binds.bind(source, target).map_err(|e| Error::Io { path: target.to_path_buf(), source: e })?;
         Ok(self)
     }
 
     /// Makes `cmd` enter these namespaces between fork and exec.
     pub fn apply(self, cmd: &mut Command) {
-        let Enter { netns, hosts, resolv, hostname, binds } = self;
+        let Enter { netns, hostname, binds } = self;
         // SAFETY: only async-signal-safe system calls run between fork and exec, on
         // values prepared before the fork.
         unsafe {
             cmd.pre_exec(move || {
                 let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
                 check(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
-                let flags = if hostname.is_some() { libc::CLONE_NEWNS | libc::CLONE_NEWUTS } else { libc::CLONE_NEWNS };
-                check(libc::unshare(flags))?;
-                check(libc::mount(
-                    std::ptr::null(),
-                    c"/".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ))?;
-                check(libc::mount(
-                    hosts.as_ptr(),
-                    c"/etc/hosts".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                ))?;
-                if let Some(r) = &resolv {
-                    check(libc::mount(
-                        r.as_ptr(),
-                        c"/etc/resolv.conf".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ))?;
-                }
-                for (source, target) in &binds {
-                    check(libc::mount(
-                        source.as_ptr(),
-                        target.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ))?;
-                }
+                binds.mount(if hostname.is_some() { libc::CLONE_NEWUTS } else { 0 })?;
                 if let Some(h) = &hostname {
                     check(libc::sethostname(h.as_ptr(), h.as_bytes().len()))?;
                 }

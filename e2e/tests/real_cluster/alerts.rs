@@ -4,7 +4,8 @@
 //! it and the rank-0 trainers through the scrape jobs translated from the chart's own
 //! ServiceMonitor and PodMonitor (`e2e::monitoring`), discovering them through the real
 //! API server, and evaluates the chart's PrometheusRule every second. Each drill reads
-//! the alert's state from Prometheus' `/api/v1/alerts`.
+//! the alert's state from Prometheus' `/api/v1/alerts`. Part 3: Argo CD's own Lua engine
+//! (`e2e::argocd`) judges the same live runs by `deploy/argocd/health.lua`.
 
 use std::time::{Duration, Instant};
 
@@ -172,6 +173,7 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     // conditions panel: the failed NaN run's).
     let mut empty: Vec<(String, String)> =
         dashboard_queries().into_iter().filter(|(title, _)| !EMPTY_BY_DESIGN.iter().any(|(t, _)| title == t)).collect();
+    let mut judged_training = 0;
     m.until("the healthy run Succeeded without an alert", MINUTES(10), |p| {
         let alerts = m.alerts_of("healthy")?;
         assert!(alerts.is_empty(), "alerts about a healthy run: {alerts:?}");
@@ -181,8 +183,14 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
             p.query(&expr).unwrap_or_default().is_empty()
         });
         let phase = run_field(&m.c, NS, "healthy", "{.status.phase}");
+        if phase == "Running" {
+            let (health, message) = argo_cd_health(&m.c, NS, "healthy")?;
+            assert_eq!(health, "Progressing", "Argo CD's health of the healthy run while it trains: {message}");
+            judged_training += 1;
+        }
         if phase == "Succeeded" { Ok(()) } else { Err(phase) }
     });
+    assert!(judged_training > 0, "Argo CD never judged the healthy run while it trained");
     assert!(empty.is_empty(), "dashboard panels without data over the healthy run's life: {empty:#?}");
     for (title, why) in EMPTY_BY_DESIGN {
         for (_, expr) in dashboard_queries().iter().filter(|(t, _)| t == title) {
@@ -238,4 +246,7 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
             Ok(())
         }
     });
+    let (health, message) = argo_cd_health(&m.c, NS, "stuck").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(health, "Progressing", "Argo CD's health once the stuck run trains again: {message}");
 }
+

@@ -13,6 +13,7 @@ mod scenario;
 mod alerts;
 mod crd;
 mod failures;
+mod kueue;
 mod network_faults;
 mod nodes;
 mod operator;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crds::TrainingRun;
 use crds::types::{RunPhase, TrainingRunStatus};
-use e2e::test_cluster::TestCluster;
+use e2e::test_cluster::{Options, TestCluster};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -56,8 +56,13 @@ impl Scenario {
 
     /// [`Scenario::new`] with `nodes` nodes.
     pub async fn with_nodes(nodes: usize) -> Scenario {
+        Scenario::with_cluster(nodes, |_| {}).await
+    }
+
+    /// [`Scenario::new`] with `nodes` nodes and `edit` applied to the cluster's options.
+    pub async fn with_cluster(nodes: usize, edit: impl FnOnce(&mut Options)) -> Scenario {
         let slot = cluster_slot().await;
-        let c = cluster(nodes).await;
+        let c = cluster_with(nodes, edit).await;
         helm_install(&c, &["statusPollInterval=1s", "statusWriteInterval=1s"]);
         namespace(&c, NS).await;
         let phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>> = Arc::default();

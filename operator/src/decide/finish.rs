@@ -30,6 +30,7 @@ pub(super) fn finish(frame: &Frame, draft: Draft, o: Outcome, accepted: Cond) ->
     let mut conds = phase_conditions(&new, &o, accepted, stalled.clone());
     let policies = policy_conditions(frame, &new);
     conds.extend([policies.signal.clone(), policies.rolled_back.clone(), policies.slow.clone()].into_iter().flatten());
+    conds.extend(queued_condition(frame, &o));
     new.conditions = status::conditions(&frame.old.conditions, &conds, frame.run.metadata.generation, frame.now);
     policy_notes(frame.old, &policies, o.phase, &mut d.notes);
     transition_notes(frame.old, &new, &o, &mut d.notes);
@@ -83,6 +84,23 @@ fn stall_condition(stall: Option<&Stall>, new: &TrainingRunStatus) -> Cond {
         Some(_) => cond("Stalled", false, RunReason::Progressing.as_str(), "the step is advancing"),
         None => cond("Stalled", false, RunReason::NotRunning.as_str(), ""),
     }
+}
+
+/// Queued, on a run with `spec.queueName`: True while its Job waits for Kueue, naming
+/// the LocalQueue; False once Kueue admitted it (until an eviction puts it back), or
+/// before it has waited at all.
+fn queued_condition(frame: &Frame, o: &Outcome) -> Option<Cond> {
+    let queue = frame.run.spec.queue_name.as_deref()?;
+    if o.reason == RunReason::WaitingForQueue.as_str() {
+        return Some(cond(status::QUEUED, true, &o.reason, &o.message));
+    }
+    let admitted = RunReason::Admitted.as_str();
+    let was_admitted = status::condition(frame.old, status::QUEUED).is_some_and(|c| c.reason == admitted);
+    Some(if was_admitted || matches!(o.phase, RunPhase::Running | RunPhase::Succeeded) {
+        cond(status::QUEUED, false, admitted, &format!("admitted by Kueue from LocalQueue {queue}"))
+    } else {
+        cond(status::QUEUED, false, RunReason::NotQueued.as_str(), "")
+    })
 }
 
 /// The conditions of the failure policies that apply to the run.

@@ -208,6 +208,39 @@ fn suspend_and_resume_never_unsuspending_kueue() {
 }
 
 #[test]
+fn a_queued_run_is_queued_until_kueue_admits_it_and_again_when_evicted() {
+    let mut r = run(&format!("{GPU_SPEC}  queueName: team\n"));
+    let queued = |r: &TrainingRun| status::condition(r.status.as_ref().unwrap(), status::QUEUED).cloned().unwrap();
+    let d = step(&mut r, &Observed::default(), t("00:00:00"));
+    assert!(d.create_job);
+    let q = queued(&r);
+    assert_eq!((q.status.as_str(), q.reason.as_str()), ("True", "WaitingForQueue"));
+    assert!(q.message.contains("LocalQueue team"), "{}", q.message);
+    let mut job = attempt_job(1, json!([]));
+    job.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
+    step(&mut r, &Observed { jobs: vec![job.clone()], ..Default::default() }, t("00:00:05"));
+    assert_eq!(queued(&r).status, "True", "held by Kueue");
+    // Admitted: Kueue un-suspends the Job and its pods run.
+    job.spec = None;
+    let pods = vec![labelled(running(0), 1), labelled(running(1), 1)];
+    let d = step(&mut r, &Observed { jobs: vec![job.clone()], pods, ..Default::default() }, t("00:01:00"));
+    assert_eq!(d.status.phase, Some(RunPhase::Running));
+    let q = queued(&r);
+    assert_eq!((q.status.as_str(), q.reason.as_str()), ("False", "Admitted"));
+    assert!(q.message.contains("LocalQueue team"), "{}", q.message);
+    // Evicted (preempted): Kueue suspends it again; a wait, not a failure.
+    job.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
+    let d = step(&mut r, &Observed { jobs: vec![job], ..Default::default() }, t("00:02:00"));
+    assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Pending), Some("WaitingForQueue")));
+    assert_eq!((d.status.attempt, d.status.restarts), (1, 0));
+    assert_eq!(queued(&r).status, "True");
+    // A run without a queue has no Queued condition.
+    let mut plain = run(GPU_SPEC);
+    step(&mut plain, &Observed::default(), t("00:00:00"));
+    assert!(status::condition(plain.status.as_ref().unwrap(), status::QUEUED).is_none());
+}
+
+#[test]
 fn stall_is_reported_once_then_clears() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{stallTimeout: 10m}}\n"));
     step(&mut r, &Observed::default(), t("00:00:00"));
