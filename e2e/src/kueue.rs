@@ -167,8 +167,11 @@ impl Kueue {
         let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
         wait.extend(names.iter().map(String::as_str));
         c.kubectl_out(&wait).map_err(Error::Setup)?;
-        c.kubectl_in(&["apply", "-f", "-"], &format!(r#"{{"apiVersion": "v1", "kind": "Namespace", "metadata": {{"name": "{NAMESPACE}"}}}}"#))
-            .map_err(Error::Setup)?;
+        c.kubectl_in(
+            &["apply", "-f", "-"],
+            &format!(r#"{{"apiVersion": "v1", "kind": "Namespace", "metadata": {{"name": "{NAMESPACE}"}}}}"#),
+        )
+        .map_err(Error::Setup)?;
 
         let config = dir.join("config.yaml");
         let text = format!(
@@ -192,7 +195,8 @@ impl Kueue {
             .apply(&mut cmd);
         let daemon = Daemon::spawn("kueue", cmd, &dir.join("kueue.log"))?;
 
-        let hooks = webhook_configurations(&read(&bin.join("webhooks.yaml"))?, &base, &pki.ca_pem).map_err(Error::Setup)?;
+        let hooks =
+            webhook_configurations(&read(&bin.join("webhooks.yaml"))?, &base, &pki.ca_pem).map_err(Error::Setup)?;
         c.kubectl_in(&["apply", "-f", "-"], &hooks.to_string()).map_err(Error::Setup)?;
         wait_until("Kueue's webhooks", Duration::from_secs(120), || async {
             c.kubectl_in(&["create", "--dry-run=server", "-o", "name", "-f", "-"], PROBE).map(|_| ())
@@ -279,7 +283,14 @@ webhooks:
 
     #[test]
     fn the_crds_the_release_patches_convert_through_the_webhook() {
-        let crd = |name: &str| (format!("{name}.yaml"), format!("apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: {name}}}\nspec: {{group: kueue.x-k8s.io}}\n"));
+        let crd = |name: &str| {
+            (
+                format!("{name}.yaml"),
+                format!(
+                    "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: {name}}}\nspec: {{group: kueue.x-k8s.io}}\n"
+                ),
+            )
+        };
         let files = [crd("workloads.kueue.x-k8s.io"), crd("resourceflavors.kueue.x-k8s.io")];
         let list = crds(&files, &["workloads.kueue.x-k8s.io"], "https://127.0.0.1:9443", "PEM").unwrap();
         let items = list["items"].as_array().unwrap();

@@ -47,7 +47,13 @@ impl Binds {
                 std::ptr::null(),
             ))?;
             for (source, target) in &self.binds {
-                check(libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+                check(libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))?;
             }
         }
         Ok(())

@@ -27,7 +27,8 @@ fn argo_cds_engine_judges_every_fixture_as_written() {
     let judged = e2e::argocd::health(&objects).unwrap_or_else(|e| panic!("{e}"));
     let mut wrong = Vec::new();
     for f in &fixtures {
-        let (name, status, message) = (f["name"].as_str().unwrap(), f["status"].as_str().unwrap(), f["message"].as_str().unwrap());
+        let (name, status, message) =
+            (f["name"].as_str().unwrap(), f["status"].as_str().unwrap(), f["message"].as_str().unwrap());
         match judged.get(name) {
             Some((s, m)) if s == status && m.contains(message) => {}
             got => wrong.push(format!("{name}: got {got:?}, want {status} with a message containing {message:?}")),

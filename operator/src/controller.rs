@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, Patch};
+use kube::api::{Api, DynamicObject, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
@@ -28,7 +28,7 @@ use crate::dependents::Dependents;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::observe::{self, Observed, Poll, PollError, StatusClient};
-use crate::resources::{self, Inputs, RUN_LABEL};
+use crate::resources::{self, Inputs, RUN_LABEL, workload};
 use crate::settings::Settings;
 use crate::status::{self, is_terminal};
 use crate::{Error, MANAGER, Verb, apply, validate};
@@ -248,6 +248,13 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         if let Some(live) = obs.jobs.iter().find(|j| j.name_any() == current) {
             apply::write(&jobs, resources::suspension(live, suspend, queued)).await?;
         }
+    }
+    if let (Some(active), Some(w)) = (d.workload_active, &obs.workload) {
+        let workloads = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &workload::api_resource());
+        workloads
+            .patch(&w.name, &apply::params(), &Patch::Apply(workload::activation(&w.name, &ns, active)))
+            .await
+            .map_err(Error::kube(Verb::Apply, "Workload", &ns, &w.name))?;
     }
     if d.create_job {
         // The ConfigMap applied above already holds this attempt: see `Decision::create_job`.

@@ -16,12 +16,12 @@ use hyper_util::rt::TokioExecutor;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::clock::seconds_between;
 use crate::plausible::plausible;
-use crate::resources::{RUN_LABEL, applied_hash, configmap_name, pvc_name};
+use crate::resources::{QueuedWorkload, RUN_LABEL, applied_hash, configmap_name, job_name, pvc_name, workload};
 use crate::{Error, Verb};
 
 pub use crate::observed::{InitRun, LinkProbe, Observed, link_targets, rank0_running};
@@ -186,7 +186,27 @@ pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Res
         }
         _ => None,
     };
-    Ok(Observed { jobs, pods, init_run, trainer: None, links: None })
+    let workload = match &run.spec.queue_name {
+        Some(_) => {
+            let current = jobs.iter().find(|j| j.name_any() == job_name(&name, cfg.attempt));
+            queued_workload(client, &ns, current).await?
+        }
+        None => None,
+    };
+    Ok(Observed { jobs, pods, init_run, trainer: None, links: None, workload })
+}
+
+/// The Kueue Workload of the current attempt's Job, by the label Kueue gives it. None
+/// before the Job or its Workload exist, and where Kueue's API is not served.
+async fn queued_workload(client: &Client, ns: &str, current: Option<&Job>) -> Result<Option<QueuedWorkload>, Error> {
+    let Some(uid) = current.and_then(|j| j.metadata.uid.clone()) else { return Ok(None) };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &workload::api_resource());
+    let lp = ListParams::default().labels(&format!("{}={uid}", workload::JOB_UID_LABEL));
+    match api.list(&lp).await {
+        Ok(list) => Ok(list.items.first().map(QueuedWorkload::read)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(Error::kube(Verb::List, "Workload", ns, &uid)(e)),
+    }
 }
 
 /// What the run's attempts run under: its ConfigMap's config, and its checkpoint

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::failure::completion_index;
-use crate::resources::ATTEMPT_LABEL;
+use crate::resources::{ATTEMPT_LABEL, QueuedWorkload};
 
 /// State of the run named by `initFrom.trainingRun`.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +32,9 @@ pub struct Observed {
     /// The current attempt's pods' links, when they were timed in this reconcile (with
     /// rank 0's answer, several nodes).
     pub links: Option<Vec<LinkProbe>>,
+    /// The Kueue Workload of the current attempt's Job, for a run with `queueName`
+    /// (none before Kueue creates it, or where Kueue is not installed).
+    pub workload: Option<QueuedWorkload>,
 }
 
 /// One pod's network link, timed from the operator's seat: what the slow-link policy

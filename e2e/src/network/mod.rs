@@ -292,7 +292,8 @@ impl Enter {
             .bind(&names.hosts, Path::new("/etc/hosts"))
             .map_err(|e| Error::Io { path: names.hosts.clone(), source: e })?;
         if resolv.exists() {
-            binds = binds.bind(&names.resolv, resolv).map_err(|e| Error::Io { path: names.resolv.clone(), source: e })?;
+            binds =
+                binds.bind(&names.resolv, resolv).map_err(|e| Error::Io { path: names.resolv.clone(), source: e })?;
         }
         let hostname = hostname.map(|h| CString::new(h).expect("no NUL in a hostname"));
         Ok(Enter { netns: fd.into(), hostname, binds })
@@ -301,7 +302,8 @@ impl Enter {
     /// Also bind-mounts directory `source` over `target`, which is created on the host
     /// (empty) when missing: a mount point needs one.
     pub fn bind(mut self, source: &Path, target: &Path) -> Result<Enter, Error> {
-        self.binds = self.binds.bind(source, target).map_err(|e| Error::Io { path: target.to_path_buf(), source: e })?;
+        self.binds =
+            self.binds.bind(source, target).map_err(|e| Error::Io { path: target.to_path_buf(), source: e })?;
         Ok(self)
     }
 

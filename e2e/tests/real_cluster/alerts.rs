@@ -249,4 +249,3 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     let (health, message) = argo_cd_health(&m.c, NS, "stuck").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(health, "Progressing", "Argo CD's health once the stuck run trains again: {message}");
 }
-

@@ -279,8 +279,9 @@ pub fn patch_run(c: &TestCluster, ns: &str, run: &str, patch: &str) {
 /// Argo CD's (health, message) of run `name`, by Argo CD's own Lua engine
 /// (`e2e::argocd`) on the object as `kubectl get -o json` returns it.
 pub fn argo_cd_health(c: &TestCluster, ns: &str, name: &str) -> Result<(String, String), String> {
-    let run: serde_json::Value = serde_json::from_str(&kubectl(c, &["-n", ns, "get", "trainingrun", name, "-o", "json"]))
-        .map_err(|e| e.to_string())?;
+    let run: serde_json::Value =
+        serde_json::from_str(&kubectl(c, &["-n", ns, "get", "trainingrun", name, "-o", "json"]))
+            .map_err(|e| e.to_string())?;
     let judged = e2e::argocd::health(&[run]).map_err(|e| e.to_string())?;
     judged.get(name).cloned().ok_or_else(|| format!("no judgement of {name}: {judged:?}"))
 }

@@ -106,14 +106,17 @@ async fn suspend_owners(sim: &Scenario, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// One cluster, three runs on a 2-GPU quota. `first` takes the whole quota and is
+/// One cluster, four runs on a 2-GPU quota. `first` takes the whole quota and is
 /// admitted; its Job was created suspended and Kueue, not the operator, owns
 /// `spec.suspend` from then on. `second` waits past its 1-minute stall timeout with
 /// `Queued=True` naming the LocalQueue, and is never Stalled. `urgent`, of a higher
 /// priority, preempts `first`: Kueue suspends its Job, the trainers checkpoint on
 /// SIGTERM, the run waits in the queue (a disruption: no restart counted, the same
-/// attempt and Job), and resumes from its checkpoint when readmitted. Every run
-/// succeeds; no Job's suspension flips more often than admissions and evictions do.
+/// attempt and Job), and resumes from its checkpoint when readmitted. `paused`, admitted,
+/// is suspended by its user: the operator deactivates its Workload, Kueue evicts it and
+/// leaves it suspended (suspending the Job itself would start a tug of war: Kueue
+/// un-suspends the Job of an admitted Workload), and resuming activates it again. Every
+/// run succeeds; no Job's suspension flips more often than admissions and evictions do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kueue_admits_queues_and_preempts_our_runs() {
     let sim = Scenario::with_cluster(2, |o| o.gpus = 1).await;
@@ -151,6 +154,7 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(polls > 60, "second was watched for its whole wait ({polls} polls)");
+    let waited = applied_second.elapsed();
     let (health, message) = argo_cd_health(&sim.c, NS, "second").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(health, "Progressing", "Argo CD's health of a queued run: {message}");
     assert!(message.contains(&format!("LocalQueue {QUEUE}")), "Argo CD shows the queue: {message}");
@@ -185,17 +189,54 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     );
     let steps: std::collections::BTreeSet<u64> = sim.step_losses("first").into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, (1..=400).collect(), "every step of first trained and recorded");
-    let (queued, reason, message) = sim.condition("first", "Queued");
-    assert_eq!((queued.as_str(), reason.as_str()), ("False", "Admitted"), "{message}");
+    let (admitted, reason, message) = sim.condition("first", "Queued");
+    assert_eq!((admitted.as_str(), reason.as_str()), ("False", "Admitted"), "{message}");
     for run in ["first", "second", "urgent"] {
         let warnings: Vec<_> = sim.events(run).into_iter().filter(|(t, _, _)| t == "Warning").collect();
         assert!(warnings.is_empty(), "{run}: no failure, restart or stall: {warnings:?}");
     }
 
+    // --- A user suspends an admitted run, and resumes it.
+    sim.apply("paused", &queued(1, 80, ""));
+    sim.wait("paused", "paused training", MINUTES(3), |s| s.progress.as_ref().is_some_and(|p| p.step >= 2)).await;
+    patch_run(&sim.c, NS, "paused", r#"{"spec": {"suspend": true}}"#);
+    sim.wait_phase("paused", RunPhase::Suspended, MINUTES(2)).await;
+    let settle = Instant::now();
+    while settle.elapsed() < Duration::from_secs(15) {
+        let s = sim.status("paused");
+        assert_eq!(s.phase, Some(RunPhase::Suspended), "stays suspended: {}", sim.diagnose("paused"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let while_suspended = suspension.lock().expect("the suspension recorder").get("paused-a1").cloned();
+    assert_eq!(
+        while_suspended.as_deref(),
+        Some(&[true, false, true][..]),
+        "suspended once, by Kueue evicting the deactivated Workload, and left so"
+    );
+    let (health, message) = argo_cd_health(&sim.c, NS, "paused").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(health, "Suspended", "{message}");
+    let step_paused = sim.status("paused").progress.map_or(0, |p| p.step);
+    patch_run(&sim.c, NS, "paused", r#"{"spec": {"suspend": false}}"#);
+    let paused = sim.wait_phase("paused", RunPhase::Succeeded, MINUTES(3)).await;
+    assert_eq!((paused.attempt, paused.restarts), (1, 0), "{paused:?}");
+    let resumed: Vec<serde_json::Value> = sim.records("paused").into_iter().filter(|r| r["kind"] == "resume").collect();
+    assert!(
+        resumed.len() == 1 && resumed[0]["step"].as_u64().unwrap_or_default() >= step_paused,
+        "resumed once, from the checkpoint written when it was suspended at step {step_paused}: {resumed:?}"
+    );
+
     // The suspension of each Job: created suspended, then only Kueue's admissions and
     // evictions.
     recorder.abort();
     let suspension = suspension.lock().expect("the suspension recorder").clone();
+    eprintln!(
+        "Jobs' suspension: {suspension:?}; spec.suspend's manager: {kueue_manager}; second waited {waited:?}; first preempted at status step {step_before}, resumed from step {from}"
+    );
+    assert_eq!(
+        suspension["paused-a1"],
+        [true, false, true, false],
+        "suspended by its user once, resumed once: {suspension:?}"
+    );
     assert_eq!(suspension["first-a1"], [true, false, true, false], "admitted, evicted, readmitted: {suspension:?}");
     assert_eq!(suspension["second-a1"], [true, false], "{suspension:?}");
     assert_eq!(suspension["urgent-a1"], [true, false], "{suspension:?}");

@@ -60,6 +60,15 @@ fn waiting_for_init_run(ctx: &Ctx) -> Option<Outcome> {
 /// Creates the Job: suspended by the spec, held by Kueue, a restart's new attempt, or
 /// the first.
 fn create(ctx: &Ctx, draft: &mut Draft) -> Outcome {
+    if ctx.run.spec.suspend && ctx.run.spec.queue_name.is_some() {
+        // Kueue would admit a queued Job however it is suspended (see `suspension`):
+        // a queued run suspended from the start gets its Job when it is resumed.
+        return Outcome::new(
+            RunPhase::Suspended,
+            RunReason::Suspended,
+            "suspended by spec.suspend; its Job is created for Kueue to admit when it is resumed",
+        );
+    }
     draft.d.create_job = true;
     if draft.new.start_time.is_none() {
         draft.new.start_time = Some(Time(ctx.now));
@@ -135,6 +144,14 @@ mod tests {
             case("a new run", Scene::new(GPU_SPEC), Pending, "JobCreated", true, 1),
             case("spec.suspend", Scene::new(&format!("{GPU_SPEC}  suspend: true\n")), Suspended, "Suspended", true, 1),
             case("a queue", Scene::new(&format!("{GPU_SPEC}  queueName: team\n")), Pending, "WaitingForQueue", true, 1),
+            case(
+                "a queue, suspended",
+                Scene::new(&format!("{GPU_SPEC}  queueName: team\n  suspend: true\n")),
+                Suspended,
+                "Suspended",
+                false,
+                1,
+            ),
             case(
                 "a restart's attempt",
                 Scene::new(GPU_SPEC).status(restarting_after_pod_failed),

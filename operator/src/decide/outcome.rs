@@ -26,6 +26,9 @@ pub struct Decision {
     pub delete_pods: Vec<String>,
     /// Set `spec.suspend` of the current Job.
     pub suspend_job: Option<bool>,
+    /// Set `spec.active` of the current Job's Kueue Workload: how a queued run is
+    /// suspended and resumed.
+    pub workload_active: Option<bool>,
     pub notes: Vec<Note>,
 }
 

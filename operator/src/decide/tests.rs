@@ -199,7 +199,9 @@ fn suspend_and_resume_never_unsuspending_kueue() {
     let d = step(&mut r, &Observed { jobs: vec![job.clone()], ..Default::default() }, t("00:02:00"));
     assert_eq!(d.suspend_job, None);
     assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Pending), Some("WaitingForQueue")));
-    // A running Job is suspended when the run is.
+    // A running Job is suspended when the run is (a queued run's, through its Kueue
+    // Workload: `suspension`'s table).
+    r.spec.queue_name = None;
     r.spec.suspend = true;
     job.spec = None;
     let d = step(&mut r, &Observed { jobs: vec![job], ..Default::default() }, t("00:03:00"));
@@ -280,7 +282,7 @@ fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
         trainer: Some(report(5)),
         links,
-        init_run: None,
+        ..Default::default()
     };
     let slow = || Some(vec![probe(0, 0.004), probe(1, 0.6)]);
     step(&mut r, &obs(slow()), t("00:01:00"));

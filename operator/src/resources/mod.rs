@@ -9,6 +9,7 @@ pub mod pvc;
 pub mod service;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod workload;
 
 pub use configmap::configmap;
 pub use job::{job, suspension};
@@ -19,3 +20,4 @@ pub use meta::{
 pub use networkpolicy::network_policy;
 pub use pvc::{access_mode, pvc};
 pub use service::service;
+pub use workload::QueuedWorkload;
