@@ -71,10 +71,13 @@ fn queued(nodes: u32, steps: u64, extra: &str) -> String {
     spec
 }
 
-/// Every value of `spec.suspend` each Job of the namespace has had, in order, from a
-/// watch started before the first Job: who suspends and un-suspends, and how often.
-fn record_suspension(sim: &Scenario) -> (Arc<Mutex<BTreeMap<String, Vec<bool>>>>, tokio::task::JoinHandle<()>) {
-    let seen: Arc<Mutex<BTreeMap<String, Vec<bool>>>> = Arc::default();
+/// Every value of `spec.suspend` each Job has had, in order, by Job name.
+type Suspensions = Arc<Mutex<BTreeMap<String, Vec<bool>>>>;
+
+/// [`Suspensions`] of the namespace's Jobs, from a watch started before the first Job:
+/// who suspends and un-suspends, and how often.
+fn record_suspension(sim: &Scenario) -> (Suspensions, tokio::task::JoinHandle<()>) {
+    let seen: Suspensions = Arc::default();
     let out = seen.clone();
     let jobs: Api<Job> = Api::namespaced(sim.c.client.clone(), NS);
     let task = tokio::spawn(async move {
