@@ -7,17 +7,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+. scripts/go-tool.sh
 module=e2e/argocd-health
-hash="$({ cat "$module/go.mod" "$module/main.go"; cat "$module/go.sum" 2>/dev/null || true; } | sha256sum | cut -c1-12)"
-dir="$PT_CACHE/argocd-health/$hash"
+dir="$PT_CACHE/argocd-health/$(go_tool_hash "$module/go.mod" "$module/main.go" "$module/go.sum")"
 if [ -x "$dir/argocd-health" ]; then
   echo "$dir"
   exit 0
 fi
-export GOPATH="$PT_CACHE/go" GOCACHE="$PT_CACHE/go-build" GOFLAGS="-mod=mod" GOTOOLCHAIN=go1.27.3
+go_tool_env setup-argocd-health 1.21
+export GOTOOLCHAIN=go1.27.3
 echo "building argocd-health into $dir (minutes on 2 cores, once)" >&2
-mkdir -p "$dir.partial"
+go_tool_stage "$dir"
 (cd "$module" && go build -trimpath -o "$dir.partial/argocd-health" . >&2)
-rm -rf "$dir"
-mv "$dir.partial" "$dir"
+go_tool_publish "$dir"
 echo "$dir"

@@ -11,13 +11,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
 module=e2e/controlplane
-version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$module/go.mod")"
-if [ -z "$version" ]; then
-  echo "$module/go.mod: no k8s.io/kubernetes version in its require lines" >&2
-  exit 1
-fi
-hash="$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)"
-bin="$PT_CACHE/control-plane/$version-$hash/bin"
+. scripts/go-tool.sh
+version="$(go_tool_version "$module" k8s.io/kubernetes)"
+bin="$PT_CACHE/control-plane/$version-$(go_tool_hash "$module/go.mod" "$module/go.sum")/bin"
 tools=(etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl)
 complete=1
 for tool in "${tools[@]}"; do
@@ -27,11 +23,7 @@ if [ "$complete" = 1 ]; then
   echo "$bin"
   exit 0
 fi
-if ! command -v go > /dev/null; then
-  echo "setup-control-plane: no 'go' on PATH (Go 1.26 or newer builds $module)" >&2
-  exit 1
-fi
-export GOPATH="$PT_CACHE/go" GOCACHE="$PT_CACHE/go-build" GOFLAGS="-mod=mod"
+go_tool_env setup-control-plane 1.26
 minor="$(echo "$version" | cut -d. -f2)"
 # What `kubectl version` and the API server's /version report, as a release build sets it.
 stamp=""
@@ -40,9 +32,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 echo "building the control plane $version into $bin (minutes on 2 cores, once per version)" >&2
+go_tool_stage "$bin"
 staging="$bin.partial"
-rm -rf "$staging"
-mkdir -p "$staging"
 (
   cd "$module"
   start=$SECONDS
@@ -64,6 +55,5 @@ for tool in "${tools[@]}"; do
     exit 1
   fi
 done
-rm -rf "$bin"
-mv "$staging" "$bin"
+go_tool_publish "$bin"
 echo "$bin"

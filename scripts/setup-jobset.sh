@@ -6,37 +6,26 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+. scripts/go-tool.sh
 module=e2e/jobset
-version="$(awk '$1 == "require" && $2 == "sigs.k8s.io/jobset" { print $3; exit }' "$module/go.mod")"
-if [ -z "$version" ]; then
-  echo "$module/go.mod: no sigs.k8s.io/jobset version in its require line" >&2
-  exit 1
-fi
-hash="$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)"
-dir="$PT_CACHE/jobset/$version-$hash"
+version="$(go_tool_version "$module" sigs.k8s.io/jobset)"
+dir="$PT_CACHE/jobset/$version-$(go_tool_hash "$module/go.mod" "$module/go.sum")"
 crd=jobset.x-k8s.io_jobsets.yaml
 if [ -x "$dir/jobset" ] && [ -f "$dir/$crd" ]; then
   echo "$dir"
   exit 0
 fi
-if ! command -v go > /dev/null; then
-  echo "setup-jobset: no 'go' on PATH (Go 1.25 or newer builds $module)" >&2
-  exit 1
-fi
-export GOPATH="$PT_CACHE/go" GOCACHE="$PT_CACHE/go-build" GOFLAGS="-mod=mod"
+go_tool_env setup-jobset 1.25
 echo "building JobSet $version into $dir (minutes on 2 cores, once per version)" >&2
-staging="$dir.partial"
-rm -rf "$staging"
-mkdir -p "$staging"
+go_tool_stage "$dir"
 (
   cd "$module"
   start=$SECONDS
   go build -trimpath -ldflags "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$version" \
-    -o "$staging/jobset" sigs.k8s.io/jobset >&2
+    -o "$dir.partial/jobset" sigs.k8s.io/jobset >&2
   echo "built in $((SECONDS - start)) s" >&2
   source_dir="$(go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)"
-  cp "$source_dir/config/components/crd/bases/$crd" "$staging/$crd"
+  cp "$source_dir/config/components/crd/bases/$crd" "$dir.partial/$crd"
 )
-rm -rf "$dir"
-mv "$staging" "$dir"
+go_tool_publish "$dir"
 echo "$dir"

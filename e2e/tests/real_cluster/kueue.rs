@@ -129,7 +129,7 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     let (suspension, recorder) = record_suspension(&sim);
 
     // --- Admission; the queue's second run waits past its stall timeout.
-    sim.apply("first", &queued(2, 400, ""));
+    sim.apply("first", &queued(2, 320, ""));
     let applied_second = Instant::now();
     sim.apply("second", &queued(1, 40, "  failurePolicy: {stallTimeout: 1m}\n"));
     sim.wait_phase("first", RunPhase::Running, MINUTES(3)).await;
@@ -191,7 +191,7 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
         "resumed from the checkpoint its trainers wrote on SIGTERM (step {from}), not an older one: status had step {step_before} before urgent"
     );
     let steps: std::collections::BTreeSet<u64> = sim.step_losses("first").into_iter().map(|(s, _)| s).collect();
-    assert_eq!(steps, (1..=400).collect(), "every step of first trained and recorded");
+    assert_eq!(steps, (1..=320).collect(), "every step of first trained and recorded");
     let (admitted, reason, message) = sim.condition("first", "Queued");
     assert_eq!((admitted.as_str(), reason.as_str()), ("False", "Admitted"), "{message}");
     for run in ["first", "second", "urgent"] {
@@ -200,7 +200,7 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     }
 
     // --- A user suspends an admitted run, and resumes it.
-    sim.apply("paused", &queued(1, 80, ""));
+    sim.apply("paused", &queued(1, 40, ""));
     sim.wait("paused", "paused training", MINUTES(3), |s| s.progress.as_ref().is_some_and(|p| p.step >= 2)).await;
     patch_run(&sim.c, NS, "paused", r#"{"spec": {"suspend": true}}"#);
     sim.wait_phase("paused", RunPhase::Suspended, MINUTES(2)).await;

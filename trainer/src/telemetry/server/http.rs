@@ -52,7 +52,7 @@ impl Default for Limits {
 pub struct Reply {
     pub code: u16,
     pub content_type: &'static str,
-    pub body: String,
+    pub body: Bytes,
 }
 
 /// Answers a request from its method and path (no query).
@@ -155,7 +155,7 @@ fn respond(handler: &Handler, request: &Request<Incoming>) -> Response<Full<Byte
     if reply.code == 405 {
         response = response.header("Allow", "GET");
     }
-    response.body(Full::new(Bytes::from(reply.body))).unwrap_or_else(|e| {
+    response.body(Full::new(reply.body)).unwrap_or_else(|e| {
         tracing::warn!("status server: {e}");
         let mut fallback = Response::new(Full::new(Bytes::from_static(b"internal error\n")));
         *fallback.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
@@ -175,7 +175,7 @@ mod tests {
         Arc::new(|method: &Method, path: &str| Reply {
             code: if method == Method::GET { 200 } else { 405 },
             content_type: "text/plain",
-            body: format!("{method} {path}\n"),
+            body: format!("{method} {path}\n").into(),
         })
     }
 

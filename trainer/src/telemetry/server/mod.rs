@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use bytes::Bytes;
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, LINK_PROBE_BYTES, LINK_PROBE_PATH, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
@@ -260,23 +261,27 @@ impl std::fmt::Debug for StatusServer {
     }
 }
 
+/// The body of `GET /link-probe`: the operator times it on every pod at every poll,
+/// so it is served from the binary, never built per request.
+static LINK_PROBE: [u8; LINK_PROBE_BYTES] = [b'0'; LINK_PROBE_BYTES];
+
 /// The reply to a request for `path`.
 fn route(method: &Method, path: &str, state: &SharedStatus) -> http::Reply {
     const TEXT: &str = "text/plain; charset=utf-8";
-    let reply = |code, content_type, body| http::Reply { code, content_type, body };
+    let reply = |code, content_type, body: Bytes| http::Reply { code, content_type, body };
     let known = matches!(path, "/status" | "/metrics" | "/healthz" | LINK_PROBE_PATH);
     if !known {
-        return reply(404, TEXT, format!("not found: {path}\n"));
+        return reply(404, TEXT, format!("not found: {path}\n").into());
     }
     if *method != Method::GET {
-        return reply(405, TEXT, format!("method {method} not allowed; use GET\n"));
+        return reply(405, TEXT, format!("method {method} not allowed; use GET\n").into());
     }
     match path {
-        "/status" => reply(200, "application/json", state.status_json()),
-        "/metrics" => reply(200, prometheus::TEXT_FORMAT, state.metrics_text()),
-        LINK_PROBE_PATH => reply(200, "application/octet-stream", "0".repeat(LINK_PROBE_BYTES)),
-        _ if state.read().healthy() => reply(200, TEXT, "ok\n".into()),
-        _ => reply(503, TEXT, "failed\n".into()),
+        "/status" => reply(200, "application/json", state.status_json().into()),
+        "/metrics" => reply(200, prometheus::TEXT_FORMAT, state.metrics_text().into()),
+        LINK_PROBE_PATH => reply(200, "application/octet-stream", Bytes::from_static(&LINK_PROBE)),
+        _ if state.read().healthy() => reply(200, TEXT, Bytes::from_static(b"ok\n")),
+        _ => reply(503, TEXT, Bytes::from_static(b"failed\n")),
     }
 }
 
