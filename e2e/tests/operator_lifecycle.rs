@@ -380,43 +380,6 @@ async fn suspend_and_resume() {
 }
 
 #[tokio::test]
-async fn kueue_suspension_is_left_to_kueue() {
-    let h = Harness::new();
-    h.apply("q", &format!("{SPEC}  queueName: team-a\n"));
-    h.settle("q").await;
-    let job = h.job("q-a1").unwrap();
-    assert_eq!(job.metadata.labels.unwrap()["kueue.x-k8s.io/queue-name"], "team-a");
-    assert_eq!(job.spec.unwrap().suspend, Some(true));
-    assert_eq!(h.status("q").reason.as_deref(), Some("WaitingForQueue"));
-    h.settle("q").await;
-    assert_eq!(h.job("q-a1").unwrap().spec.unwrap().suspend, Some(true), "the operator never un-suspends Kueue's Job");
-    // Kueue admits it.
-    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(false)).unwrap();
-    h.start_pods("q-a1", "Running");
-    h.settle("q").await;
-    assert_eq!(h.status("q").phase, Some(RunPhase::Running));
-    // Kueue preempts it: the Job is suspended again and its pods go. The operator waits
-    // for Kueue, counts no restart and starts no new attempt.
-    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(true)).unwrap();
-    for pod in h.pods() {
-        h.fake.delete("v1", "Pod", Some(NS), &pod).unwrap();
-    }
-    h.settle("q").await;
-    let s = h.status("q");
-    assert_eq!(
-        (s.phase, s.reason.as_deref(), s.attempt, s.restarts),
-        (Some(RunPhase::Pending), Some("WaitingForQueue"), 1, 0)
-    );
-    assert_eq!(h.job("q-a1").unwrap().spec.unwrap().suspend, Some(true), "still Kueue's to admit");
-    assert_eq!(h.jobs(), vec!["q-a1".to_string()]);
-    // Re-admitted, it runs again (resuming from its checkpoint).
-    h.fake.update_with("batch/v1", "Job", Some(NS), "q-a1", |j| j["spec"]["suspend"] = json!(false)).unwrap();
-    h.start_pods("q-a1", "Running");
-    h.settle("q").await;
-    assert_eq!(h.status("q").phase, Some(RunPhase::Running));
-}
-
-#[tokio::test]
 async fn network_policies_only_with_the_setting() {
     let h = Harness::with_network_policy(Some("trainingrun-system"));
     h.apply("llm", SPEC);
