@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/go-tool.sh
 module=e2e/kueue
 version="$(go_tool_version "$module" sigs.k8s.io/kueue)"
-dir="$PT_CACHE/kueue/$version-$(go_tool_hash "$module/go.mod" "${BASH_SOURCE[0]}" "$module/go.sum")"
+dir="$PT_CACHE/kueue/$version-$(go_tool_hash "$module/go.mod" scripts/setup-kueue.sh "$module/go.sum")"
 if [ -x "$dir/kueue" ] && [ -d "$dir/crd" ] && [ -f "$dir/webhooks.yaml" ] && [ -f "$dir/conversion-webhooks.txt" ]; then
   echo "$dir"
   exit 0
