@@ -182,13 +182,18 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
             let expr = expr.replace("$namespace", NS).replace("$run", run);
             p.query(&expr).unwrap_or_default().is_empty()
         });
-        let phase = run_field(&m.c, NS, "healthy", "{.status.phase}");
+        // The phase and Argo CD's health of the same read of the run.
+        let (phase, health, message) = argo_cd_health(&m.c, NS, "healthy")?;
         if phase == "Running" {
-            let (health, message) = argo_cd_health(&m.c, NS, "healthy")?;
             assert_eq!(health, "Progressing", "Argo CD's health of the healthy run while it trains: {message}");
             judged_training += 1;
         }
-        if phase == "Succeeded" { Ok(()) } else { Err(phase) }
+        if phase == "Succeeded" {
+            assert_eq!(health, "Healthy", "{message}");
+            Ok(())
+        } else {
+            Err(phase)
+        }
     });
     assert!(judged_training > 0, "Argo CD never judged the healthy run while it trained");
     assert!(empty.is_empty(), "dashboard panels without data over the healthy run's life: {empty:#?}");
@@ -246,6 +251,10 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
             Ok(())
         }
     });
-    let (health, message) = argo_cd_health(&m.c, NS, "stuck").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(health, "Progressing", "Argo CD's health once the stuck run trains again: {message}");
+    let (phase, health, message) = argo_cd_health(&m.c, NS, "stuck").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (phase.as_str(), health.as_str()),
+        ("Running", "Progressing"),
+        "once the stuck run trains again: {message}"
+    );
 }

@@ -276,12 +276,15 @@ pub fn patch_run(c: &TestCluster, ns: &str, run: &str, patch: &str) {
     kubectl(c, &["-n", ns, "patch", "trainingrun", run, "--type=merge", "-p", patch]);
 }
 
-/// Argo CD's (health, message) of run `name`, by Argo CD's own Lua engine
-/// (`e2e::argocd`) on the object as `kubectl get -o json` returns it.
-pub fn argo_cd_health(c: &TestCluster, ns: &str, name: &str) -> Result<(String, String), String> {
+/// Argo CD's judgement of run `name`, by Argo CD's own Lua engine (`e2e::argocd`) on
+/// the object as `kubectl get -o json` returns it, with that object's phase: the
+/// (phase, health, message) of one read.
+pub fn argo_cd_health(c: &TestCluster, ns: &str, name: &str) -> Result<(String, String, String), String> {
     let run: serde_json::Value =
         serde_json::from_str(&kubectl(c, &["-n", ns, "get", "trainingrun", name, "-o", "json"]))
             .map_err(|e| e.to_string())?;
+    let phase = run["status"]["phase"].as_str().unwrap_or_default().to_string();
     let judged = e2e::argocd::health(&[run]).map_err(|e| e.to_string())?;
-    judged.get(name).cloned().ok_or_else(|| format!("no judgement of {name}: {judged:?}"))
+    let (health, message) = judged.get(name).cloned().ok_or_else(|| format!("no judgement of {name}: {judged:?}"))?;
+    Ok((phase, health, message))
 }

@@ -158,8 +158,8 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     }
     assert!(polls > 60, "second was watched for its whole wait ({polls} polls)");
     let waited = applied_second.elapsed();
-    let (health, message) = argo_cd_health(&sim.c, NS, "second").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(health, "Progressing", "Argo CD's health of a queued run: {message}");
+    let (phase, health, message) = argo_cd_health(&sim.c, NS, "second").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((phase.as_str(), health.as_str()), ("Pending", "Progressing"), "a queued run: {message}");
     assert!(message.contains(&format!("LocalQueue {QUEUE}")), "Argo CD shows the queue: {message}");
 
     // --- Preemption: urgent needs one GPU, and only first, of a lower priority, has any.
@@ -216,8 +216,8 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
         Some(&[true, false, true][..]),
         "suspended once, by Kueue evicting the deactivated Workload, and left so"
     );
-    let (health, message) = argo_cd_health(&sim.c, NS, "paused").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(health, "Suspended", "{message}");
+    let (phase, health, message) = argo_cd_health(&sim.c, NS, "paused").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((phase.as_str(), health.as_str()), ("Suspended", "Suspended"), "{message}");
     let step_paused = sim.status("paused").progress.map_or(0, |p| p.step);
     patch_run(&sim.c, NS, "paused", r#"{"spec": {"suspend": false}}"#);
     let paused = sim.wait_phase("paused", RunPhase::Succeeded, MINUTES(3)).await;
