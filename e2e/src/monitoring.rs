@@ -174,24 +174,44 @@ fn service_monitor(m: &Value, d: &Discovery) -> Result<Vec<Value>, String> {
         relabel.push(replace(&["__meta_kubernetes_pod_name"], "pod"));
         relabel.push(replace(&["__meta_kubernetes_pod_container_name"], "container"));
         relabel.push(replace(&["__meta_kubernetes_service_name"], "job"));
-        if let Some(l) = spec.get("jobLabel").and_then(Value::as_str) {
-            let source = format!("__meta_kubernetes_service_label_{}", sanitize(l));
-            relabel.push(
-                json!({"source_labels": [source], "regex": "(.+)", "replacement": "${1}", "target_label": "job"}),
-            );
-        }
-        relabel.push(json!({"target_label": "endpoint", "replacement": port}));
-        relabel.extend(user_relabelings(e));
-        let mut job = json!({
-            "job_name": format!("serviceMonitor/{ns}/{name}/{i}"),
-            "honor_labels": e.get("honorLabels").and_then(Value::as_bool).unwrap_or(false),
-            "kubernetes_sd_configs": sd(d, "endpointslice", ns, spec.get("namespaceSelector")),
-            "relabel_configs": relabel,
-        });
-        scrape_settings(&mut job, e);
-        jobs.push(job);
+        let at =
+            Endpoint { monitor: "serviceMonitor", role: "endpointslice", labels_of: "service", ns, name, index: i };
+        jobs.push(scrape_job(&at, spec, e, port, relabel, d));
     }
     Ok(jobs)
+}
+
+/// Where a monitor's endpoint is: its scrape job's name and service discovery.
+struct Endpoint<'a> {
+    /// `serviceMonitor` or `podMonitor`, as the job name starts.
+    monitor: &'a str,
+    /// The discovery role.
+    role: &'a str,
+    /// The object whose labels `jobLabel` names: `service` or `pod`.
+    labels_of: &'a str,
+    ns: &'a str,
+    name: &'a str,
+    index: usize,
+}
+
+/// The end of every scrape job prometheus-operator generates, after the relabelings of
+/// its kind: the monitor's `jobLabel`, the `endpoint` label, the endpoint's own
+/// relabelings, and its scrape settings.
+fn scrape_job(at: &Endpoint, spec: &Value, e: &Value, port: &str, mut relabel: Vec<Value>, d: &Discovery) -> Value {
+    if let Some(l) = spec.get("jobLabel").and_then(Value::as_str) {
+        let source = format!("__meta_kubernetes_{}_label_{}", at.labels_of, sanitize(l));
+        relabel.push(json!({"source_labels": [source], "regex": "(.+)", "replacement": "${1}", "target_label": "job"}));
+    }
+    relabel.push(json!({"target_label": "endpoint", "replacement": port}));
+    relabel.extend(user_relabelings(e));
+    let mut job = json!({
+        "job_name": format!("{}/{}/{}/{}", at.monitor, at.ns, at.name, at.index),
+        "honor_labels": e.get("honorLabels").and_then(Value::as_bool).unwrap_or(false),
+        "kubernetes_sd_configs": sd(d, at.role, at.ns, spec.get("namespaceSelector")),
+        "relabel_configs": relabel,
+    });
+    scrape_settings(&mut job, e);
+    job
 }
 
 /// The scrape jobs of one PodMonitor.
@@ -213,22 +233,8 @@ fn pod_monitor(m: &Value, d: &Discovery) -> Result<Vec<Value>, String> {
         relabel.push(replace(&["__meta_kubernetes_pod_container_name"], "container"));
         relabel.push(replace(&["__meta_kubernetes_pod_name"], "pod"));
         relabel.push(json!({"target_label": "job", "replacement": format!("{ns}/{name}")}));
-        if let Some(l) = spec.get("jobLabel").and_then(Value::as_str) {
-            let source = format!("__meta_kubernetes_pod_label_{}", sanitize(l));
-            relabel.push(
-                json!({"source_labels": [source], "regex": "(.+)", "replacement": "${1}", "target_label": "job"}),
-            );
-        }
-        relabel.push(json!({"target_label": "endpoint", "replacement": port}));
-        relabel.extend(user_relabelings(e));
-        let mut job = json!({
-            "job_name": format!("podMonitor/{ns}/{name}/{i}"),
-            "honor_labels": e.get("honorLabels").and_then(Value::as_bool).unwrap_or(false),
-            "kubernetes_sd_configs": sd(d, "pod", ns, spec.get("namespaceSelector")),
-            "relabel_configs": relabel,
-        });
-        scrape_settings(&mut job, e);
-        jobs.push(job);
+        let at = Endpoint { monitor: "podMonitor", role: "pod", labels_of: "pod", ns, name, index: i };
+        jobs.push(scrape_job(&at, spec, e, port, relabel, d));
     }
     Ok(jobs)
 }
