@@ -35,6 +35,7 @@ EMULATION = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(threads)
 struct Dim { unsigned x; };
 thread_local Dim threadIdx, blockIdx;
 Dim blockDim;
@@ -93,6 +94,7 @@ extern "C" void host_forward(long long rows, int cols, const stream_t* x, const 
   const auto l = row_kernels::norm_forward_launch(rows, cols);
   launch(l.grid, l.threads, [=] { residual_rms_norm_forward(x, b, w, out, sum, rstd, cols, eps); });
 }
+extern "C" int host_norm_cols_per_thread(long long cols) { return row_kernels::norm_cols_per_thread(cols); }
 extern "C" unsigned host_backward_grid(long long rows, int cols, int sms) {
   return row_kernels::norm_backward_launch(rows, cols, sms).grid;
 }
@@ -149,12 +151,16 @@ def source(name: str) -> str:
     return m.group(1)
 
 
-def build(mix: Mix, work: pathlib.Path) -> ctypes.CDLL:
+def build(mix: Mix, work: pathlib.Path, cols_per_thread: int | None = None) -> ctypes.CDLL:
+    """The emulation of mix's kernels; the norm kernels with the COLS_PER_THREAD the shim
+    defines for a row width (row_kernels::norm_cols_per_thread), or their default."""
     kernels = "".join(source(n) for n in ["kResidualRmsNormForward", "kResidualRmsNormBackward", "kCrossEntropyChunk"])
     code = EMULATION + f'#include "{HEADER}"\n' + mix.typedefs() + kernels.replace('extern "C" ', "") + HOSTS
-    src, lib = work / f"row_{mix.name}.cpp", work / f"row_{mix.name}.so"
+    tag = f"{mix.name}_{cols_per_thread or 'default'}"
+    src, lib = work / f"row_{tag}.cpp", work / f"row_{tag}.so"
     src.write_text(code)
-    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-Wno-unknown-pragmas", "-o", str(lib), str(src)]
+    define = [f"-DCOLS_PER_THREAD={cols_per_thread}"] if cols_per_thread else []
+    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wall", "-Werror", "-Wno-unknown-pragmas", *define, "-o", str(lib), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"check-row-kernels: the {mix.name} emulation does not compile:\n{r.stderr}")
@@ -239,11 +245,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for mix in MIXES:
             lib = build(mix, pathlib.Path(tmp))
+            by_cols_per_thread: dict[int, ctypes.CDLL] = {}
             # Columns that fill a warp, leave threads idle, take several a thread, and (5000)
             # fill 1024 threads; SMs that give one row a block, several, and a short last block.
             for rows, cols, sms in [(5, 64, 8), (7, 37, 1), (4, 300, 1), (9, 300, 2), (2, 5000, 1)]:
+                cols_per_thread = lib.host_norm_cols_per_thread(ctypes.c_longlong(cols))
+                if cols_per_thread not in by_cols_per_thread:
+                    by_cols_per_thread[cols_per_thread] = build(mix, pathlib.Path(tmp), cols_per_thread)
                 for with_branch in (True, False):
-                    check_norm(lib, mix, rows, cols, sms, with_branch)
+                    check_norm(by_cols_per_thread[cols_per_thread], mix, rows, cols, sms, with_branch)
             for rows, vocab in [(4, 50), (3, 1000), (3, 10000)]:
                 check_cross_entropy(lib, mix, rows, vocab)
     print(

@@ -67,7 +67,7 @@ const char* const kResidualRmsNormForward = R"(
 #ifndef COLS_PER_THREAD
 #define COLS_PER_THREAD 16
 #endif
-extern "C" __global__ void residual_rms_norm_forward(
+extern "C" __global__ void __launch_bounds__(1024) residual_rms_norm_forward(
     const stream_t* __restrict__ x, const branch_t* __restrict__ branch,
     const weight_t* __restrict__ weight, out_t* __restrict__ out, stream_t* __restrict__ sum,
     float* __restrict__ rstd, int cols, float eps) {
@@ -105,7 +105,7 @@ const char* const kResidualRmsNormBackward = R"(
 #ifndef COLS_PER_THREAD
 #define COLS_PER_THREAD 16
 #endif
-extern "C" __global__ void residual_rms_norm_backward(
+extern "C" __global__ void __launch_bounds__(1024) residual_rms_norm_backward(
     const out_t* __restrict__ grad_out, const stream_t* __restrict__ grad_sum,
     const stream_t* __restrict__ normed, const weight_t* __restrict__ weight,
     const float* __restrict__ rstd, stream_t* __restrict__ grad_input,
@@ -203,6 +203,16 @@ inline unsigned threads_for(long long cols, int per_thread) {
 // The widest row the backward's registers hold: COLS_PER_THREAD (16) columns for each of
 // 1024 threads.
 constexpr long long kMaxNormCols = 16LL * 1024;
+
+// Columns a thread of the norm kernels holds in registers (their COLS_PER_THREAD, defined
+// when the shim compiles them): the fewest that cover a row at the launch's threads. A
+// fixed 16 kept three arrays of 16 floats a thread in the backward, more registers than a
+// multiprocessor has for 512 threads (xlarge's 2,048 columns: "too many resources
+// requested for launch", H200).
+inline int norm_cols_per_thread(long long cols) {
+  const long long threads = threads_for(cols, 4);
+  return static_cast<int>((cols + threads - 1) / threads);
+}
 
 // The forward: a block a row, about 4 columns a thread (at most COLS_PER_THREAD).
 inline Launch norm_forward_launch(long long rows, int cols) {

@@ -53,9 +53,11 @@ void check_row_dtype(at::ScalarType t, const char* what) {
   TORCH_CHECK(row_dtype(t), what, " is ", t, "; the row kernels store Float or BFloat16");
 }
 
-// The CUDA source of one kernel: the prelude, the typedefs it names, the kernel.
-std::string row_source(const char* kernel, const RowTypes& t) {
+// The CUDA source of one kernel: the prelude, the typedefs it names, the kernel, and the
+// norm kernels' COLS_PER_THREAD when cols_per_thread > 0 (their own default otherwise).
+std::string row_source(const char* kernel, const RowTypes& t, int cols_per_thread) {
   std::string s = row_kernels::kRowPrelude;
+  if (cols_per_thread > 0) s += "\n#define COLS_PER_THREAD " + std::to_string(cols_per_thread);
   const std::pair<const char*, at::ScalarType> defs[] = {
       {"stream_t", t.stream}, {"branch_t", t.branch}, {"weight_t", t.weight}, {"out_t", t.out}, {"logits_t", t.out}};
   for (const auto& [name, type] : defs) s += std::string("\ntypedef ") + row_type_name(type) + " " + name + ";";
@@ -241,18 +243,19 @@ Binary compile_row_kernel(const std::string& source, const char* name, int capab
   return b;
 }
 
-// The kernel `name` (its source `kernel`) for `types` on `device`: compiled and loaded
-// once per process, device and types.
-CUfunction row_function(const char* name, const char* kernel, const RowTypes& types, c10::DeviceIndex device) {
+// The kernel `name` (its source `kernel`) for `types` and `cols_per_thread` (0: the
+// source's default) on `device`: compiled and loaded once per process and all of these.
+CUfunction row_function(const char* name, const char* kernel, const RowTypes& types, int cols_per_thread,
+                        c10::DeviceIndex device) {
   static std::mutex mutex;
-  static std::map<std::tuple<std::string, int, int, int, int, int>, CUfunction> functions;
+  static std::map<std::tuple<std::string, int, int, int, int, int, int>, CUfunction> functions;
   const auto key = std::make_tuple(std::string(name), static_cast<int>(device), static_cast<int>(types.stream),
                                    static_cast<int>(types.branch), static_cast<int>(types.weight),
-                                   static_cast<int>(types.out));
+                                   static_cast<int>(types.out), cols_per_thread);
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = functions.find(key); it != functions.end()) return it->second;
   const auto* props = at::cuda::getDeviceProperties(device);
-  const Binary binary = compile_row_kernel(row_source(kernel, types), name, props->major * 10 + props->minor);
+  const Binary binary = compile_row_kernel(row_source(kernel, types, cols_per_thread), name, props->major * 10 + props->minor);
   const Driver& d = Driver::get();
   // The module belongs to the device's primary context, which the runtime makes current
   // with the device; a thread that has not touched the device gets it here.
@@ -321,7 +324,8 @@ NormForward norm_forward(const at::Tensor& x, const at::Tensor& branch, const at
                        out_type};
   const auto device = x.device().index();
   CUfunction f =
-      row_function("residual_rms_norm_forward", row_kernels::kResidualRmsNormForward, types, device);
+      row_function("residual_rms_norm_forward", row_kernels::kResidualRmsNormForward, types,
+                   row_kernels::norm_cols_per_thread(cols), device);
   void* px = xc.data_ptr();
   void* pb = bc.defined() ? bc.data_ptr() : nullptr;
   void* pw = wc.data_ptr();
@@ -356,7 +360,8 @@ std::pair<at::Tensor, at::Tensor> norm_backward(const at::Tensor& grad_out, cons
   const auto wc = weight.contiguous();
   const RowTypes types{normed.scalar_type(), normed.scalar_type(), weight.scalar_type(), go.scalar_type()};
   CUfunction f =
-      row_function("residual_rms_norm_backward", row_kernels::kResidualRmsNormBackward, types, device);
+      row_function("residual_rms_norm_backward", row_kernels::kResidualRmsNormBackward, types,
+                   row_kernels::norm_cols_per_thread(cols), device);
   void* pg = go.data_ptr();
   void* ps = gs.defined() ? gs.data_ptr() : nullptr;
   void* pn = nc.data_ptr();
@@ -485,7 +490,7 @@ char* shim_cross_entropy_chunk(at::Tensor* logits, const at::Tensor* targets, in
     const auto device = logits->device().index();
     const auto tc = targets->contiguous();
     const RowTypes types{logits->scalar_type(), logits->scalar_type(), logits->scalar_type(), logits->scalar_type()};
-    CUfunction f = row_function("cross_entropy_chunk", row_kernels::kCrossEntropyChunk, types, device);
+    CUfunction f = row_function("cross_entropy_chunk", row_kernels::kCrossEntropyChunk, types, 0, device);
     void* pl = logits->data_ptr();
     void* pt = tc.data_ptr();
     void* po = out.data_ptr();
@@ -516,7 +521,7 @@ char* shim_row_kernel_compile(const char* name, int stream, int branch, int weig
     const RowTypes types{static_cast<at::ScalarType>(stream), static_cast<at::ScalarType>(branch),
                          static_cast<at::ScalarType>(weight), static_cast<at::ScalarType>(out)};
     for (auto t : {types.stream, types.branch, types.weight, types.out}) check_row_dtype(t, "a dtype");
-    const Binary b = compile_row_kernel(row_source(it->second, types), name, capability);
+    const Binary b = compile_row_kernel(row_source(it->second, types, 0), name, capability);
     *bytes = b.image.size();
     TORCH_CHECK(target_len > b.target.size(), "the target buffer is too short");
     std::copy(b.target.begin(), b.target.end(), target);
