@@ -15,8 +15,9 @@ fuzz: ## the property tests of every parser, with FUZZ_CASES cases each (make te
 	  && cargo test -q --locked -p operator --lib properties \
 	  && cargo test -q --locked -p trainer --lib properties
 
-crds: ## regenerate crds/trainingruns.yaml (and the Helm chart's copy) from the Rust types
+crds: ## regenerate crds/trainingruns.yaml (and the Helm chart's copy) and crds/trainingdatasets.yaml from the Rust types
 	. scripts/env.sh && cargo run -q -p crds --bin crdgen > crds/trainingruns.yaml
+	. scripts/env.sh && cargo run -q -p crds --bin crdgen -- trainingdatasets > crds/trainingdatasets.yaml
 	cp crds/trainingruns.yaml charts/trainingrun-operator/crds/trainingruns.yaml
 
 cuda-build: ## compile and link the trainer with --features cuda (full torch wheel)

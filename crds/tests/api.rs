@@ -69,6 +69,20 @@ fn committed_crd_is_fresh() {
 }
 
 #[test]
+fn committed_dataset_crd_is_fresh() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/trainingdatasets.yaml")).unwrap();
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_crdgen")).arg("trainingdatasets").output().expect("crdgen runs");
+    assert!(out.status.success(), "crdgen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).expect("crdgen prints UTF-8");
+    assert_eq!(printed, crds::manifest::dataset_crd_yaml(), "crdgen prints the TrainingDataset CRD");
+    assert!(committed == printed, "crds/trainingdatasets.yaml is stale: run `make crds`");
+    let unknown = std::process::Command::new(env!("CARGO_BIN_EXE_crdgen")).arg("jobs").output().unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no CRD named \"jobs\""));
+}
+
+#[test]
 fn the_helm_chart_ships_the_same_crd() {
     let chart = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -34,7 +34,9 @@
 //! values; `<root>` is the root.
 
 use crds::TrainingRun;
+use crds::types::TrainingDataset;
 use crds::types::bounds;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
@@ -64,15 +66,35 @@ const EMBEDDED: &[&str] = &[
 /// removes its entry.
 const KNOWN_UNBOUNDED_RULES: &[&str] = &[];
 
-fn crd_schema() -> Value {
-    let crd = TrainingRun::crd();
+/// The embedded Kubernetes types of the TrainingDataset CRD, as [`EMBEDDED`].
+const DATASET_EMBEDDED: &[&str] = &[
+    // core/v1 EnvVar
+    "spec.env[*]",
+    // core/v1 ResourceRequirements
+    "spec.resources",
+    // meta/v1 Condition
+    "status.conditions[*]",
+];
+
+fn schema_of(crd: CustomResourceDefinition) -> Value {
     let version = &crd.spec.versions[0];
     serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap()
 }
 
+fn crd_schema() -> Value {
+    schema_of(TrainingRun::crd())
+}
+
+/// The problems of both CRDs, each prefixed with its kind.
 fn problems(kind: Kind) -> Vec<String> {
-    let all = Walker::new(EMBEDDED, KNOWN_UNBOUNDED_RULES).run(&crd_schema());
-    all.iter().filter(|p| p.kind == kind).map(|p| p.to_string()).collect()
+    let crds =
+        [("TrainingRun", TrainingRun::crd(), EMBEDDED), ("TrainingDataset", TrainingDataset::crd(), DATASET_EMBEDDED)];
+    let mut out = Vec::new();
+    for (name, crd, embedded) in crds {
+        let all = Walker::new(embedded, KNOWN_UNBOUNDED_RULES).run(&schema_of(crd));
+        out.extend(all.iter().filter(|p| p.kind == kind).map(|p| format!("{name}: {p}")));
+    }
+    out
 }
 
 fn assert_none(kind: Kind, what: &str) {

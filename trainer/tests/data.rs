@@ -101,7 +101,10 @@ fn real_text_prepares_into_shards_and_trains() {
 fn a_corrupt_shard_fails_the_run_with_a_data_error_naming_the_file() {
     let dir = scratch("corrupt");
     let data = prepare(&dir);
-    let shard = data.join("train-00001.bin");
+    let manifest_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("manifest.json")).unwrap()).unwrap();
+    let name = manifest_json["train"][1]["file"].as_str().unwrap().to_string();
+    let shard = data.join(&name);
     let mut bytes = std::fs::read(&shard).unwrap();
     let n = bytes.len();
     bytes[n / 2] ^= 1;
@@ -111,5 +114,5 @@ fn a_corrupt_shard_fails_the_run_with_a_data_error_naming_the_file() {
     let o = trainer().args(["run", "--no-sample", "-o"]).arg(dir.join("out")).arg(&run).output().unwrap();
     assert_eq!(o.status.code(), Some(crds::contract::FailureReason::DataError.exit_code()));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("train-00001.bin") && stderr.contains("checksum mismatch"), "{stderr}");
+    assert!(stderr.contains(&name) && stderr.contains("checksum mismatch"), "{stderr}");
 }

@@ -1,6 +1,6 @@
 //! S3 against a real S3-compatible server (s3s-fs, started per test on 127.0.0.1 with a
 //! fresh directory): objects, ranges, listing, multipart, errors, and `trainer prepare`
-//! writing to an `s3://` prefix.
+//! writing to an `s3://` prefix, from raw Parquet objects by workers and a merge.
 
 use std::path::Path;
 use std::process::Command;
@@ -231,7 +231,7 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
     prepare(local.to_str().unwrap());
     let shards = std::fs::read_dir(&local)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-"))
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("part-00000-train-"))
         .count();
     assert!(shards >= 4, "{shards} shards");
 
@@ -266,7 +266,7 @@ fn training_reads_s3_shards_through_a_bounded_cache_like_local_ones() {
     // The cache never held the whole source: at most the shard in use and the newest.
     let cached = std::fs::read_dir(cache.join("s3/datasets/web/v1"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("train-"))
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("part-00000-train-"))
         .count();
     assert!(cached <= 2, "{cached} shards cached of {shards}");
 
@@ -370,4 +370,77 @@ fn grpo_reads_medqa_questions_from_an_s3_object_and_a_prepared_prefix() {
         })
         .collect();
     assert_eq!(evals, vec![20, 20]);
+}
+
+/// Raw Parquet objects in a bucket, prepared by two workers and a merge into another
+/// prefix (the way the operator runs `trainer prepare`), give the manifest one process
+/// gives, and a run trains on it.
+#[test]
+fn raw_parquet_in_s3_is_prepared_by_workers_and_trained_on() {
+    let server = start(&["raw", "datasets"]);
+    let s3 = client(&server, SECRET);
+    for f in 0..5 {
+        let texts: Vec<String> = (0..(40 + 30 * f))
+            .map(|i| format!("Page {f}.{i}: the river Belmora passes {} towns and {} mills.", i % 11, (i + f) % 7))
+            .collect();
+        let local = server.root.join(format!("shard-{f}.parquet"));
+        common::parquet::write_texts(&local, &texts);
+        s3.put_file("raw", &format!("web/2024/shard-{f}.parquet"), &local).unwrap();
+    }
+    s3.put_bytes("raw", "web/2024/README.md", b"not an input".to_vec()).unwrap();
+    let prepare = |output: &str, step: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["prepare", "--tokenizer", "embedded", "--shard-tokens", "2048", "--validation-fraction", "0.1"])
+            .args(["--input", "s3://raw/web/**/*.parquet", "--name", "web", "--output", output])
+            .args(step)
+            .env("TRAINER_CACHE", server.root.join("cache"))
+            .envs(s3_env(&server))
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{step:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let w0 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "0"]);
+    let w1 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "1"]);
+    let files = |out: &str| -> u32 { out.split_once(": ").unwrap().1.split(' ').next().unwrap().parse().unwrap() };
+    assert_eq!(files(&w0) + files(&w1), 5, "every file by one worker:\n{w0}\n{w1}");
+    assert!(files(&w0) > 0 && files(&w1) > 0, "{w0}\n{w1}");
+    assert_eq!(s3.size("datasets", "web-workers/manifest.json").unwrap(), None, "the workers do not merge");
+    let merged = prepare("s3://datasets/web-workers", &["--step", "merge"]);
+    assert!(merged.contains("5 files"), "{merged}");
+    prepare("s3://datasets/web-one", &[]);
+    let manifest = |prefix: &str| -> serde_json::Value {
+        serde_json::from_slice(&s3.get_bytes("datasets", &format!("{prefix}/manifest.json"), u64::MAX).unwrap())
+            .unwrap()
+    };
+    let (workers, one) = (manifest("web-workers"), manifest("web-one"));
+    assert_eq!(workers, one, "two workers and a merge give the manifest one process gives");
+    let keys: Vec<&str> =
+        one["input"]["files"].as_array().unwrap().iter().map(|f| f["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, (0..5).map(|f| format!("2024/shard-{f}.parquet")).collect::<Vec<_>>());
+    assert_eq!(one["input"]["documents"], 40 + 70 + 100 + 130 + 160);
+    // Nothing is left staged or downloaded.
+    let staged = std::fs::read_dir(server.root.join("cache/prepare-staging")).map_or(0, |d| d.count());
+    assert_eq!(staged, 0);
+
+    let dir = server.root.join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("run.yaml"), data_manifest("s3://datasets/web-workers", "embedded")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["run", "--no-sample", "-o"])
+        .arg(dir.join("out"))
+        .arg(dir.join("run.yaml"))
+        .env("TRAINER_CACHE", server.root.join("cache"))
+        .envs(s3_env(&server))
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps = trainer::telemetry::metrics_log::read(&dir.join("out/metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter(|r| matches!(r, trainer::telemetry::metrics_log::Record::Step(_)))
+        .count();
+    assert_eq!(steps, 16);
 }

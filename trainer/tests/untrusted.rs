@@ -97,7 +97,7 @@ fn manifests_naming_files_outside_their_directory_are_refused_locally() {
     let source = dir.join("web");
     prepare(source.to_str().unwrap(), &[], &text_input(&dir));
     // A shard the manifest must not reach: a valid one, one directory up.
-    std::fs::copy(source.join("train-00000.bin"), dir.join("outside.bin")).unwrap();
+    std::fs::copy(source.join("part-00000-train-00000.bin"), dir.join("outside.bin")).unwrap();
     let original = std::fs::read_to_string(source.join("manifest.json")).unwrap();
     let absolute = dir.join("outside.bin").display().to_string();
     for bad in ["../outside.bin", absolute.as_str()] {

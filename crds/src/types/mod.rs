@@ -1,12 +1,15 @@
-//! The `TrainingRun` custom resource: the single source of truth for the API.
+//! The `TrainingRun` and `TrainingDataset` custom resources: the single source of truth
+//! for the API.
 //!
 //! The `///` docs on fields are user documentation: `kubectl explain` shows them.
 
+mod dataset;
 mod failure;
 mod grpo;
 mod spec;
 mod status;
 
+pub use dataset::*;
 pub use failure::*;
 pub use grpo::*;
 pub use spec::*;
@@ -42,6 +45,12 @@ pub mod bounds {
     pub const SHORT: usize = 64;
     /// A machine-readable reason, as metav1.Condition bounds its own.
     pub const REASON: usize = 1024;
+    /// Source URIs of a TrainingDataset's `spec.source.uris`.
+    pub const DATASET_URIS: usize = 64;
+    /// Failed files listed in a TrainingDataset's `status.failedFiles`.
+    pub const FAILED_FILES: usize = 32;
+    /// Runs listed in a TrainingDataset's `status.usedBy`.
+    pub const DATASET_USERS: usize = 256;
     /// Sources of `spec.data.mix`.
     pub const MIX_SOURCES: usize = 64;
     /// Extra question sets of `spec.grpo.evalDatasets` (and so of

@@ -203,3 +203,68 @@ async fn the_api_server_judges_the_crd_as_the_readme_says() {
     }
     assert!(table.contains("tiny-cluster"), "{table}");
 }
+
+/// The TrainingDataset CRD, judged by the API server: Established, `kubectl explain`, a
+/// dataset admitted, bad ones refused with the rules' messages, what its manifest
+/// describes immutable while `workers` may change, and `kubectl get tds`'s columns.
+#[tokio::test]
+async fn the_api_server_judges_the_dataset_crd() {
+    let _slot = cluster_slot().await;
+    let c = cluster(0).await;
+    let crd = repo().join("crds/trainingdatasets.yaml");
+    kubectl(&c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
+    wait_for(
+        &c,
+        "default",
+        "crd/trainingdatasets.training.puretransformer.dev",
+        "condition=Established",
+        Duration::from_secs(60),
+    );
+    poll(&c, "default", "kubectl explain prints the dataset's docs", Duration::from_secs(30), || {
+        let explain = c.kubectl_out(&["explain", "trainingdataset.spec.workers"])?;
+        // kubectl wraps the text; compare it with its lines joined.
+        let words = explain.split_whitespace().collect::<Vec<_>>().join(" ");
+        if words.contains("each a share of the files balanced by size") { Ok(()) } else { Err(explain) }
+    });
+    let dataset = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingDataset\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+        )
+    };
+    let good = "  source: {uris: ['s3://raw/fineweb-edu/*.parquet']}\n  tokenizer: {embedded: true}\n  output: s3://prepared/fineweb-edu\n  workers: 4\n";
+    assert_eq!(server_verdict(&c, &dataset("fineweb-edu", good)), None);
+    for (case, spec, message) in [
+        (
+            "output-path",
+            good.replace("s3://prepared/fineweb-edu", "/data/out"),
+            "output must be s3://bucket/prefix or pvc://claim/path",
+        ),
+        (
+            "source-scheme",
+            good.replace("s3://raw", "ftp://raw"),
+            "each source uri must start with s3://, pvc:// or https://",
+        ),
+        (
+            "two-tokenizers",
+            good.replace("{embedded: true}", "{embedded: true, uri: 's3://t/tokenizer.json'}"),
+            "set exactly one of tokenizer.uri, tokenizer.embedded and tokenizer.train",
+        ),
+        ("no-workers", good.replace("workers: 4", "workers: 0"), "workers must be in [1, 256]"),
+        ("unknown-field", good.replace("workers: 4", "workers: 4\n  wrokers: 2"), "unknown field \"spec.wrokers\""),
+    ] {
+        let verdict = server_verdict(&c, &dataset(case, &spec)).unwrap_or_else(|| panic!("{case}: admitted"));
+        assert!(verdict.contains(message), "{case}: {verdict}");
+    }
+    let (ok, _, err) = kubectl_stdin(&c, &["-n", "default", "apply", "-f", "-"], &dataset("fineweb-edu", good));
+    assert!(ok, "{err}");
+    let edited = good.replace("*.parquet", "**/*.parquet");
+    let verdict = server_verdict(&c, &dataset("fineweb-edu", &edited)).expect("source edit refused");
+    assert!(verdict.contains("source is immutable"), "{verdict}");
+    assert_eq!(server_verdict(&c, &dataset("fineweb-edu", &good.replace("workers: 4", "workers: 8"))), None);
+    let header = kubectl(&c, &["-n", "default", "get", "tds"]);
+    let header = header.lines().next().unwrap_or_default();
+    for column in ["NAME", "PHASE", "PROGRESS", "TOKENS", "SHARDS", "AGE"] {
+        assert!(header.contains(column), "`kubectl get tds` lacks {column}: {header}");
+    }
+    kubectl(&c, &["-n", "default", "delete", "tds", "fineweb-edu"]);
+}

@@ -1,17 +1,19 @@
 //! `trainer prepare`: tokenize text into shards, locally or staged to S3.
 
-use std::path::PathBuf;
+use crate::data::prepare::Step;
 
 use crate::Error;
 use crate::telemetry::progress::human_count;
 
 #[derive(clap::Args, Debug)]
 pub struct PrepareArgs {
-    /// Input files or directories (repeatable); directories are read recursively.
+    /// Input files, directories (read recursively) or `s3://bucket/prefix`es, each
+    /// optionally ending in a glob of the names below it (`raw/*.parquet`,
+    /// `s3://raw/usmle/**/*.jsonl`); repeatable.
     #[arg(long = "input", short, required = true)]
-    pub inputs: Vec<PathBuf>,
-    /// Output directory of the prepared source, or an `s3://bucket/prefix` (staged
-    /// locally, then uploaded with the manifest last).
+    pub inputs: Vec<String>,
+    /// Output directory of the prepared source, or an `s3://bucket/prefix` (each file's
+    /// part staged locally and uploaded as it is done, the manifest last).
     #[arg(long, short)]
     pub output: String,
     /// The source's name [default: the output directory's name].
@@ -42,6 +44,42 @@ pub struct PrepareArgs {
     /// Seed of the validation split.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Input files that may fail (unreadable, a missing column, invalid UTF-8), their
+    /// documents left out, before the preparation fails.
+    #[arg(long, default_value_t = 0)]
+    pub max_failed_files: usize,
+    /// Which part of the preparation to run: `all`; `tokenizer` (train it and publish it);
+    /// `work` (worker --worker of --workers: its share of the files); `merge` (the
+    /// manifest, once every file is prepared).
+    #[arg(long, value_enum, default_value = "all")]
+    pub step: StepArg,
+    /// Workers sharing the files (`--step work`).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// This worker's index, below --workers [default: $JOB_COMPLETION_INDEX, else 0].
+    #[arg(long)]
+    pub worker: Option<usize>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepArg {
+    All,
+    Tokenizer,
+    Work,
+    Merge,
+}
+
+/// `--worker`, or the Indexed Job's completion index.
+fn worker_index(flag: Option<usize>) -> Result<usize, Error> {
+    if let Some(i) = flag {
+        return Ok(i);
+    }
+    match std::env::var("JOB_COMPLETION_INDEX") {
+        Ok(v) => v.parse().map_err(|_| {
+            Error::InvalidSpec(format!("JOB_COMPLETION_INDEX={v:?} is not a worker index; give --worker"))
+        }),
+        Err(_) => Ok(0),
+    }
 }
 
 pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
@@ -62,43 +100,44 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
             ));
         }
     };
-    let s3 = crate::storage::parse_uri(&a.output);
-    if a.output.starts_with("s3://") && s3.is_none() {
+    if a.output.starts_with("s3://") && crate::storage::parse_uri(&a.output).is_none() {
         return Err(Error::InvalidSpec(format!("--output {}: write s3://bucket/prefix", a.output)));
     }
-    let output = match &s3 {
-        Some((_, prefix)) => crate::data::cache_dir().join("prepare-staging").join(format!(
-            "{}-{}",
-            prefix.replace('/', "_"),
-            std::process::id()
-        )),
-        None => PathBuf::from(&a.output),
+    let step = match a.step {
+        StepArg::All => Step::All,
+        StepArg::Tokenizer => Step::Tokenizer,
+        StepArg::Work => Step::Work { index: worker_index(a.worker)?, workers: a.workers },
+        StepArg::Merge => Step::Merge,
     };
-    let name = a
-        .name
-        .or_else(|| s3.as_ref().and_then(|(_, p)| p.rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string)));
     let opts = PrepareOptions {
         inputs: a.inputs,
-        output: output.clone(),
-        name,
+        output: a.output.clone(),
+        name: a.name,
         format: a.format,
         field: a.field,
         tokenizer,
         shard_tokens: quantity("shard-tokens", &a.shard_tokens)?,
         validation_fraction: a.validation_fraction,
         seed: a.seed,
+        max_failed_files: a.max_failed_files,
+        step,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     let r = crate::data::prepare::prepare(&opts)?;
-    if let Some((bucket, prefix)) = &s3 {
-        let store = crate::storage::S3::from_env()?;
-        let n = store.put_dir(&output, bucket, prefix, crate::data::shard::MANIFEST)?;
-        let _ = std::fs::remove_dir_all(&output);
-        eprintln!("uploaded {n} files to {}", a.output);
+    for f in &r.failed {
+        eprintln!("warning: failed and left out: {f}");
+    }
+    if step == Step::Tokenizer {
+        println!("{}: tokenizer trained in {:.1} s", a.output, r.seconds);
+        return Ok(());
     }
     println!(
-        "{}: {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
+        "{}: {} files ({} prepared, {} already prepared, {} failed), {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
         a.output,
+        r.files,
+        r.prepared,
+        r.skipped,
+        r.failed.len(),
         r.documents,
         r.validation_documents,
         human_count(r.train_tokens as f64),

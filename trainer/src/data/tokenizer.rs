@@ -74,7 +74,8 @@ impl Tokenizer {
         Self::from_json(&json, &path.display().to_string())
     }
 
-    fn from_json(json: &str, origin: &str) -> Result<Self, Error> {
+    /// A `tokenizer.json`'s text; errors name `origin`.
+    pub fn from_json(json: &str, origin: &str) -> Result<Self, Error> {
         let err = |message: String| Error::Tokenizer { path: origin.to_string(), message };
         let mut inner: tokenizers::Tokenizer = json.parse().map_err(|e| err(format!("not a tokenizer.json: {e}")))?;
         // Documents are concatenated into a stream: a file's truncation or padding settings

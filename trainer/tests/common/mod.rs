@@ -1,6 +1,7 @@
 //! Helpers of the trainer's integration tests; each test binary uses some of them.
 #![allow(dead_code)]
 
+pub mod parquet;
 pub mod s3;
 
 use std::path::{Path, PathBuf};

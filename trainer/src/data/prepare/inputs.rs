@@ -12,7 +12,7 @@ use crate::data::mcq::{McqRecord, parse_medqa};
 use crate::{Error, io_err};
 
 /// Input formats; `Auto` decides per file by its extension and first record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum InputFormat {
     Auto,
@@ -52,46 +52,9 @@ fn data_err(path: &Path, message: impl Into<String>) -> Error {
     Error::Data { name: path.display().to_string(), message: message.into() }
 }
 
-/// The input files in order: files as given, directories walked recursively in name
-/// order (hidden entries skipped), each with its format.
-pub(super) fn input_files(inputs: &[PathBuf], format: InputFormat) -> Result<Vec<(PathBuf, InputFormat)>, Error> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Error> {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(io_err(dir))?
-            .map(|e| e.map(|e| e.path()).map_err(io_err(dir)))
-            .collect::<Result<_, _>>()?;
-        entries.sort();
-        for p in entries {
-            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')) {
-                continue;
-            }
-            if p.is_dir() { walk(&p, out)? } else { out.push(p) }
-        }
-        Ok(())
-    }
-    let mut files = Vec::new();
-    for input in inputs {
-        if input.is_dir() {
-            walk(input, &mut files)?;
-        } else if input.is_file() {
-            files.push(input.clone());
-        } else {
-            return Err(data_err(input, "--input: no such file or directory"));
-        }
-    }
-    if files.is_empty() {
-        return Err(Error::InvalidSpec("--input: no input files".into()));
-    }
-    files
-        .into_iter()
-        .map(|f| {
-            let fmt = detect(&f, format)?;
-            Ok((f, fmt))
-        })
-        .collect()
-}
-
-fn detect(path: &Path, format: InputFormat) -> Result<InputFormat, Error> {
+/// The format of the file at `path`: `format`, or when that is `Auto`, decided by the
+/// extension and (for JSON lines) the first record.
+pub(super) fn detect(path: &Path, format: InputFormat) -> Result<InputFormat, Error> {
     if format != InputFormat::Auto {
         return Ok(format);
     }
@@ -125,7 +88,13 @@ pub(super) fn read_docs(
         InputFormat::Jsonl | InputFormat::Medqa => {
             let file = std::fs::File::open(path).map_err(io_err(path))?;
             for (n, line) in BufReader::new(file).lines().enumerate() {
-                let line = line.map_err(io_err(path))?;
+                let line = line.map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        data_err(path, format!("line {}: not UTF-8 text", n + 1))
+                    } else {
+                        io_err(path)(e)
+                    }
+                })?;
                 let bytes = line.len() as u64 + 1;
                 if line.trim().is_empty() {
                     continue;
@@ -179,13 +148,37 @@ pub(super) fn read_docs(
         InputFormat::Text | InputFormat::Auto => {
             let bytes = std::fs::read(path).map_err(io_err(path))?;
             let len = bytes.len() as u64;
-            let text = String::from_utf8(bytes).map_err(|e| data_err(path, format!("not UTF-8 text: {e}")))?;
+            let text = text_of(path, bytes)?;
             if !text.trim().is_empty() {
                 f(Doc::text(text), len)?;
             }
         }
     }
     Ok(())
+}
+
+/// Invalid UTF-8 a text file may hold, as a share of its bytes: replaced by U+FFFD with a
+/// warning, as a stray byte in a scraped page should be; beyond it the file fails.
+pub const INVALID_UTF8_TOLERATED: f64 = 0.001;
+
+fn text_of(path: &Path, bytes: Vec<u8>) -> Result<String, Error> {
+    let bytes = match String::from_utf8(bytes) {
+        Ok(text) => return Ok(text),
+        Err(e) => e.into_bytes(),
+    };
+    let invalid: usize = bytes.utf8_chunks().map(|c| c.invalid().len()).sum();
+    if invalid as f64 > INVALID_UTF8_TOLERATED * bytes.len() as f64 {
+        return Err(data_err(
+            path,
+            format!(
+                "not UTF-8 text: {invalid} invalid bytes of {} (at most {}% are replaced)",
+                bytes.len(),
+                INVALID_UTF8_TOLERATED * 100.0
+            ),
+        ));
+    }
+    tracing::warn!(file = %path.display(), invalid, "replaced invalid UTF-8 with U+FFFD");
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Spawns the reader: a thread that reads the documents of `files` in order and sends

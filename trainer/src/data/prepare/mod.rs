@@ -2,35 +2,58 @@
 //! shards plus a manifest, with a deterministic held-out validation split.
 
 mod inputs;
+mod listing;
+mod merge;
+mod output;
+mod part;
+mod plan;
 mod tokenizer_choice;
 mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod worker_tests;
 
-pub use inputs::InputFormat;
+pub use inputs::{INVALID_UTF8_TOLERATED, InputFormat};
+pub use merge::TOKENIZER_FILE;
+pub use part::{PART_FORMAT, Part, part_name};
+pub use plan::assign;
 pub use tokenizer_choice::TokenizerChoice;
 
-use std::path::{Path, PathBuf};
-use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::{Value, json};
 
-use self::inputs::{DocBatch, input_files, spawn_reader};
+use self::listing::{Listing, Unit, list};
+use self::merge::{MergeOptions, merge};
+use self::output::Output;
+use self::part::{PartSettings, prepare_unit};
 use self::tokenizer_choice::load_tokenizer;
-use self::writer::{ShardWriter, held_out};
-use super::mcq::{McqRecord, medqa_json};
-use super::shard::{self, Dtype, MANIFEST_FORMAT, Manifest, ManifestTokenizer, RecordFiles};
 use super::tokenizer::Tokenizer;
-use crate::{Error, io_err};
+use crate::Error;
+use crate::storage::S3;
+
+/// Which part of a preparation this process does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// All of it: the tokenizer, every file, the merge.
+    All,
+    /// Only train the tokenizer and publish it (`--train-tokenizer`; the cluster's first pod).
+    Tokenizer,
+    /// Worker `index` of `workers`: its share of the files ([`assign`]), no merge.
+    Work { index: usize, workers: usize },
+    /// Only the merge; every file's part must be published.
+    Merge,
+}
 
 #[derive(Clone, Debug)]
 pub struct PrepareOptions {
-    pub inputs: Vec<PathBuf>,
-    pub output: PathBuf,
-    /// The source's name [default: the output directory's name].
+    /// Files, directories or `s3://bucket/prefix`es, each optionally ending in a glob.
+    pub inputs: Vec<String>,
+    /// A directory or `s3://bucket/prefix`.
+    pub output: String,
+    /// The source's name [default: the output's last path segment].
     pub name: Option<String>,
     pub format: InputFormat,
     pub field: String,
@@ -38,12 +61,24 @@ pub struct PrepareOptions {
     pub shard_tokens: u64,
     pub validation_fraction: f64,
     pub seed: u64,
+    /// Input files that may fail (their documents left out) before the merge fails.
+    pub max_failed_files: usize,
+    pub step: Step,
     pub progress: bool,
 }
 
-/// What `prepare` did.
-#[derive(Clone, Debug, PartialEq)]
+/// What `prepare` did: the counts are over the files this step covered (a worker's share,
+/// or all of them), prepared now or found prepared.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PrepareReport {
+    /// Input files this step covered.
+    pub files: usize,
+    /// Of them, prepared now.
+    pub prepared: usize,
+    /// Found prepared under the same settings, and skipped.
+    pub skipped: usize,
+    /// Failed, with their errors.
+    pub failed: Vec<String>,
     pub documents: u64,
     pub validation_documents: u64,
     pub train_tokens: u64,
@@ -53,71 +88,82 @@ pub struct PrepareReport {
     pub shards: usize,
 }
 
-/// Runs `trainer prepare`: a reader thread parses the inputs into batches of documents
-/// while this thread encodes each batch on all cores (`tokenizers`' batch encoding) and
-/// appends the ids, each document followed by EOS, to fixed-size train and validation
-/// shards.
+impl PrepareReport {
+    fn add(&mut self, p: &Part) {
+        let (train, validation) = p.tokens();
+        self.files += 1;
+        self.documents += p.documents;
+        self.validation_documents += p.validation_documents;
+        self.train_tokens += train;
+        self.validation_tokens += validation;
+        self.input_bytes += p.bytes;
+        self.shards += p.train.len() + p.validation.len();
+        if let Some(e) = &p.error {
+            self.failed.push(format!("{}: {e}", p.key));
+        }
+    }
+}
+
+/// Runs `trainer prepare`'s `step`. Each input file is prepared on its own (a reader
+/// thread parses it into batches of documents while this thread encodes each batch on
+/// all cores, appending each document and its EOS to the file's train or validation
+/// shards) into a part, skipped when its part is already published; the merge lists the
+/// parts' shards in file order in the dataset's manifest.
 pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     check(o)?;
     let started = Instant::now();
-    let files = input_files(&o.inputs, o.format)?;
-    let tok = load_tokenizer(&o.tokenizer, &o.field, &files)?;
-    std::fs::create_dir_all(&o.output).map_err(io_err(&o.output))?;
-    let name =
-        o.name.clone().unwrap_or_else(|| o.output.file_name().and_then(|n| n.to_str()).unwrap_or("source").to_string());
-    let dtype = Dtype::for_vocab(tok.vocab_size());
-    let writer = |prefix| ShardWriter::new(&o.output, prefix, o.shard_tokens as usize, dtype, &tok);
-    let mut writers = [writer("train"), writer("validation")];
-    let medqa = files.iter().any(|(_, f)| *f == InputFormat::Medqa);
-
-    let total_bytes: u64 = files.iter().map(|(p, _)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
-    let bar = progress_bar(o.progress, total_bytes, &name);
-    let (rx, reader) = spawn_reader(files.clone(), o.field.clone());
-    let encoded = encode(rx, &tok, o, &mut writers, &bar)?;
-    reader.join().map_err(|_| Error::InvalidSpec("prepare: the input reader panicked".into()))?;
-    bar.finish_and_clear();
-    if encoded.documents == 0 {
-        return Err(Error::InvalidSpec("--input: the inputs hold no documents".into()));
+    let Listing { units, s3 } = list(&o.inputs, o.format)?;
+    let out = Output::parse(&o.output)?;
+    let tok = tokenizer(o, &units, s3.as_ref(), &out)?;
+    let mut report = PrepareReport::default();
+    if o.step == Step::Tokenizer {
+        report.seconds = started.elapsed().as_secs_f64();
+        return Ok(report);
     }
-    if encoded.held == 0 && o.validation_fraction > 0.0 {
-        tracing::warn!(
-            "{name}: no document fell into the {} validation split; raise --validation-fraction",
-            o.validation_fraction
-        );
-    }
-    let [train, val] = writers;
-    let (train_tokens, validation_tokens) = (train.tokens, val.tokens);
-    let (train, validation) = (train.finish()?, val.finish()?);
-    let record_files = if medqa { Some(write_records(&o.output, &encoded.records)?) } else { None };
-    let tok_path = o.output.join("tokenizer.json");
-    crate::files::write_atomic(&tok_path, tok.to_json()?.as_bytes()).map_err(io_err(&tok_path))?;
-    let shards = train.len() + validation.len();
-    let manifest = Manifest {
-        format: MANIFEST_FORMAT.into(),
-        version: shard::VERSION,
-        name: name.clone(),
-        tokenizer: ManifestTokenizer {
-            hash: tok.hash(),
-            vocab_size: tok.vocab_size(),
-            eos_id: tok.eos_id(),
-            file: Some("tokenizer.json".into()),
-        },
-        dtype,
-        train,
-        validation,
-        records: record_files,
-        input: input_summary(o, &files, &encoded),
+    let settings = PartSettings {
+        field: o.field.clone(),
+        shard_tokens: o.shard_tokens,
+        validation_fraction: o.validation_fraction,
+        seed: o.seed,
+        tokenizer_hash: tok.hash(),
     };
-    manifest.write(&o.output)?;
-    Ok(PrepareReport {
-        documents: encoded.documents,
-        validation_documents: encoded.held,
-        train_tokens,
-        validation_tokens,
-        input_bytes: encoded.input_bytes,
-        seconds: started.elapsed().as_secs_f64(),
-        shards,
-    })
+    let name = o.name.clone().unwrap_or_else(|| default_name(&o.output));
+    if let Step::All | Step::Work { .. } = o.step {
+        let mine: Vec<&Unit> = match o.step {
+            Step::Work { index, workers } => {
+                let bytes: Vec<u64> = units.iter().map(|u| u.bytes).collect();
+                assign(&bytes, workers)[index].iter().map(|&i| &units[i]).collect()
+            }
+            _ => units.iter().collect(),
+        };
+        let bar = progress_bar(o.progress, mine.iter().map(|u| u.bytes).sum(), &name);
+        for unit in mine {
+            let part = match Part::published(&out, unit, &settings)? {
+                Some(p) => {
+                    bar.inc(unit.bytes);
+                    report.skipped += 1;
+                    p
+                }
+                None => {
+                    let p = prepare_unit(unit, s3.as_ref(), &tok, &settings, &out, &bar)?;
+                    report.prepared += 1;
+                    p
+                }
+            };
+            report.add(&part);
+        }
+        bar.finish_and_clear();
+    }
+    if let Step::All | Step::Merge = o.step {
+        let merge_options =
+            MergeOptions { name: &name, settings: &settings, tokenizer: &tok, max_failed_files: o.max_failed_files };
+        let (_, parts) = merge(&units, &out, &merge_options)?;
+        if o.step == Step::Merge {
+            parts.iter().for_each(|p| report.add(p));
+        }
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 /// The options' bounds.
@@ -128,7 +174,45 @@ fn check(o: &PrepareOptions) -> Result<(), Error> {
     if o.shard_tokens < 1024 {
         return Err(Error::InvalidSpec(format!("--shard-tokens {} must be at least 1024", o.shard_tokens)));
     }
+    if let Step::Work { index, workers } = o.step
+        && (workers == 0 || index >= workers)
+    {
+        return Err(Error::InvalidSpec(format!("--worker {index} must be below --workers {workers}")));
+    }
+    if o.step == Step::Tokenizer && !matches!(o.tokenizer, TokenizerChoice::Train { .. }) {
+        return Err(Error::InvalidSpec("--step tokenizer trains one: give --train-tokenizer --vocab-size N".into()));
+    }
     Ok(())
+}
+
+/// The tokenizer of every part. A trained one is trained once, by the step that may
+/// (all, tokenizer), and published before any part; every later step and a resumed one
+/// reads the published one.
+fn tokenizer(o: &PrepareOptions, units: &[Unit], s3: Option<&S3>, out: &Output) -> Result<Tokenizer, Error> {
+    if !matches!(o.tokenizer, TokenizerChoice::Train { .. }) {
+        return load_tokenizer(&o.tokenizer, &o.field, units, s3, out.work_dir());
+    }
+    if let Some(bytes) = out.read(TOKENIZER_FILE)? {
+        let origin = format!("{}/{TOKENIZER_FILE}", out.uri());
+        let text =
+            String::from_utf8(bytes).map_err(|e| Error::Tokenizer { path: origin.clone(), message: e.to_string() })?;
+        return Tokenizer::from_json(&text, &origin);
+    }
+    if let Step::Work { .. } | Step::Merge = o.step {
+        return Err(Error::InvalidSpec(format!(
+            "--train-tokenizer: {}/{TOKENIZER_FILE} does not exist; train it first with --step tokenizer",
+            out.uri()
+        )));
+    }
+    let tok = load_tokenizer(&o.tokenizer, &o.field, units, s3, out.work_dir())?;
+    out.publish(&[], TOKENIZER_FILE, tok.to_json()?.as_bytes())?;
+    Ok(tok)
+}
+
+/// The output's last path segment (`s3://b/web/` → `web`), or `source`.
+fn default_name(output: &str) -> String {
+    let path = output.strip_prefix("s3://").map_or(output, |rest| rest.split_once('/').map_or("", |(_, p)| p));
+    path.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty() && *n != ".").unwrap_or("source").to_string()
 }
 
 /// The progress bar over the inputs' `total_bytes` (hidden unless `shown`).
@@ -147,64 +231,4 @@ fn progress_bar(shown: bool, total_bytes: u64, name: &str) -> ProgressBar {
     );
     bar.set_message(format!("prepare {name}"));
     bar
-}
-
-/// What the encoder counted, and the MedQA records of each split (train, validation).
-struct Encoded {
-    documents: u64,
-    /// Documents held out for validation.
-    held: u64,
-    input_bytes: u64,
-    records: [Vec<String>; 2],
-}
-
-/// Encodes the reader's batches on all cores and appends each document to the train or
-/// the validation writer (`writers[0]` or `writers[1]`), as [`held_out`] decides.
-fn encode(
-    rx: Receiver<DocBatch>,
-    tok: &Tokenizer,
-    o: &PrepareOptions,
-    writers: &mut [ShardWriter<'_>; 2],
-    bar: &ProgressBar,
-) -> Result<Encoded, Error> {
-    let mut e = Encoded { documents: 0, held: 0, input_bytes: 0, records: Default::default() };
-    for msg in rx {
-        let (docs, bytes) = msg?;
-        let (texts, mcq): (Vec<String>, Vec<Option<McqRecord>>) = docs.into_iter().map(|d| (d.text, d.record)).unzip();
-        for (record, ids) in mcq.iter().zip(tok.encode_batch(&texts)) {
-            let validation = held_out(o.seed, e.documents, o.validation_fraction);
-            writers[validation as usize].push(&ids)?;
-            if let Some(r) = record {
-                e.records[validation as usize].push(medqa_json(r).to_string());
-            }
-            e.documents += 1;
-            e.held += validation as u64;
-        }
-        e.input_bytes += bytes;
-        bar.inc(bytes);
-    }
-    Ok(e)
-}
-
-/// Writes the MedQA records of each split (train, validation) as jsonl files in `dir`.
-fn write_records(dir: &Path, records: &[Vec<String>; 2]) -> Result<RecordFiles, Error> {
-    let mut files = RecordFiles { train: "records-train.jsonl".into(), validation: "records-validation.jsonl".into() };
-    for (recs, file) in records.iter().zip([&mut files.train, &mut files.validation]) {
-        let path = dir.join(&*file);
-        crate::files::write_atomic(&path, (recs.join("\n") + "\n").as_bytes()).map_err(io_err(&path))?;
-    }
-    Ok(files)
-}
-
-/// The manifest's record of the input: its files, the options that read them, and the counts.
-fn input_summary(o: &PrepareOptions, files: &[(PathBuf, InputFormat)], e: &Encoded) -> Value {
-    json!({
-        "files": files.iter().map(|(p, f)| json!({"path": p.display().to_string(), "format": f})).collect::<Vec<_>>(),
-        "field": o.field,
-        "documents": e.documents,
-        "validationDocuments": e.held,
-        "validationFraction": o.validation_fraction,
-        "seed": o.seed,
-        "bytes": e.input_bytes,
-    })
 }

@@ -2,7 +2,6 @@
 //! tokenizer and the errors bad inputs give.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde_json::json;
 
@@ -12,7 +11,7 @@ use crate::data::shard::{Dtype, Manifest, ShardSet};
 use crate::data::tokenizer::Tokenizer;
 use crate::files::test_util::TempDir;
 
-fn docs() -> Vec<String> {
+pub(super) fn docs() -> Vec<String> {
     (0..40)
         .map(|i| {
             format!(
@@ -24,10 +23,10 @@ fn docs() -> Vec<String> {
         .collect()
 }
 
-fn options(inputs: Vec<PathBuf>, output: PathBuf) -> PrepareOptions {
+pub(super) fn options(inputs: Vec<PathBuf>, output: PathBuf) -> PrepareOptions {
     PrepareOptions {
-        inputs,
-        output,
+        inputs: inputs.iter().map(|p| p.display().to_string()).collect(),
+        output: output.display().to_string(),
         name: None,
         format: InputFormat::Auto,
         field: "text".into(),
@@ -35,44 +34,25 @@ fn options(inputs: Vec<PathBuf>, output: PathBuf) -> PrepareOptions {
         shard_tokens: 1024,
         validation_fraction: 0.0,
         seed: 0,
+        max_failed_files: 0,
+        step: Step::All,
         progress: false,
     }
 }
 
-fn train_tokens(dir: &Path) -> Vec<u32> {
+pub(super) fn train_tokens(dir: &Path) -> Vec<u32> {
     let m = Manifest::read(dir).unwrap();
     let set = ShardSet::open(dir, &m.train, &m).unwrap();
     set.shards.iter().flat_map(|s| s.tokens(0, s.len() as usize).into_owned()).collect()
 }
 
-fn write_parquet(path: &Path, texts: &[String]) {
-    use parquet::basic::Compression;
-    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
-    use parquet::file::properties::WriterProperties;
-    use parquet::file::writer::SerializedFileWriter;
-    let schema = Arc::new(
-        parquet::schema::parser::parse_message_type(
-            "message schema { REQUIRED INT64 id; REQUIRED BYTE_ARRAY text (UTF8); }",
-        )
-        .unwrap(),
-    );
-    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
-    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
-    // Two row groups, as large datasets have.
-    for chunk in texts.chunks(texts.len() / 2 + 1) {
-        let mut rg = w.next_row_group().unwrap();
-        let mut col = rg.next_column().unwrap().unwrap();
-        let ids: Vec<i64> = (0..chunk.len() as i64).collect();
-        col.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
-        col.close().unwrap();
-        let mut col = rg.next_column().unwrap().unwrap();
-        let values: Vec<ByteArray> = chunk.iter().map(|t| ByteArray::from(t.as_str())).collect();
-        col.typed::<ByteArrayType>().write_batch(&values, None, None).unwrap();
-        col.close().unwrap();
-        rg.close().unwrap();
-    }
-    w.close().unwrap();
+/// A Parquet file of `texts` in a `text` column (the integration tests' own writer).
+pub(super) fn write_parquet(path: &Path, texts: &[String]) {
+    parquet_fixture::write_texts(path, texts);
 }
+
+#[path = "../../../tests/common/parquet.rs"]
+mod parquet_fixture;
 
 #[test]
 fn jsonl_parquet_and_text_give_the_same_tokens() {
@@ -128,11 +108,11 @@ fn the_validation_split_is_deterministic_and_near_its_fraction() {
     o.validation_fraction = 0.1;
     let r = prepare(&o).unwrap();
     assert!((150..=250).contains(&r.validation_documents), "{}", r.validation_documents);
-    o.output = dir.0.join("b");
+    o.output = dir.0.join("b").display().to_string();
     prepare(&o).unwrap();
     let (a, b) = (Manifest::read(&dir.0.join("a")).unwrap(), Manifest::read(&dir.0.join("b")).unwrap());
     assert_eq!((&a.train, &a.validation), (&b.train, &b.validation));
-    o.output = dir.0.join("c");
+    o.output = dir.0.join("c").display().to_string();
     o.seed = 1;
     prepare(&o).unwrap();
     assert_ne!(

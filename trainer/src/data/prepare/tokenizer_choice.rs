@@ -1,12 +1,14 @@
 //! Where `trainer prepare`'s tokenizer comes from: a file, the embedded one, or one
 //! trained on the input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::inputs::{InputFormat, read_docs};
+use super::inputs::{detect, read_docs};
+use super::listing::Unit;
 use crate::Error;
 use crate::data::tokenizer::Tokenizer;
+use crate::storage::S3;
 
 /// Where the tokenizer comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,11 +22,14 @@ pub enum TokenizerChoice {
 }
 
 /// The tokenizer `choice` names, trained on the first `sample_bytes` of the inputs' documents
+/// in listing order
 /// (`field` of each record) when it asks for a new one.
 pub(super) fn load_tokenizer(
     choice: &TokenizerChoice,
     field: &str,
-    files: &[(PathBuf, InputFormat)],
+    units: &[Unit],
+    s3: Option<&S3>,
+    scratch: &Path,
 ) -> Result<Tokenizer, Error> {
     match choice {
         TokenizerChoice::File(p) => Tokenizer::from_file(p),
@@ -32,12 +37,25 @@ pub(super) fn load_tokenizer(
         TokenizerChoice::Train { vocab_size, sample_bytes } => {
             let mut sample = Vec::new();
             let mut bytes = 0usize;
-            for (path, format) in files {
-                read_docs(path, *format, field, &mut |doc, _| {
-                    bytes += doc.text.len();
-                    sample.push(doc.text);
-                    Ok(bytes < *sample_bytes)
-                })?;
+            for unit in units {
+                let mut file = Vec::new();
+                let mut file_bytes = 0usize;
+                let local = unit.fetch(s3, scratch)?;
+                let format = detect(&local.path, unit.format)?;
+                let read = read_docs(&local.path, format, field, &mut |doc, _| {
+                    file_bytes += doc.text.len();
+                    file.push(doc.text);
+                    Ok(bytes + file_bytes < *sample_bytes)
+                });
+                match read {
+                    Ok(()) => {
+                        sample.append(&mut file);
+                        bytes += file_bytes;
+                    }
+                    // A bad file is the parts' to report; the sample goes on without it.
+                    Err(Error::Data { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
                 if bytes >= *sample_bytes {
                     break;
                 }

@@ -9,7 +9,7 @@ use crate::data::tokenizer::Tokenizer;
 /// Appends documents to fixed-size shards `<prefix>-NNNNN.bin`.
 pub(super) struct ShardWriter<'a> {
     dir: &'a Path,
-    prefix: &'static str,
+    prefix: String,
     shard_tokens: usize,
     buf: Vec<u32>,
     entries: Vec<ShardEntry>,
@@ -24,7 +24,7 @@ impl<'a> ShardWriter<'a> {
     /// A writer of `<prefix>-NNNNN.bin` shards of `shard_tokens` tokens each in `dir`.
     pub(super) fn new(
         dir: &'a Path,
-        prefix: &'static str,
+        prefix: String,
         shard_tokens: usize,
         dtype: Dtype,
         tok: &Tokenizer,
@@ -61,6 +61,11 @@ impl<'a> ShardWriter<'a> {
         Ok(())
     }
 
+    /// The names of the shards written so far.
+    pub(super) fn written(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.file.as_str())
+    }
+
     pub(super) fn finish(mut self) -> Result<Vec<ShardEntry>, Error> {
         if !self.buf.is_empty() {
             let last = std::mem::take(&mut self.buf);
@@ -70,7 +75,8 @@ impl<'a> ShardWriter<'a> {
     }
 }
 
-/// Whether document `i` is held out: a seeded hash below the fraction.
+/// Whether document `i` (of a file whose split seed is `seed`) is held out: a seeded hash
+/// below the fraction.
 pub(super) fn held_out(seed: u64, i: u64, fraction: f64) -> bool {
     let h = crate::rng::splitmix64(crate::rng::splitmix64(seed ^ 0x7661_6c69_6461_7465) ^ i);
     (h as f64 / u64::MAX as f64) < fraction
