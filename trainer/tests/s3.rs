@@ -408,7 +408,7 @@ fn raw_parquet_in_s3_is_prepared_by_workers_and_trained_on() {
     assert!(files(&w0) > 0 && files(&w1) > 0, "{w0}\n{w1}");
     assert_eq!(s3.size("datasets", "web-workers/manifest.json").unwrap(), None, "the workers do not merge");
     let merged = prepare("s3://datasets/web-workers", &["--step", "merge"]);
-    assert!(merged.contains("5 files"), "{merged}");
+    assert!(merged.contains("merged 5 files (0 failed)"), "{merged}");
     prepare("s3://datasets/web-one", &[]);
     let manifest = |prefix: &str| -> serde_json::Value {
         serde_json::from_slice(&s3.get_bytes("datasets", &format!("{prefix}/manifest.json"), u64::MAX).unwrap())

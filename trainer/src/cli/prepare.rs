@@ -131,6 +131,21 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
         println!("{}: tokenizer trained in {:.1} s", a.output, r.seconds);
         return Ok(());
     }
+    if step == Step::Merge {
+        println!(
+            "{}: merged {} files ({} failed), {} documents ({} held out), {} train + {} validation tokens in {} shards, in {:.1} s",
+            a.output,
+            r.files,
+            r.failed.len(),
+            r.documents,
+            r.validation_documents,
+            human_count(r.train_tokens as f64),
+            human_count(r.validation_tokens as f64),
+            r.shards,
+            r.seconds,
+        );
+        return Ok(());
+    }
     println!(
         "{}: {} files ({} prepared, {} already prepared, {} failed), {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
         a.output,
