@@ -5,9 +5,10 @@ use crds::TrainingRun;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+mod common;
+
 fn schema() -> Value {
-    let crd = TrainingRun::crd();
-    serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap()
+    common::schema(&TrainingRun::crd())
 }
 
 fn base() -> Value {
@@ -112,12 +113,7 @@ fn crd_names_scope_and_subresource() {
 #[test]
 fn printer_columns_read_status_fields() {
     let crd = TrainingRun::crd();
-    let cols = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
-    let shown: Vec<(String, String)> = cols
-        .iter()
-        .filter(|c| c.priority.unwrap_or(0) == 0)
-        .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
-        .collect();
+    let shown = common::shown_columns(&crd);
     let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["PHASE", "MODEL", "TOPOLOGY", "PROGRESS", "LOSS", "TOKENS/S", "ETA", "AGE"]);
     for (name, path) in &shown {
@@ -126,37 +122,12 @@ fn printer_columns_read_status_fields() {
             assert!(path.starts_with(".status."), "{name} reads {path}");
         }
     }
-    // Every status path a column reads exists in the schema.
-    let s = schema();
-    for (name, path) in shown.iter().filter(|(_, p)| p.starts_with(".status.")) {
-        let mut node = &s["properties"]["status"];
-        for part in path.trim_start_matches(".status.").split('.') {
-            node = &node["properties"][part];
-            assert!(!node.is_null(), "{name}: {path} is not in the status schema");
-        }
-    }
+    common::assert_status_paths_exist(&crd, &shown);
 }
 
 #[test]
 fn every_field_is_documented() {
-    fn walk(path: &str, node: &Value, missing: &mut Vec<String>) {
-        if let Some(props) = node.get("properties").and_then(Value::as_object) {
-            for (k, v) in props {
-                let p = format!("{path}.{k}");
-                if v.get("description").is_none() {
-                    missing.push(p.clone());
-                }
-                walk(&p, v, missing);
-            }
-        }
-        if let Some(items) = node.get("items") {
-            walk(&format!("{path}[]"), items, missing);
-        }
-    }
-    let mut missing = Vec::new();
-    let s = schema();
-    walk("spec", &s["properties"]["spec"], &mut missing);
-    walk("status", &s["properties"]["status"], &mut missing);
+    let missing = common::undocumented_fields(&schema());
     assert!(missing.is_empty(), "fields without docs (kubectl explain shows nothing): {missing:?}");
 }
 

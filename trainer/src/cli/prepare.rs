@@ -131,36 +131,26 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
         println!("{}: tokenizer trained in {:.1} s", a.output, r.seconds);
         return Ok(());
     }
-    if step == Step::Merge {
-        println!(
-            "{}: merged {} files ({} failed), {} documents ({} held out), {} train + {} validation tokens in {} shards, in {:.1} s",
-            a.output,
-            r.files,
-            r.failed.len(),
-            r.documents,
-            r.validation_documents,
-            human_count(r.train_tokens as f64),
-            human_count(r.validation_tokens as f64),
-            r.shards,
-            r.seconds,
-        );
-        return Ok(());
-    }
-    println!(
-        "{}: {} files ({} prepared, {} already prepared, {} failed), {} documents ({} held out), {} train + {} validation tokens in {} shards; {:.1} MB in {:.1} s ({:.1} MB/s)",
-        a.output,
-        r.files,
-        r.prepared,
-        r.skipped,
-        r.failed.len(),
+    let totals = format!(
+        "{} documents ({} held out), {} train + {} validation tokens in {} shards",
         r.documents,
         r.validation_documents,
         human_count(r.train_tokens as f64),
         human_count(r.validation_tokens as f64),
         r.shards,
-        r.input_bytes as f64 / 1e6,
-        r.seconds,
-        r.input_bytes as f64 / 1e6 / r.seconds.max(1e-9),
     );
+    let (files, failed, output) = (r.files, r.failed.len(), &a.output);
+    if step == Step::Merge {
+        println!("{output}: merged {files} files ({failed} failed), {totals}, in {:.1} s", r.seconds);
+    } else {
+        let mb = r.input_bytes as f64 / 1e6;
+        println!(
+            "{output}: {files} files ({} prepared, {} already prepared, {failed} failed), {totals}; {mb:.1} MB in {:.1} s ({:.1} MB/s)",
+            r.prepared,
+            r.skipped,
+            r.seconds,
+            mb / r.seconds.max(1e-9),
+        );
+    }
     Ok(())
 }
