@@ -36,9 +36,10 @@
 use crds::TrainingRun;
 use crds::types::TrainingDataset;
 use crds::types::bounds;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
+
+mod common;
 
 #[path = "schema_bounds/walker.rs"]
 mod walker;
@@ -76,13 +77,8 @@ const DATASET_EMBEDDED: &[&str] = &[
     "status.conditions[*]",
 ];
 
-fn schema_of(crd: CustomResourceDefinition) -> Value {
-    let version = &crd.spec.versions[0];
-    serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap()
-}
-
 fn crd_schema() -> Value {
-    schema_of(TrainingRun::crd())
+    common::schema(&TrainingRun::crd())
 }
 
 /// The problems of both CRDs, each prefixed with its kind.
@@ -91,7 +87,7 @@ fn problems(kind: Kind) -> Vec<String> {
         [("TrainingRun", TrainingRun::crd(), EMBEDDED), ("TrainingDataset", TrainingDataset::crd(), DATASET_EMBEDDED)];
     let mut out = Vec::new();
     for (name, crd, embedded) in crds {
-        let all = Walker::new(embedded, KNOWN_UNBOUNDED_RULES).run(&schema_of(crd));
+        let all = Walker::new(embedded, KNOWN_UNBOUNDED_RULES).run(&common::schema(&crd));
         out.extend(all.iter().filter(|p| p.kind == kind).map(|p| format!("{name}: {p}")));
     }
     out

@@ -1,5 +1,7 @@
 //! What both CRDs' tests check the same way: every field documented for `kubectl
-//! explain`, and printer columns that read fields the status schema has.
+//! explain`, and printer columns that read fields the status schema has. Each test
+//! binary uses some of them.
+#![allow(dead_code)]
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;

@@ -16,7 +16,7 @@ pub struct PrepareArgs {
     /// part staged locally and uploaded as it is done, the manifest last).
     #[arg(long, short)]
     pub output: String,
-    /// The source's name [default: the output directory's name].
+    /// The source's name [default: the output's last path segment].
     #[arg(long)]
     pub name: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]
@@ -74,10 +74,9 @@ fn worker_index(flag: Option<usize>) -> Result<usize, Error> {
     if let Some(i) = flag {
         return Ok(i);
     }
-    match std::env::var("JOB_COMPLETION_INDEX") {
-        Ok(v) => v.parse().map_err(|_| {
-            Error::InvalidSpec(format!("JOB_COMPLETION_INDEX={v:?} is not a worker index; give --worker"))
-        }),
+    let var = crds::contract::env::JOB_COMPLETION_INDEX;
+    match std::env::var(var) {
+        Ok(v) => v.parse().map_err(|_| Error::InvalidSpec(format!("{var}={v:?} is not a worker index; give --worker"))),
         Err(_) => Ok(0),
     }
 }

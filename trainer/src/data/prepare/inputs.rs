@@ -159,7 +159,7 @@ pub(super) fn read_docs(
 
 /// Invalid UTF-8 a text file may hold, as a share of its bytes: replaced by U+FFFD with a
 /// warning, as a stray byte in a scraped page should be; beyond it the file fails.
-pub const INVALID_UTF8_TOLERATED: f64 = 0.001;
+const INVALID_UTF8_TOLERATED: f64 = 0.001;
 
 fn text_of(path: &Path, bytes: Vec<u8>) -> Result<String, Error> {
     let bytes = match String::from_utf8(bytes) {

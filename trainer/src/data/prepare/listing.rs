@@ -129,7 +129,11 @@ pub fn list(inputs: &[String], format: InputFormat) -> Result<Listing, Error> {
             list_local(Path::new(if base.is_empty() { "." } else { base }), glob.as_ref(), &mut found)?;
         }
         if found.len() == before {
-            let what = if glob.is_some() { "no file matches" } else { "no such file or directory" };
+            let what = if glob.is_some() {
+                "no file matches"
+            } else {
+                "no such file, and no file in a directory or prefix of that name"
+            };
             return Err(Error::Data { name: input.clone(), message: format!("--input: {what}") });
         }
     }
@@ -269,7 +273,10 @@ mod tests {
         let e = list(&[format!("{}/*.jsonl", s(&raw))], InputFormat::Auto).err().unwrap().to_string();
         assert!(e.contains("*.jsonl") && e.contains("no file matches"), "{e}");
         let e = list(&[s(&raw.join("missing"))], InputFormat::Auto).err().unwrap().to_string();
-        assert!(e.contains("missing") && e.contains("no such file or directory"), "{e}");
+        assert!(e.contains("missing") && e.contains("no such file"), "{e}");
+        std::fs::create_dir_all(raw.join("empty")).unwrap();
+        let e = list(&[s(&raw.join("empty"))], InputFormat::Auto).err().unwrap().to_string();
+        assert!(e.contains("empty") && e.contains("no file in a directory"), "{e}");
         let e = list(&[format!("{}/[a.parquet", s(&raw))], InputFormat::Auto).err().unwrap().to_string();
         assert!(e.contains("[a.parquet"), "{e}");
     }

@@ -15,10 +15,7 @@ mod tests;
 #[cfg(test)]
 mod worker_tests;
 
-pub use inputs::{INVALID_UTF8_TOLERATED, InputFormat};
-pub use merge::TOKENIZER_FILE;
-pub use part::{PART_FORMAT, Part, part_name};
-pub use plan::assign;
+pub use inputs::InputFormat;
 pub use tokenizer_choice::TokenizerChoice;
 
 use std::time::Instant;
@@ -26,9 +23,10 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use self::listing::{Listing, Unit, list};
-use self::merge::{MergeOptions, merge};
+use self::merge::{MergeOptions, TOKENIZER_FILE, merge};
 use self::output::Output;
-use self::part::{PartSettings, prepare_unit};
+use self::part::{Part, PartSettings, prepare_unit};
+use self::plan::assign;
 use self::tokenizer_choice::load_tokenizer;
 use super::tokenizer::Tokenizer;
 use crate::Error;
@@ -121,6 +119,7 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
         return Ok(report);
     }
     let settings = PartSettings {
+        format: o.format,
         field: o.field.clone(),
         shard_tokens: o.shard_tokens,
         validation_fraction: o.validation_fraction,

@@ -16,13 +16,15 @@ use crate::data::shard::{self, Dtype, RecordFiles, ShardEntry};
 use crate::data::tokenizer::Tokenizer;
 use crate::storage::S3;
 
-pub const PART_FORMAT: &str = "puretransformer-part";
+const PART_FORMAT: &str = "puretransformer-part";
 
 /// What decides a part's content besides its file. A part made under other settings is
 /// prepared again, and the merge does not take it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PartSettings {
+    /// The format asked for (`auto`, or one for every file).
+    pub format: InputFormat,
     pub field: String,
     pub shard_tokens: u64,
     pub validation_fraction: f64,
@@ -53,9 +55,14 @@ pub struct Part {
     pub error: Option<String>,
 }
 
+/// What the names of unit `index`'s files begin with.
+fn stem(index: usize) -> String {
+    format!("part-{index:05}")
+}
+
 /// The name of unit `index`'s part manifest.
 pub fn part_name(index: usize) -> String {
-    format!("part-{index:05}.json")
+    format!("{}.json", stem(index))
 }
 
 impl Part {
@@ -100,7 +107,7 @@ pub fn prepare_unit(
     bar: &ProgressBar,
 ) -> Result<Part, Error> {
     let dtype = Dtype::for_vocab(tok.vocab_size());
-    let stem = format!("part-{:05}", unit.index);
+    let stem = stem(unit.index);
     let dir = out.work_dir();
     let writer =
         |split: &str| ShardWriter::new(dir, format!("{stem}-{split}"), settings.shard_tokens as usize, dtype, tok);

@@ -21,9 +21,9 @@ pub enum TokenizerChoice {
     Train { vocab_size: usize, sample_bytes: usize },
 }
 
-/// The tokenizer `choice` names, trained on the first `sample_bytes` of the inputs' documents
-/// in listing order
-/// (`field` of each record) when it asks for a new one.
+/// The tokenizer `choice` names, trained when it asks for a new one on the first
+/// `sample_bytes` of the inputs' documents (`field` of each record) in listing order,
+/// skipping files that fail to read.
 pub(super) fn load_tokenizer(
     choice: &TokenizerChoice,
     field: &str,

@@ -133,9 +133,12 @@ fn a_killed_or_resized_preparation_resumes_without_a_document_twice() {
     // Run again whole: nothing is prepared twice.
     let again = prepare(&o).unwrap();
     assert_eq!((again.prepared, again.skipped), (0, 9));
-    // Other settings make other parts.
+    // Other settings make other parts: another seed, another format asked for.
     let reseeded = prepare(&PrepareOptions { seed: 8, ..o.clone() }).unwrap();
     assert_eq!(reseeded.prepared, 9);
+    let as_text =
+        PrepareOptions { seed: 8, format: InputFormat::Text, step: Step::Work { index: 0, workers: 1 }, ..o.clone() };
+    assert_eq!(prepare(&as_text).unwrap().prepared, 9);
 }
 
 #[test]

@@ -16,8 +16,6 @@ pub(super) struct ShardWriter<'a> {
     dtype: Dtype,
     eos: u32,
     hash: String,
-    /// Tokens pushed so far, each document's EOS included.
-    pub(super) tokens: u64,
 }
 
 impl<'a> ShardWriter<'a> {
@@ -38,14 +36,12 @@ impl<'a> ShardWriter<'a> {
             dtype,
             eos: tok.eos_id(),
             hash: tok.hash(),
-            tokens: 0,
         }
     }
 
     pub(super) fn push(&mut self, ids: &[u32]) -> Result<(), Error> {
         self.buf.extend_from_slice(ids);
         self.buf.push(self.eos);
-        self.tokens += ids.len() as u64 + 1;
         while self.buf.len() >= self.shard_tokens {
             let rest = self.buf.split_off(self.shard_tokens);
             let full = std::mem::replace(&mut self.buf, rest);
