@@ -130,8 +130,16 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
 
     // --- Admission; the queue's second run waits past its stall timeout.
     sim.apply("first", &queued(2, 320, ""));
+    // Kueue admits in its own order whatever it sees first; second is applied once
+    // first's Workload holds the quota, or second could be admitted ahead of it.
+    sim.wait("first", "first admitted by Kueue", MINUTES(2), |s| {
+        s.conditions.iter().any(|c| c.type_ == "Queued" && c.status == "False" && c.reason == "Admitted")
+    })
+    .await;
     let applied_second = Instant::now();
     sim.apply("second", &queued(1, 40, "  failurePolicy: {stallTimeout: 1m}\n"));
+    sim.wait("second", "second waiting for the queue", MINUTES(1), |s| s.reason.as_deref() == Some("WaitingForQueue"))
+        .await;
     sim.wait_phase("first", RunPhase::Running, MINUTES(3)).await;
     let owners = suspend_owners(&sim, "first-a1").await;
     assert!(
