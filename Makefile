@@ -19,6 +19,7 @@ crds: ## regenerate crds/trainingruns.yaml (and the Helm chart's copy) and crds/
 	. scripts/env.sh && cargo run -q -p crds --bin crdgen > crds/trainingruns.yaml
 	. scripts/env.sh && cargo run -q -p crds --bin crdgen -- trainingdatasets > crds/trainingdatasets.yaml
 	cp crds/trainingruns.yaml charts/trainingrun-operator/crds/trainingruns.yaml
+	cp crds/trainingdatasets.yaml charts/trainingrun-operator/crds/trainingdatasets.yaml
 
 cuda-build: ## compile and link the trainer with --features cuda (full torch wheel)
 	scripts/build-cuda.sh

@@ -23,8 +23,42 @@ fn resolved(name: &str) -> RunConfig {
     crds::resolve(&crds::manifest::from_file(&path).unwrap()).unwrap()
 }
 
+/// Every TrainingDataset of `examples/datasets/`, checked against its CRD's schema and
+/// CEL rules, by name.
+fn datasets() -> std::collections::BTreeMap<String, crds::types::TrainingDataset> {
+    use crds::types::TrainingDataset;
+    let crd = TrainingDataset::crd();
+    let schema =
+        serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap())
+            .unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/datasets");
+    let mut found = std::collections::BTreeMap::new();
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let raw: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+            kube::core::cel::Validator::new()
+                .validate(&schema, &raw, None)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let ds: TrainingDataset =
+                serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let name = ds.metadata.name.clone().unwrap();
+            assert!(found.insert(name, ds).is_none(), "{}: a second dataset of its name", path.display());
+        }
+    }
+    found
+}
+
 #[test]
 fn every_example_parses_resolves_and_passes_cel() {
+    let datasets = datasets();
+    assert!(datasets.len() >= 4, "the seed-002 mix's four datasets: {:?}", datasets.keys());
     let crd = TrainingRun::crd();
     let schema =
         serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap())
@@ -34,6 +68,9 @@ fn every_example_parses_resolves_and_passes_cel() {
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         let run = crds::manifest::from_yaml(&text, &file.display().to_string()).unwrap_or_else(|e| panic!("{e}"));
+        // What the operator does once each dataset is Ready: its output holds the manifest.
+        let run = crds::resolve::with_datasets(&run, |n| datasets.get(n).map(|d| d.spec.output.clone()))
+            .unwrap_or_else(|missing| panic!("{}: no dataset example named {missing:?}", file.display()));
         crds::resolve(&run).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let raw: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
         kube::core::cel::Validator::new()

@@ -342,11 +342,11 @@ fn uris_are_parsed_with_clear_errors() {
         ("", "must not be empty"),
     ] {
         let mut r = run();
-        r.spec.data.as_mut().unwrap().mix[1].uri = uri.into();
+        r.spec.data.as_mut().unwrap().mix[1].uri = Some(uri.into());
         fails(&r, "spec.data.mix[1].uri", needle);
     }
     let mut r = run();
-    r.spec.data.as_mut().unwrap().mix[1].uri = "pvc://datasets/web/shards/".into();
+    r.spec.data.as_mut().unwrap().mix[1].uri = Some("pvc://datasets/web/shards/".into());
     let c = ok(&r);
     assert_eq!(
         c.data.as_ref().unwrap().mix[1].location,
@@ -356,6 +356,20 @@ fn uris_are_parsed_with_clear_errors() {
     let mut r = run();
     r.spec.model.tokenizer = "ftp://x/tokenizer.json".into();
     fails(&r, "spec.model.tokenizer", "unsupported scheme");
+}
+
+#[test]
+fn a_mix_entry_names_a_dataset_or_a_uri_and_only_the_operator_resolves_a_dataset() {
+    let mut r = run();
+    let m = &mut r.spec.data.as_mut().unwrap().mix[1];
+    (m.uri, m.dataset) = (None, Some("fineweb-edu".into()));
+    fails(&r, "spec.data.mix[1].dataset", "resolved by the operator once it is Ready");
+    let m = &mut r.spec.data.as_mut().unwrap().mix[1];
+    m.uri = Some("s3://data/web".into());
+    fails(&r, "spec.data.mix[1]", "exactly one of uri and dataset");
+    let m = &mut r.spec.data.as_mut().unwrap().mix[1];
+    (m.uri, m.dataset) = (None, None);
+    fails(&r, "spec.data.mix[1]", "exactly one of uri and dataset");
 }
 
 /// An edit to part of a spec, the field it breaks, and a phrase of the error.

@@ -584,9 +584,12 @@ async fn startup_requires_the_crd() {
     let err = controller::check_crd(&fake.client()).await.unwrap_err().to_string();
     assert!(
         err.contains("trainingruns.training.puretransformer.dev is not installed")
-            && err.contains("kubectl apply -f crds/trainingruns.yaml"),
+            && err.contains("kubectl apply -f crds/"),
         "{err}"
     );
     fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+    let err = controller::check_crd(&fake.client()).await.unwrap_err().to_string();
+    assert!(err.contains("trainingdatasets.training.puretransformer.dev is not installed"), "{err}");
+    fake.insert(serde_json::to_value(crds::types::TrainingDataset::crd()).unwrap());
     controller::check_crd(&fake.client()).await.unwrap();
 }

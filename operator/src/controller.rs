@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crds::types::RunPhase;
+use crds::types::TrainingDataset;
 use crds::{RunConfig, TrainingRun};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
@@ -27,6 +28,7 @@ use crate::decide::{self, Decision};
 use crate::dependents::Dependents;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
+use crate::mix_datasets::{self, Gate};
 use crate::observe::{self, Observed, Poll, PollError, StatusClient};
 use crate::resources::{self, Inputs, RUN_LABEL, workload};
 use crate::settings::Settings;
@@ -144,8 +146,24 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let now = ctx.clock.now();
     let old = run.status.clone().unwrap_or_default();
 
+    // 0. the TrainingDatasets its mix names: their manifests, or why it waits.
+    let names_datasets = !crds::resolve::named_datasets(&run).is_empty();
+    let (run, waiting) = if names_datasets && !is_terminal(&old) {
+        let found = mix_datasets::look_up(&ctx.client, &run).await?;
+        match mix_datasets::judge(&run, &found, old.attempt > 0) {
+            Gate::Ready(ready) => (ready, None),
+            Gate::Waiting { run, message } => (run, Some(message)),
+        }
+    } else {
+        (run, None)
+    };
+
     // 1. validate
     let wanted = validate::validate(&run, old.attempt);
+    if let (Some(message), Ok(_)) = (&waiting, &wanted) {
+        let d = decide::waiting_for_datasets(&run, message, now);
+        return finish(&ctx, &runs, &run, d, None, Some(Some(message)), now).await;
+    }
     let s = &ctx.settings;
     // What the run's attempts run under, and whether the spec may change it (a run that
     // failed is final; one that succeeded may be given more tokens).
@@ -168,7 +186,7 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
         }
         (Err(invalid), _) => {
             let d = decide::invalid(&run, &invalid, now);
-            return finish(&ctx, &runs, &run, d, None, now).await;
+            return finish(&ctx, &runs, &run, d, None, None, now).await;
         }
     };
     // A refused change leaves the run under the accepted config.
@@ -230,7 +248,8 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     // Status first: a restart is recorded before its Job goes, so a crash in between
     // cannot lose or double-count it.
     let checkpoint_every_tokens = u64::from(cfg.checkpoint.every_steps) * cfg.batch.tokens_per_step;
-    let action = finish(&ctx, &runs, &run, d.clone(), Some(checkpoint_every_tokens), now).await?;
+    let datasets = names_datasets.then_some(waiting.as_deref());
+    let action = finish(&ctx, &runs, &run, d.clone(), Some(checkpoint_every_tokens), datasets, now).await?;
     if restart {
         let inputs = Inputs { run: &run, cfg: &cfg, trainer_image: &s.trainer_image };
         apply::ensure(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), resources::configmap(&inputs)).await?;
@@ -266,13 +285,16 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
 
 /// Writes the decided status (rate-limited when only progress moved), emits the
 /// decision's events, updates metrics and picks the requeue.
-/// `checkpoint_every_tokens` is None for a spec that does not resolve.
+/// `checkpoint_every_tokens` is None for a spec that does not resolve. `datasets` is
+/// None for a run whose mix names no TrainingDataset, else why it waits for them (None:
+/// they are Ready).
 async fn finish(
     ctx: &Context,
     runs: &Api<TrainingRun>,
     run: &TrainingRun,
     d: Decision,
     checkpoint_every_tokens: Option<u64>,
+    datasets: Option<Option<&str>>,
     now: Timestamp,
 ) -> Result<Action, Error> {
     let ns = run.namespace().unwrap_or_default();
@@ -280,6 +302,10 @@ async fn finish(
     let uid = run.uid().unwrap_or_default();
     let old = run.status.clone().unwrap_or_default();
     let s = &ctx.settings;
+    let mut d = d;
+    if let Some(waiting) = datasets {
+        mix_datasets::with_waiting_condition(&old, &mut d.status, waiting, run.metadata.generation, now);
+    }
     let significant = status::significant_change(&old, &d.status);
     let progressed = old != d.status;
     let last_write = ctx.memory(&uid).last_write;
@@ -314,13 +340,15 @@ async fn finish(
     Ok(Action::requeue(requeue))
 }
 
-/// Fails with the install command when the TrainingRun CRD is missing.
+/// Fails with the install command when the TrainingRun or TrainingDataset CRD is missing.
 pub async fn check_crd(client: &Client) -> Result<(), Error> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
-    let crd = TrainingRun::crd_name();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.get(crd).await.map(|_| ()).map_err(|source| Error::CrdMissing { crd: crd.to_string(), source })
+    for crd in [TrainingRun::crd_name(), crds::types::TrainingDataset::crd_name()] {
+        api.get(crd).await.map_err(|source| Error::CrdMissing { crd: crd.to_string(), source })?;
+    }
+    Ok(())
 }
 
 /// Retries with backoff and reports the error on the run.
@@ -380,6 +408,7 @@ pub async fn run(
         .modify(trim_for_cache)
         .reflect(writer)
         .applied_objects();
+    let cached = store.clone();
     let controller = Controller::for_stream(triggers, store)
         .reconcile_on(woken)
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
@@ -396,6 +425,17 @@ pub async fn run(
         .watches(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL), |pod: Pod| {
             let run = pod.labels().get(RUN_LABEL).cloned();
             run.map(|r| ObjectRef::<TrainingRun>::new(&r).within(&pod.namespace().unwrap_or_default()))
+        })
+        // A run waiting for TrainingDatasets wakes when one of them changes.
+        .watches(api::<TrainingDataset>(&client, &namespace), watcher::Config::default(), move |ds: TrainingDataset| {
+            let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+            cached
+                .state()
+                .into_iter()
+                .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+                .filter(|r| crds::resolve::named_datasets(r).contains(&name))
+                .map(|r| ObjectRef::from_obj(&*r))
+                .collect::<Vec<_>>()
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -1,10 +1,11 @@
-//! The TrainingRun operator: reconcile is a pipeline of
+//! The TrainingRun operator (and its TrainingDataset controller, [`dataset`]): reconcile is a pipeline of
 //! validate (pure) → build (pure) → apply (SSA) → observe → decide (pure) → status (SSA).
 
 pub mod apply;
 pub mod change;
 pub mod clock;
 pub mod controller;
+pub mod dataset;
 pub mod decide;
 pub mod dependents;
 pub mod events;
@@ -12,6 +13,7 @@ pub mod failure;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod mix_datasets;
 pub mod observe;
 pub mod observed;
 pub mod outlier;
@@ -64,10 +66,12 @@ pub enum Error {
     },
     #[error("TrainingRun {0} has no namespace")]
     NoNamespace(String),
+    #[error("TrainingDataset {name} is in use by TrainingRuns {runs:?}; its deletion waits for them to end")]
+    InUse { name: String, runs: Vec<String> },
     #[error("finalizer of TrainingRun {name}: {message}")]
     Finalizer { name: String, message: String },
     #[error(
-        "the TrainingRun CRD {crd} is not installed ({source}); install it with `kubectl apply -f crds/trainingruns.yaml` or `helm install trainingrun-operator charts/trainingrun-operator`"
+        "the CRD {crd} is not installed ({source}); install it with `kubectl apply -f crds/` or `helm install trainingrun-operator charts/trainingrun-operator`"
     )]
     CrdMissing {
         crd: String,
@@ -100,6 +104,7 @@ impl Error {
             Error::Kube { verb: Verb::Get | Verb::List, .. } => "ApiError",
             Error::NoNamespace(_) => "InvalidSpec",
             Error::Finalizer { .. } => "FinalizerFailed",
+            Error::InUse { .. } => crds::contract::prepare::DatasetReason::InUse.as_str(),
             Error::CrdMissing { .. } | Error::Connect(_) => "ApiError",
             Error::Leader { .. } => "LeaderElectionFailed",
             Error::Metrics(_) | Error::Http { .. } | Error::Flag { .. } => "OperatorError",

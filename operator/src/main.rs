@@ -153,8 +153,14 @@ async fn main_inner(args: Args) -> Result<(), Error> {
     };
     ready.store(true, Ordering::Relaxed);
     let ctx = Context::new(client.clone(), settings, metrics, Arc::new(SystemClock));
+    let both = |ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>| async move {
+        tokio::join!(
+            controller::run(ctx.clone(), namespace.clone(), stopped(stop.clone())),
+            operator::dataset::run(ctx, namespace, stopped(stop)),
+        );
+    };
     if !args.leader_elect {
-        controller::run(ctx, namespace, stopped(stop_rx)).await;
+        both(ctx, stop_rx).await;
         return Ok(());
     }
     let identity = args.identity.unwrap_or_else(|| format!("{}-{}", operator::MANAGER, std::process::id()));
@@ -172,7 +178,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
             break;
         }
     }
-    tracing::info!("leading; reconciling TrainingRuns");
+    tracing::info!("leading; reconciling TrainingRuns and TrainingDatasets");
     // Losing the lease ends the process: the replacement starts as a standby.
     tokio::spawn(async move {
         while leading.changed().await.is_ok() {
@@ -183,7 +189,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
         tracing::error!("lost the leader lease; exiting");
         std::process::exit(1);
     });
-    controller::run(ctx, namespace, stopped(stop_rx)).await;
+    both(ctx, stop_rx).await;
     Ok(())
 }
 

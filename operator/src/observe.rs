@@ -69,6 +69,11 @@ impl StatusClient {
     /// The document at `url`, read within the client's timeout and up to
     /// [`STATUS_BODY_LIMIT`] bytes.
     pub async fn get(&self, url: &str) -> Result<TrainerStatus, PollError> {
+        self.get_json(url, "trainer status").await
+    }
+
+    /// The JSON document `what` at `url`, read as [`Self::get`] reads one.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str, what: &str) -> Result<T, PollError> {
         let uri: hyper::Uri = url.parse().map_err(|e| PollError::Unanswered(format!("{url}: {e}")))?;
         let unanswered = |e: &dyn std::fmt::Display| PollError::Unanswered(format!("GET {url}: {e}"));
         let refused = |why: String| PollError::Refused(format!("GET {url}: refused: {why}"));
@@ -90,7 +95,7 @@ impl StatusClient {
                 Err(e) => return Err(unanswered(&e)),
             };
             serde_json::from_slice(&body)
-                .map_err(|e| refused(format!("not a trainer status document: {}", clip(&e.to_string(), QUOTED))))
+                .map_err(|e| refused(format!("not a {what} document: {}", clip(&e.to_string(), QUOTED))))
         };
         tokio::time::timeout(self.timeout, fetch)
             .await

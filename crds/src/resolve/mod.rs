@@ -7,11 +7,13 @@ use crate::presets::{self, Arch, EMBEDDED_VOCAB_SIZE, ModelConfig};
 use crate::quantity::format_tokens;
 use crate::types::*;
 
+mod datasets;
 mod errors;
 mod failure;
 mod grpo;
 mod sources;
 
+pub use datasets::{named_datasets, ready_uri, with_datasets};
 use errors::{Errors, check_name};
 pub use errors::{FieldError, InvalidSpec, MAX_NAME_LEN};
 use failure::resolve_failure;

@@ -30,8 +30,19 @@ pub(super) fn resolve_data(e: &mut Errors, spec: &TrainingRunSpec) -> Option<Res
         if !(m.weight.is_finite() && m.weight > 0.0 && m.weight <= 1.0) {
             e.add(format!("{f}.weight"), format!("{} must be in (0, 1]", m.weight));
         }
-        if let Some(location) = parse_location(e, &format!("{f}.uri"), &m.uri) {
-            mix.push(ResolvedSource { name: m.name.clone(), weight: m.weight, uri: m.uri.clone(), location });
+        match (&m.uri, &m.dataset) {
+            (Some(uri), None) => {
+                if let Some(location) = parse_location(e, &format!("{f}.uri"), uri) {
+                    mix.push(ResolvedSource { name: m.name.clone(), weight: m.weight, uri: uri.clone(), location });
+                }
+            }
+            (None, Some(dataset)) => e.add(
+                format!("{f}.dataset"),
+                format!(
+                    "TrainingDataset {dataset:?} is resolved by the operator once it is Ready; outside a cluster, give the prepared shards' uri"
+                ),
+            ),
+            _ => e.add(f, "set exactly one of uri and dataset"),
         }
     }
     let sum: f64 = d.mix.iter().map(|m| m.weight).sum();

@@ -264,9 +264,10 @@ pub struct DataSpec {
     pub validation: ValidationSpec,
 }
 
-/// One source of the data mix.
+/// One source of the data mix: prepared shards at `uri`, or a TrainingDataset by name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.uri) != has(self.dataset)").message("set exactly one of uri and dataset"))]
 pub struct MixEntry {
     /// Source name, unique in the mix; used in metrics and per-source validation loss.
     #[schemars(length(min = 1, max = bounds::DNS_LABEL))]
@@ -277,8 +278,14 @@ pub struct MixEntry {
     /// Where the prepared shards are: `s3://bucket/prefix`, `pvc://claim/path`,
     /// an absolute path inside the pod, or `embedded:<name>` for a corpus compiled
     /// into the trainer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = bounds::URI))]
-    pub uri: String,
+    pub uri: Option<String>,
+    /// A TrainingDataset in the run's namespace: the run waits until it is Ready, then
+    /// trains on its manifest. A dataset in use by a live run cannot be deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = bounds::DNS_SUBDOMAIN))]
+    pub dataset: Option<String>,
 }
 
 /// Held-out evaluation schedule.

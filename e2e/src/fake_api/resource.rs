@@ -12,6 +12,7 @@ const KNOWN_KINDS: &[(&str, &str)] = &[
     ("events", "Event"),
     ("leases", "Lease"),
     ("trainingruns", "TrainingRun"),
+    ("trainingdatasets", "TrainingDataset"),
     ("customresourcedefinitions", "CustomResourceDefinition"),
     ("secrets", "Secret"),
     ("nodes", "Node"),

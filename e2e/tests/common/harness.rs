@@ -102,6 +102,7 @@ impl Harness {
     pub fn with_network_policy(network_policy: Option<&str>) -> Harness {
         let fake = FakeApi::new();
         fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+        fake.insert(serde_json::to_value(crds::types::TrainingDataset::crd()).unwrap());
         let clock = ManualClock::new("2026-01-01T00:00:00Z".parse().unwrap());
         let rank0 = Rank0::start();
         let metrics = Arc::new(Metrics::new().unwrap());

@@ -102,17 +102,14 @@ pub fn wait_for(c: &TestCluster, ns: &str, what: &str, condition: &str, timeout:
     }
 }
 
-/// Installs the CRD and waits until the API server serves it.
+/// Installs the CRDs and waits until the API server serves them.
 pub fn install_crd(c: &TestCluster) {
-    let crd = repo().join("crds/trainingruns.yaml");
-    kubectl(c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
-    wait_for(
-        c,
-        "default",
-        "crd/trainingruns.training.puretransformer.dev",
-        "condition=Established",
-        Duration::from_secs(60),
-    );
+    for plural in ["trainingruns", "trainingdatasets"] {
+        let crd = repo().join(format!("crds/{plural}.yaml"));
+        kubectl(c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
+        let name = format!("crd/{plural}.training.puretransformer.dev");
+        wait_for(c, "default", &name, "condition=Established", Duration::from_secs(60));
+    }
 }
 
 /// Polls `check` until it returns `Ok` (a condition of the cluster, not a timer), or

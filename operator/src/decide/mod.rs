@@ -48,6 +48,17 @@ pub fn invalid(run: &TrainingRun, err: &InvalidSpec, now: Timestamp) -> Decision
     finish::finish(&frame, Draft { new, d: Decision::default(), stall: None }, outcome, accepted)
 }
 
+/// A run whose mix names TrainingDatasets that are not Ready: Waiting until they are.
+pub fn waiting_for_datasets(run: &TrainingRun, message: &str, now: Timestamp) -> Decision {
+    let old = run.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    new.observed_generation = run.metadata.generation;
+    let outcome = Outcome::new(RunPhase::Waiting, RunReason::WaitingForDataset, message.to_string());
+    let accepted = Cond { type_: "Accepted", status: true, reason: RunReason::Accepted.into(), message: String::new() };
+    let frame = Frame { run, old: &old, now, policies: Policies::default() };
+    finish::finish(&frame, Draft { new, d: Decision::default(), stall: None }, outcome, accepted)
+}
+
 pub fn decide(s: &Situation) -> Decision {
     let ctx = Ctx::new(s);
     let mut draft = Draft::start(&ctx);

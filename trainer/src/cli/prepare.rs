@@ -1,6 +1,8 @@
 //! `trainer prepare`: tokenize text into shards, locally or staged to S3.
 
-use crate::data::prepare::Step;
+use crds::contract::prepare::PrepareStep;
+
+use crate::data::prepare::{Live, Step};
 
 use crate::Error;
 use crate::telemetry::progress::human_count;
@@ -81,6 +83,31 @@ fn worker_index(flag: Option<usize>) -> Result<usize, Error> {
     }
 }
 
+/// The live report on `/status` at `TRAINER_STATUS_PORT`, when it is set.
+fn serve_status(live: &Live) -> Result<Option<crate::telemetry::server::http::HttpServer>, Error> {
+    use crate::telemetry::server::http::{HttpServer, Limits, Reply};
+    let var = crds::contract::env::STATUS_PORT;
+    let Ok(port) = std::env::var(var) else { return Ok(None) };
+    let port: u16 = port.parse().map_err(|_| Error::InvalidSpec(format!("{var}={port:?} is not a port")))?;
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let live = live.clone();
+    let handler = move |_: &hyper::Method, path: &str| match path {
+        "/status" => Reply {
+            code: 200,
+            content_type: "application/json",
+            body: serde_json::to_string(&*live.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+                .expect("PrepareReport serializes")
+                .into(),
+        },
+        "/healthz" => Reply { code: 200, content_type: "text/plain; charset=utf-8", body: "ok\n".into() },
+        _ => Reply { code: 404, content_type: "text/plain; charset=utf-8", body: "not found\n".into() },
+    };
+    let server = HttpServer::start(addr, Limits::default(), std::sync::Arc::new(handler))
+        .map_err(|e| Error::StatusServer { addr, message: e.to_string() })?;
+    tracing::info!("preparation status on http://{}/status", server.addr());
+    Ok(Some(server))
+}
+
 pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
     use crate::data::prepare::{PrepareOptions, TokenizerChoice};
     let quantity = |flag: &str, v: &str| {
@@ -102,11 +129,17 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
     if a.output.starts_with("s3://") && crate::storage::parse_uri(&a.output).is_none() {
         return Err(Error::InvalidSpec(format!("--output {}: write s3://bucket/prefix", a.output)));
     }
+    let live = Live::default();
     let step = match a.step {
         StepArg::All => Step::All,
         StepArg::Tokenizer => Step::Tokenizer,
         StepArg::Work => Step::Work { index: worker_index(a.worker)?, workers: a.workers },
         StepArg::Merge => Step::Merge,
+    };
+    live.lock().unwrap_or_else(std::sync::PoisonError::into_inner).step = match step {
+        Step::Tokenizer => PrepareStep::Tokenizer,
+        Step::Merge => PrepareStep::Merge,
+        Step::All | Step::Work { .. } => PrepareStep::Work,
     };
     let opts = PrepareOptions {
         inputs: a.inputs,
@@ -121,8 +154,18 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
         max_failed_files: a.max_failed_files,
         step,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        live: Some(live.clone()),
     };
+    // In a cluster the operator reads the worker's progress from `/status`, and its
+    // final report from the termination message.
+    let _server = serve_status(&live)?;
     let r = crate::data::prepare::prepare(&opts)?;
+    if let Some(path) = crate::telemetry::termination::termination_log() {
+        let json = live.lock().unwrap_or_else(std::sync::PoisonError::into_inner).to_json();
+        if let Err(e) = std::fs::write(&path, json) {
+            tracing::warn!("writing the report to {}: {e}", path.display());
+        }
+    }
     for f in &r.failed {
         eprintln!("warning: failed and left out: {f}");
     }

@@ -2,7 +2,9 @@
 //! published last. The parts depend on their files and the settings only, so the same
 //! inputs give the same manifest whichever worker prepared each file, and however many.
 
+use crds::contract::prepare::MergedManifest;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use super::listing::Unit;
 use super::output::Output;
@@ -27,8 +29,8 @@ pub struct MergeOptions<'a> {
 }
 
 /// Merges the parts of `units` published in `out` into the dataset's manifest, publishes
-/// it with the tokenizer and the MedQA records, and returns it with the parts.
-pub fn merge(units: &[Unit], out: &Output, o: &MergeOptions<'_>) -> Result<(Manifest, Vec<Part>), Error> {
+/// it with the tokenizer and the MedQA records, and returns its summary with the parts.
+pub fn merge(units: &[Unit], out: &Output, o: &MergeOptions<'_>) -> Result<(MergedManifest, Vec<Part>), Error> {
     let fail = |message: String| Error::Data { name: out.uri(), message };
     let mut parts = Vec::with_capacity(units.len());
     let mut missing = Vec::new();
@@ -93,7 +95,14 @@ pub fn merge(units: &[Unit], out: &Output, o: &MergeOptions<'_>) -> Result<(Mani
     }
     let json = serde_json::to_string_pretty(&manifest).expect("Manifest serializes");
     out.publish(&files, MANIFEST, json.as_bytes())?;
-    Ok((manifest, parts))
+    let merged = MergedManifest {
+        sha256: Sha256::digest(json.as_bytes()).iter().map(|b| format!("{b:02x}")).collect(),
+        train_tokens: Manifest::tokens(&manifest.train),
+        validation_tokens: Manifest::tokens(&manifest.validation),
+        shards: (manifest.train.len() + manifest.validation.len()) as u64,
+        tokenizer_hash: manifest.tokenizer.hash,
+    };
+    Ok((merged, parts))
 }
 
 fn named(items: &[String]) -> String {

@@ -63,6 +63,18 @@ pub struct PrepareOptions {
     pub max_failed_files: usize,
     pub step: Step,
     pub progress: bool,
+    /// Kept current file by file, for a pod's `/status` (the operator's progress).
+    pub live: Option<Live>,
+}
+
+/// A preparation's report as it goes, shared with whoever serves it.
+pub type Live = std::sync::Arc<std::sync::Mutex<crds::contract::prepare::PrepareReport>>;
+
+/// `f` applied to the live report, if there is one.
+fn update(live: &Option<Live>, f: impl FnOnce(&mut crds::contract::prepare::PrepareReport)) {
+    if let Some(l) = live {
+        f(&mut l.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
 }
 
 /// What `prepare` did: the counts are over the files this step covered (a worker's share,
@@ -136,33 +148,64 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
             _ => units.iter().collect(),
         };
         let bar = progress_bar(o.progress, mine.iter().map(|u| u.bytes).sum(), &name);
+        update(&o.live, |l| {
+            l.files_total = mine.len() as u64;
+            l.bytes_total = mine.iter().map(|u| u.bytes).sum();
+        });
         for unit in mine {
-            let part = match Part::published(&out, unit, &settings)? {
+            let (part, encoded) = match Part::published(&out, unit, &settings)? {
                 Some(p) => {
                     bar.inc(unit.bytes);
                     report.skipped += 1;
-                    p
+                    (p, false)
                 }
                 None => {
                     let p = prepare_unit(unit, s3.as_ref(), &tok, &settings, &out, &bar)?;
                     report.prepared += 1;
-                    p
+                    (p, true)
                 }
             };
             report.add(&part);
+            update(&o.live, |l| record(l, &part, encoded, started));
         }
         bar.finish_and_clear();
     }
     if let Step::All | Step::Merge = o.step {
         let merge_options =
             MergeOptions { name: &name, settings: &settings, tokenizer: &tok, max_failed_files: o.max_failed_files };
-        let (_, parts) = merge(&units, &out, &merge_options)?;
+        let (manifest, parts) = merge(&units, &out, &merge_options)?;
         if o.step == Step::Merge {
             parts.iter().for_each(|p| report.add(p));
+            update(&o.live, |l| {
+                l.files_total = parts.len() as u64;
+                l.bytes_total = parts.iter().map(|p| p.bytes).sum();
+                parts.iter().for_each(|p| record(l, p, false, started));
+            });
         }
+        update(&o.live, |l| l.manifest = Some(manifest));
     }
     report.seconds = started.elapsed().as_secs_f64();
+    update(&o.live, |l| {
+        l.seconds = report.seconds;
+        l.done = true;
+    });
     Ok(report)
+}
+
+/// `part`, done, counted in the live report.
+fn record(l: &mut crds::contract::prepare::PrepareReport, part: &Part, encoded: bool, started: Instant) {
+    let (train, validation) = part.tokens();
+    l.files_done += 1;
+    l.bytes_done += part.bytes;
+    l.tokens += train + validation;
+    if encoded {
+        l.tokens_encoded += train + validation;
+    }
+    if let Some(e) = &part.error {
+        l.failed.push(crds::contract::prepare::FailedInput { file: part.key.clone(), error: e.clone() });
+        l.failed_count += 1;
+    }
+    l.seconds = started.elapsed().as_secs_f64();
 }
 
 /// The options' bounds.

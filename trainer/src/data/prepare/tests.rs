@@ -37,6 +37,7 @@ pub(super) fn options(inputs: Vec<PathBuf>, output: PathBuf) -> PrepareOptions {
         max_failed_files: 0,
         step: Step::All,
         progress: false,
+        live: None,
     }
 }
 

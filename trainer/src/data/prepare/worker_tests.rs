@@ -224,3 +224,40 @@ fn the_default_name_is_the_outputs_last_segment() {
         assert_eq!(default_name(output), want, "{output}");
     }
 }
+
+#[test]
+fn the_live_report_counts_each_workers_share_and_the_merge_names_the_manifests_digest() {
+    use crds::contract::prepare::PrepareReport as Live;
+    use sha2::{Digest, Sha256};
+    let dir = TempDir::new("prep-live");
+    let input = inputs(&dir.0);
+    let o = shared(&input, &dir.0.join("out"));
+    let mut shares = Vec::new();
+    for index in 0..2 {
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Live::default()));
+        let w = PrepareOptions { step: Step::Work { index, workers: 2 }, live: Some(live.clone()), ..o.clone() };
+        let r = prepare(&w).unwrap();
+        let l = live.lock().unwrap().clone();
+        assert!(l.done && l.files_total == r.files as u64 && l.files_done == l.files_total, "{l:?}");
+        assert_eq!(l.bytes_done, r.input_bytes);
+        assert_eq!(l.tokens, r.train_tokens + r.validation_tokens);
+        assert_eq!(l.tokens_encoded, l.tokens, "every file encoded now");
+        shares.push(l);
+    }
+    assert_eq!(shares.iter().map(|l| l.files_total).sum::<u64>(), 9, "the shares cover every file once");
+    let live = std::sync::Arc::new(std::sync::Mutex::new(Live::default()));
+    let m = prepare(&PrepareOptions { step: Step::Merge, live: Some(live.clone()), ..o.clone() }).unwrap();
+    let l = live.lock().unwrap().clone();
+    let manifest = l.manifest.clone().expect("the merge reports its manifest");
+    let bytes = std::fs::read(dir.0.join("out/manifest.json")).unwrap();
+    let digest: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(manifest.sha256, digest);
+    assert_eq!((manifest.train_tokens, manifest.validation_tokens), (m.train_tokens, m.validation_tokens));
+    assert_eq!(l.tokens, shares.iter().map(|s| s.tokens).sum::<u64>());
+    assert_eq!(l.tokens_encoded, 0, "the merge encodes nothing");
+    // A second run of worker 0 finds its files prepared: counted, not encoded.
+    let again = std::sync::Arc::new(std::sync::Mutex::new(Live::default()));
+    prepare(&PrepareOptions { step: Step::Work { index: 0, workers: 2 }, live: Some(again.clone()), ..o }).unwrap();
+    let a = again.lock().unwrap().clone();
+    assert_eq!((a.files_done, a.tokens, a.tokens_encoded), (shares[0].files_done, shares[0].tokens, 0));
+}

@@ -1,5 +1,8 @@
 //! The contract between operator and trainer: environment, ports, paths, exit
-//! codes with their termination message, and the rank-0 `/status` document.
+//! codes with their termination message, and the rank-0 `/status` document; and
+//! between the operator and `trainer prepare` ([`prepare`]).
+
+pub mod prepare;
 
 use serde::{Deserialize, Serialize};
 
@@ -172,6 +175,11 @@ pub enum RunReason {
     InvalidSpec,
     /// Waiting for the run named by `initFrom.trainingRun` to succeed.
     WaitingForInitRun,
+    /// Waiting for the TrainingDatasets its mix names to be Ready (and Waiting=True,
+    /// naming them with their progress).
+    WaitingForDataset,
+    /// Waiting=False: every TrainingDataset the mix names is Ready.
+    DatasetsReady,
     /// The Job waits for Kueue to admit it (and Queued=True, naming the LocalQueue).
     WaitingForQueue,
     /// Queued=False: Kueue admitted the run's Job (and it has not been evicted since).
@@ -264,10 +272,12 @@ pub enum RunReason {
 
 impl RunReason {
     /// The reasons that are the operator's own, not the trainer's.
-    pub const OPERATOR: [RunReason; 42] = [
+    pub const OPERATOR: [RunReason; 44] = [
         RunReason::Accepted,
         RunReason::InvalidSpec,
         RunReason::WaitingForInitRun,
+        RunReason::WaitingForDataset,
+        RunReason::DatasetsReady,
         RunReason::WaitingForQueue,
         RunReason::Admitted,
         RunReason::NotQueued,
@@ -320,6 +330,8 @@ impl RunReason {
             RunReason::Accepted => "Accepted",
             RunReason::InvalidSpec => "InvalidSpec",
             RunReason::WaitingForInitRun => "WaitingForInitRun",
+            RunReason::WaitingForDataset => "WaitingForDataset",
+            RunReason::DatasetsReady => "DatasetsReady",
             RunReason::WaitingForQueue => "WaitingForQueue",
             RunReason::Admitted => "Admitted",
             RunReason::NotQueued => "NotQueued",
