@@ -147,12 +147,15 @@ async fn pipeline(cached: Arc<TrainingRun>, ctx: Arc<Context>) -> Result<Action,
     let old = run.status.clone().unwrap_or_default();
 
     // 0. the TrainingDatasets its mix names: their manifests, or why it waits.
+    // A run that ended waits for nothing: it keeps its status (with placeholders where
+    // its datasets are gone).
     let names_datasets = !crds::resolve::named_datasets(&run).is_empty();
-    let (run, waiting) = if names_datasets && !is_terminal(&old) {
+    let ended = matches!(old.phase, Some(RunPhase::Succeeded | RunPhase::Failed));
+    let (run, waiting) = if names_datasets {
         let found = mix_datasets::look_up(&ctx.client, &run).await?;
         match mix_datasets::judge(&run, &found, old.attempt > 0) {
             Gate::Ready(ready) => (ready, None),
-            Gate::Waiting { run, message } => (run, Some(message)),
+            Gate::Waiting { run, message } => (run, (!ended).then_some(message)),
         }
     } else {
         (run, None)

@@ -194,10 +194,17 @@ impl Pods {
             backing.insert(v.name.clone(), path);
         }
         let mut mounts: Vec<String> = Vec::new();
+        // Claims under the trainer's PVC root are also bind-mounted at their paths in the
+        // pod's mount namespace: the trainer derives `pvc://` paths from the run's config,
+        // which no argument rewriting reaches.
+        let mut claim_binds: Vec<(PathBuf, String)> = Vec::new();
         for m in container.volume_mounts.clone().unwrap_or_default() {
             let target =
                 backing.get(&m.name).ok_or_else(|| Error::Pod(format!("volume mount {:?} names no volume", m.name)))?;
             let path = m.mount_path.trim_end_matches('/').to_string();
+            if path.starts_with(&format!("{}/", contract::PVC_MOUNT_ROOT)) {
+                claim_binds.push((target.clone(), path.clone()));
+            }
             let at = root.join(path.trim_start_matches('/'));
             let parent = at.parent().expect("a mount path has a parent");
             std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
@@ -307,6 +314,9 @@ impl Pods {
             let hostname = spec.hostname.clone().unwrap_or(name.clone());
             let mut enter =
                 Enter::new(&crate::network::netns_path(&net.netns), &names, Some(&hostname)).map_err(Error::Network)?;
+            for (source, target) in &claim_binds {
+                enter = enter.bind(source, Path::new(target)).map_err(Error::Network)?;
+            }
             if service_account::wanted(pod) {
                 let files = service_account::project(client, cfg, pod, &dir).await?;
                 enter = enter.bind(&files, Path::new(service_account::MOUNT)).map_err(Error::Network)?;

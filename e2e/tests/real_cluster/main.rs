@@ -12,6 +12,7 @@ mod scenario;
 
 mod alerts;
 mod crd;
+mod datasets;
 mod failures;
 mod kueue;
 mod network_faults;

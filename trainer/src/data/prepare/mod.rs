@@ -160,6 +160,7 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
                     (p, false)
                 }
                 None => {
+                    inject_slow_file();
                     let p = prepare_unit(unit, s3.as_ref(), &tok, &settings, &out, &bar)?;
                     report.prepared += 1;
                     (p, true)
@@ -190,6 +191,16 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
         l.done = true;
     });
     Ok(report)
+}
+
+/// Fault injection for tests that act while a preparation runs (kill a worker between
+/// two files): milliseconds slept before each file prepared.
+pub const INJECT_SLOW_FILE_ENV: &str = "TRAINER_INJECT_SLOW_FILE_MS";
+
+fn inject_slow_file() {
+    if let Some(ms) = std::env::var(INJECT_SLOW_FILE_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// `part`, done, counted in the live report.
