@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Validates the CRD against the official Kubernetes schemas (kubernetes-validate),
-every example TrainingRun against the CRD's openAPIV3Schema (jsonschema), failing on
+"""Validates the CRDs against the official Kubernetes schemas (kubernetes-validate),
+every example TrainingRun and TrainingDataset against its CRD's openAPIV3Schema (jsonschema), failing on
 unknown fields as `kubectl apply --validate=strict` does, and, with --operator BIN,
 every object the operator builds for each example (`operator render`) against the
 official schemas in strict mode."""
@@ -32,11 +32,13 @@ def unknown_fields(obj, schema, path):
     return out
 
 
-def validate_rendered(operator, examples):
-    """ConfigMap, Service, PVC and Job of every example, as the operator builds them."""
+def validate_rendered(operator, examples, datasets):
+    """ConfigMap, Service, PVC and Job of every example, as the operator builds them
+    (with each TrainingDataset of the examples at its spec.output)."""
     failed = False
+    flags = [f"--dataset={name}={output}" for name, output in sorted(datasets.items())]
     for path in examples:
-        out = subprocess.run([operator, "render", path], capture_output=True, text=True)
+        out = subprocess.run([operator, "render", path, *flags], capture_output=True, text=True)
         if out.returncode != 0:
             print(f"FAIL operator render {path}: {out.stderr.strip()}")
             failed = True
@@ -81,8 +83,38 @@ def main():
                 print(f"FAIL {path}: {e}")
         else:
             print(f"ok   {path}")
+    datasets = {}
+    with open("crds/trainingdatasets.yaml") as f:
+        dataset_crd = yaml.safe_load(f)
+    try:
+        kubernetes_validate.validate(dataset_crd, K8S_VERSION, strict=True)
+        print(f"ok   crds/trainingdatasets.yaml is a valid CustomResourceDefinition (Kubernetes {K8S_VERSION})")
+    except kubernetes_validate.ValidationError as e:
+        print(f"FAIL crds/trainingdatasets.yaml: {e.message} at {'.'.join(map(str, e.path))}")
+        failed = True
+    dataset_schema = dataset_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    dataset_validator = jsonschema.Draft4Validator(dataset_schema)
+    for path in sorted(glob.glob("examples/datasets/**/*.yaml", recursive=True)):
+        with open(path) as f:
+            obj = yaml.safe_load(f)
+        errors = [
+            f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in dataset_validator.iter_errors(obj)
+        ]
+        errors += [f"{p}: unknown field" for p in unknown_fields(obj, dataset_schema, "")]
+        if obj.get("kind") != "TrainingDataset":
+            errors.append("not a TrainingDataset")
+        if errors:
+            failed = True
+            for e in errors:
+                print(f"FAIL {path}: {e}")
+        else:
+            datasets[obj["metadata"]["name"]] = obj["spec"]["output"]
+            print(f"ok   {path}")
+    if len(datasets) < 4:
+        print(f"FAIL the seed-002 mix's four datasets in examples/datasets: {sorted(datasets)}")
+        failed = True
     if "--operator" in sys.argv:
-        failed |= validate_rendered(sys.argv[sys.argv.index("--operator") + 1], examples)
+        failed |= validate_rendered(sys.argv[sys.argv.index("--operator") + 1], examples, datasets)
     sys.exit(1 if failed else 0)
 
 

@@ -89,11 +89,28 @@ enum Command {
         /// Namespace for a manifest that names none.
         #[arg(long, default_value = "default")]
         namespace: String,
+        /// Where a TrainingDataset the mix names is prepared, as the operator resolves
+        /// it once the dataset is Ready: `NAME=URI` (its spec.output); repeatable.
+        #[arg(long = "dataset", value_name = "NAME=URI")]
+        datasets: Vec<String>,
     },
 }
 
-fn render(manifest: &std::path::Path, namespace: &str, trainer_image: &str) -> Result<String, String> {
-    let mut run = crds::manifest::from_file(manifest).map_err(|e| e.to_string())?;
+fn render(
+    manifest: &std::path::Path,
+    namespace: &str,
+    datasets: &[String],
+    trainer_image: &str,
+) -> Result<String, String> {
+    let run = crds::manifest::from_file(manifest).map_err(|e| e.to_string())?;
+    let mut uris = std::collections::BTreeMap::new();
+    for d in datasets {
+        let (name, uri) = d.split_once('=').ok_or_else(|| format!("--dataset {d:?}: write NAME=URI"))?;
+        uris.insert(name.to_string(), uri.to_string());
+    }
+    let mut run = crds::resolve::with_datasets(&run, |n| uris.get(n).cloned()).map_err(|missing| {
+        format!("{}: the mix names TrainingDatasets {missing:?}; give each with --dataset NAME=URI", manifest.display())
+    })?;
     run.metadata.namespace.get_or_insert_with(|| namespace.to_string());
     // Owner references need a uid; the API server assigns the real one.
     run.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
@@ -198,8 +215,8 @@ async fn main() -> ExitCode {
     // Err only when a provider is already installed, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
-    if let Some(Command::Render { manifest, namespace }) = &args.command {
-        return match render(manifest, namespace, &args.trainer_image) {
+    if let Some(Command::Render { manifest, namespace, datasets }) = &args.command {
+        return match render(manifest, namespace, datasets, &args.trainer_image) {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS

@@ -153,8 +153,16 @@ mod tests {
 
     #[test]
     fn a_run_waits_for_every_dataset_and_names_each_with_its_progress() {
-        let cases: Vec<(&str, BTreeMap<String, Option<TrainingDataset>>, bool, Result<Vec<&str>, Vec<&str>>)> = vec![
-            (
+        /// The datasets, whether the run started, and its URIs or what its message names.
+        struct Case {
+            what: &'static str,
+            datasets: BTreeMap<String, Option<TrainingDataset>>,
+            started: bool,
+            expect: Result<Vec<&'static str>, Vec<&'static str>>,
+        }
+        let case = |what, datasets, started, expect| Case { what, datasets, started, expect };
+        let cases = vec![
+            case(
                 "both ready",
                 [
                     ("web".into(), dataset("web", DatasetPhase::Ready, true)),
@@ -164,13 +172,13 @@ mod tests {
                 false,
                 Ok(vec!["pvc://prepared/web", "pvc://prepared/pdf"]),
             ),
-            (
+            case(
                 "one preparing, one missing",
                 [("web".into(), dataset("web", DatasetPhase::Preparing, false)), ("pdf".into(), None)].into(),
                 false,
                 Err(vec!["web (Preparing, 42.1%, 3 of 7 files, 1.2M tokens)", "pdf (not found)"]),
             ),
-            (
+            case(
                 "preparing again after a change, before the run started",
                 [
                     ("web".into(), dataset("web", DatasetPhase::Preparing, true)),
@@ -180,7 +188,7 @@ mod tests {
                 false,
                 Err(vec!["web (Preparing"]),
             ),
-            (
+            case(
                 "preparing again after a change, the run started",
                 [
                     ("web".into(), dataset("web", DatasetPhase::Preparing, true)),
@@ -190,7 +198,7 @@ mod tests {
                 true,
                 Ok(vec!["pvc://prepared/web", "pvc://prepared/pdf"]),
             ),
-            (
+            case(
                 "failed",
                 [
                     ("web".into(), dataset("web", DatasetPhase::Failed, false)),
@@ -201,7 +209,7 @@ mod tests {
                 Err(vec!["web (Failed: "]),
             ),
         ];
-        for (what, datasets, started, expect) in cases {
+        for Case { what, datasets, started, expect } in cases {
             match (judge(&run(), &datasets, started), expect) {
                 (Gate::Ready(r), Ok(want)) => assert_eq!(uris(&r), want, "{what}"),
                 (Gate::Waiting { run, message }, Err(needles)) => {

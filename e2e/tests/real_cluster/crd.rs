@@ -83,11 +83,34 @@ async fn the_api_server_judges_the_crd_as_the_readme_says() {
         .collect();
     examples.sort();
     assert!(examples.len() >= 10, "examples: {examples:?}");
+    // The TrainingDatasets of examples/datasets too; a run naming them resolves as the
+    // operator resolves it once they are Ready (each at its spec.output).
+    let mut outputs = std::collections::BTreeMap::new();
+    let mut dirs = vec![repo().join("examples/datasets")];
+    while let Some(dir) = dirs.pop() {
+        for path in std::fs::read_dir(&dir).expect("examples/datasets").flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("example");
+            if let Some(why) = server_verdict(&c, &text) {
+                panic!("{} refused by the API server: {why}", path.display());
+            }
+            let ds: crds::types::TrainingDataset = serde_yaml_ng::from_str(&text).expect("a TrainingDataset");
+            outputs.insert(ds.metadata.name.clone().unwrap_or_default(), ds.spec.output);
+        }
+    }
+    assert!(outputs.len() >= 4, "the seed-002 datasets: {outputs:?}");
     for path in &examples {
         let text = std::fs::read_to_string(path).expect("example");
         if let Some(why) = server_verdict(&c, &text) {
             panic!("{} refused by the API server: {why}", path.display());
         }
+        let run = crds::manifest::from_yaml(&text, "example").expect("a TrainingRun");
+        let run = crds::resolve::with_datasets(&run, |n| outputs.get(n).cloned())
+            .unwrap_or_else(|missing| panic!("{}: no example dataset {missing:?}", path.display()));
+        let text = serde_yaml_ng::to_string(&run).expect("YAML");
         assert_eq!(resolver_verdict(&text), None, "{} must resolve", path.display());
     }
 

@@ -177,7 +177,7 @@ fn steps(ds: &TrainingDataset, plan: &Prepared, obs: &Observed, generation: i64,
             }
         }
         if step == PrepareStep::Merge {
-            let Some(report) = pods_of(obs, &job_name).find_map(|p| success_report(p)) else {
+            let Some(report) = pods_of(obs, &job_name).find_map(success_report) else {
                 return Outcome::new(
                     DatasetPhase::Failed,
                     DatasetReason::PrepareFailed,

@@ -75,22 +75,60 @@ fn summary(d: &Decision) -> (DatasetPhase, String, Option<PrepareStep>) {
     (d.status.phase.unwrap(), d.status.reason.clone().unwrap(), d.create)
 }
 
+/// A table row: the Jobs there are, and the phase, reason and Job to create.
+struct Case {
+    what: &'static str,
+    train: bool,
+    jobs: Vec<Job>,
+    expect: (DatasetPhase, &'static str, Option<PrepareStep>),
+}
+
 #[test]
 fn each_step_starts_when_the_one_before_completed() {
     use DatasetPhase::*;
     use PrepareStep::*;
     let done = |j: &str| job(j, 2, Some(("Complete", "Completed")), 0);
     let running = |j: &str| job(j, 2, None, 0);
-    let cases: Vec<(&str, bool, Vec<Job>, (DatasetPhase, &str, Option<PrepareStep>))> = vec![
-        ("nothing yet", false, vec![], (Preparing, "Preparing", Some(Work))),
-        ("a tokenizer to train first", true, vec![], (Preparing, "TrainingTokenizer", Some(Tokenizer))),
-        ("the tokenizer training", true, vec![running("web-tokenizer-g2")], (Preparing, "TrainingTokenizer", None)),
-        ("the tokenizer trained", true, vec![done("web-tokenizer-g2")], (Preparing, "Preparing", Some(Work))),
-        ("the workers working", false, vec![running("web-work-g2")], (Preparing, "Preparing", None)),
-        ("the workers done", false, vec![done("web-work-g2")], (Preparing, "Merging", Some(Merge))),
-        ("merging", false, vec![done("web-work-g2"), running("web-merge-g2")], (Preparing, "Merging", None)),
+    let cases = vec![
+        Case { what: "nothing yet", train: false, jobs: vec![], expect: (Preparing, "Preparing", Some(Work)) },
+        Case {
+            what: "a tokenizer to train first",
+            train: true,
+            jobs: vec![],
+            expect: (Preparing, "TrainingTokenizer", Some(Tokenizer)),
+        },
+        Case {
+            what: "the tokenizer training",
+            train: true,
+            jobs: vec![running("web-tokenizer-g2")],
+            expect: (Preparing, "TrainingTokenizer", None),
+        },
+        Case {
+            what: "the tokenizer trained",
+            train: true,
+            jobs: vec![done("web-tokenizer-g2")],
+            expect: (Preparing, "Preparing", Some(Work)),
+        },
+        Case {
+            what: "the workers working",
+            train: false,
+            jobs: vec![running("web-work-g2")],
+            expect: (Preparing, "Preparing", None),
+        },
+        Case {
+            what: "the workers done",
+            train: false,
+            jobs: vec![done("web-work-g2")],
+            expect: (Preparing, "Merging", Some(Merge)),
+        },
+        Case {
+            what: "merging",
+            train: false,
+            jobs: vec![done("web-work-g2"), running("web-merge-g2")],
+            expect: (Preparing, "Merging", None),
+        },
     ];
-    for (what, train, jobs, (phase, reason, create)) in cases {
+    for Case { what, train, jobs, expect: (phase, reason, create) } in cases {
         let d = decided(&dataset(train), &Observed { jobs, ..Default::default() });
         assert_eq!(summary(&d), (phase, reason.to_string(), create), "{what}");
     }
