@@ -54,62 +54,57 @@ def validate_rendered(operator, examples, datasets):
     return failed
 
 
-def main():
-    failed = False
-    with open("crds/trainingruns.yaml") as f:
+def check_crd(path):
+    """The CRD at `path`, checked against Kubernetes' own schemas; and whether it failed."""
+    with open(path) as f:
         crd = yaml.safe_load(f)
     try:
         kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
-        print(f"ok   crds/trainingruns.yaml is a valid CustomResourceDefinition (Kubernetes {K8S_VERSION})")
+        print(f"ok   {path} is a valid CustomResourceDefinition (Kubernetes {K8S_VERSION})")
+        return crd, False
     except kubernetes_validate.ValidationError as e:
-        print(f"FAIL crds/trainingruns.yaml: {e.message} at {'.'.join(map(str, e.path))}")
-        failed = True
+        print(f"FAIL {path}: {e.message} at {'.'.join(map(str, e.path))}")
+        return crd, True
+
+
+def check_objects(crd, paths):
+    """Each manifest at `paths` against the CRD's schema, unknown fields refused; the
+    objects that pass, and whether any failed."""
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     validator = jsonschema.Draft4Validator(schema)
-    examples = sorted(glob.glob("examples/*.yaml")) + sorted(glob.glob("deploy/argocd/runs/*.yaml"))
-    if not examples:
-        print("FAIL no examples found")
-        failed = True
-    for path in examples:
+    kind = crd["spec"]["names"]["kind"]
+    api_version = f"{crd['spec']['group']}/v1alpha1"
+    passed, failed = [], False
+    for path in paths:
         with open(path) as f:
             obj = yaml.safe_load(f)
         errors = [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]
         errors += [f"{p}: unknown field" for p in unknown_fields(obj, schema, "")]
-        if obj.get("apiVersion") != f"{crd['spec']['group']}/v1alpha1" or obj.get("kind") != "TrainingRun":
-            errors.append("not a training.puretransformer.dev/v1alpha1 TrainingRun")
+        if obj.get("apiVersion") != api_version or obj.get("kind") != kind:
+            errors.append(f"not a {api_version} {kind}")
         if errors:
             failed = True
             for e in errors:
                 print(f"FAIL {path}: {e}")
         else:
+            passed.append(obj)
             print(f"ok   {path}")
-    datasets = {}
-    with open("crds/trainingdatasets.yaml") as f:
-        dataset_crd = yaml.safe_load(f)
-    try:
-        kubernetes_validate.validate(dataset_crd, K8S_VERSION, strict=True)
-        print(f"ok   crds/trainingdatasets.yaml is a valid CustomResourceDefinition (Kubernetes {K8S_VERSION})")
-    except kubernetes_validate.ValidationError as e:
-        print(f"FAIL crds/trainingdatasets.yaml: {e.message} at {'.'.join(map(str, e.path))}")
+    return passed, failed
+
+
+def main():
+    run_crd, failed = check_crd("crds/trainingruns.yaml")
+    dataset_crd, bad = check_crd("crds/trainingdatasets.yaml")
+    failed |= bad
+    examples = sorted(glob.glob("examples/*.yaml")) + sorted(glob.glob("deploy/argocd/runs/*.yaml"))
+    if not examples:
+        print("FAIL no examples found")
         failed = True
-    dataset_schema = dataset_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    dataset_validator = jsonschema.Draft4Validator(dataset_schema)
-    for path in sorted(glob.glob("examples/datasets/**/*.yaml", recursive=True)):
-        with open(path) as f:
-            obj = yaml.safe_load(f)
-        errors = [
-            f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in dataset_validator.iter_errors(obj)
-        ]
-        errors += [f"{p}: unknown field" for p in unknown_fields(obj, dataset_schema, "")]
-        if obj.get("kind") != "TrainingDataset":
-            errors.append("not a TrainingDataset")
-        if errors:
-            failed = True
-            for e in errors:
-                print(f"FAIL {path}: {e}")
-        else:
-            datasets[obj["metadata"]["name"]] = obj["spec"]["output"]
-            print(f"ok   {path}")
+    _, bad = check_objects(run_crd, examples)
+    failed |= bad
+    found, bad = check_objects(dataset_crd, sorted(glob.glob("examples/datasets/**/*.yaml", recursive=True)))
+    failed |= bad
+    datasets = {d["metadata"]["name"]: d["spec"]["output"] for d in found}
     if len(datasets) < 4:
         print(f"FAIL the seed-002 mix's four datasets in examples/datasets: {sorted(datasets)}")
         failed = True

@@ -65,6 +65,7 @@ fn run_name(i: usize) -> String {
 
 fn populate(fake: &FakeApi, runs: usize) {
     fake.insert(serde_json::to_value(TrainingRun::crd()).unwrap());
+    fake.insert(serde_json::to_value(crds::types::TrainingDataset::crd()).unwrap());
     for i in 0..runs {
         fake.insert(json!({
             "apiVersion": "training.puretransformer.dev/v1alpha1", "kind": "TrainingRun",

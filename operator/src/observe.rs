@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crds::config::ResolvedInit;
-use crds::contract::{CONFIG_KEY, LINK_PROBE_BYTES, LINK_PROBE_PATH, STATUS_PORT, TrainerStatus};
+use crds::contract::{CONFIG_KEY, LINK_PROBE_BYTES, LINK_PROBE_PATH, STATUS_PORT, TrainerStatus, clip};
 use crds::{RunConfig, TrainingRun};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::header::CONTENT_LENGTH;
@@ -159,17 +159,6 @@ pub async fn probe_links(status: &StatusClient, obs: &Observed, attempt: u32) ->
     links
 }
 
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
-}
 
 /// Lists the run's Jobs and pods (every attempt) and the state of its init run.
 pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Result<Observed, Error> {

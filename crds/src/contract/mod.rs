@@ -47,6 +47,19 @@ pub const EMBEDDED_SOURCES: [&str; 4] = ["textbook", "facts", "arithmetic", "mcq
 /// source's questions: those plus questions about the synthetic world).
 pub const EMBEDDED_QUESTION_SETS: [&str; 2] = ["mcq-rules", "mcq"];
 
+/// At most `max` bytes of `s`, cut at a character boundary, with `...` after a cut:
+/// a quoted message in an event, a status field or a termination message.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
 /// Where `pvc://claim/path` is inside a trainer pod.
 pub fn pvc_path(claim: &str, path: &str) -> String {
     let path = path.trim_matches('/');

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::clip;
+
 /// Which part of a preparation a pod runs (`trainer prepare --step`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -110,16 +112,6 @@ impl PrepareReport {
     }
 }
 
-fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
-}
 
 /// Why a TrainingDataset is where it is: `status.reason` and its conditions' reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

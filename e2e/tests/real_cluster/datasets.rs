@@ -110,7 +110,8 @@ async fn wait_ds(
 }
 
 /// Dataset `web` prepared by 3 workers after a trained tokenizer, one worker killed
-/// midway and retried (its files already prepared are skipped), to the same manifest
+/// midway and retried (its files already prepared are skipped) and the operator killed
+/// and restarted, to the same manifest
 /// one `trainer prepare` process writes from the same files; run `llm` waits for it
 /// (phase Waiting, Waiting=True naming it with its progress), then trains on it to
 /// Succeeded; deleting `web` while `llm` runs is refused with an event naming the run,
@@ -118,7 +119,7 @@ async fn wait_ds(
 /// status and events, and fails it (maxFailedFiles 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_is_prepared_in_parallel_resumed_and_trained_on() {
-    let sim = Scenario::with_nodes(2).await;
+    let mut sim = Scenario::with_nodes(2).await;
     apply(&sim.c, NS, &claim("raw"));
     apply(&sim.c, NS, &claim("prepared"));
     let raw = claim_dir(&sim, "raw").await;
@@ -178,6 +179,9 @@ async fn a_dataset_is_prepared_in_parallel_resumed_and_trained_on() {
     sim.c.signal_pod(NS, &worker, libc::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
     let waiting_message = sim.condition("llm", "Waiting").2;
     assert!(waiting_message.contains("web (Preparing, "), "progress in the run's condition: {waiting_message}");
+    // The operator crashes mid-preparation: what it knows is in the Jobs and the status.
+    sim.kill_operator();
+    sim.start_operator();
 
     // --- Ready: the manifest of one process over the same files.
     let ready = wait_ds(&sim, "web", "Ready", MINUTES(4), |s| s.phase == Some(DatasetPhase::Ready)).await;

@@ -8,19 +8,16 @@ use std::collections::BTreeMap;
 use crds::contract::prepare::PrepareStep;
 use crds::contract::{FailureReason, STATUS_PORT, env};
 use crds::types::{PullPolicy, TrainingDataset};
-use k8s_openapi::api::batch::v1::{
-    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
-    PodFailurePolicyRule,
-};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
 use super::validate::{Prepared, mount_path};
-use crate::resources::job::TRAINER_UID;
+use crate::resources::job::{container_security, failure_policy, pod_security};
 
 pub const DATASET_LABEL: &str = "training.puretransformer.dev/dataset";
 pub const STEP_LABEL: &str = "training.puretransformer.dev/prepare-step";
@@ -143,13 +140,7 @@ pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image:
             ..Default::default()
         }]),
         resources: spec.resources.clone(),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            ..Default::default()
-        }),
+        security_context: Some(container_security()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(mounts),
         ..Default::default()
@@ -158,14 +149,7 @@ pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image:
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(TRAINER_UID),
-            run_as_group: Some(TRAINER_UID),
-            fs_group: Some(TRAINER_UID),
-            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
-            ..Default::default()
-        }),
+        security_context: Some(pod_security()),
         containers: vec![container],
         volumes: Some(volumes),
         ..Default::default()
@@ -186,28 +170,8 @@ pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image:
             // Each retried pod skips the files it already published.
             backoff_limit: Some(spec.max_retries as i32),
             pod_replacement_policy: Some("Failed".into()),
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![
-                    // Preemption, eviction, node loss: retried without counting.
-                    PodFailurePolicyRule {
-                        action: "Ignore".into(),
-                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
-                            type_: "DisruptionTarget".into(),
-                            status: "True".into(),
-                        }]),
-                        on_exit_codes: None,
-                    },
-                    PodFailurePolicyRule {
-                        action: "FailJob".into(),
-                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                            container_name: Some(CONTAINER.into()),
-                            operator: "In".into(),
-                            values: fatal_exit_codes(),
-                        }),
-                        on_pod_conditions: None,
-                    },
-                ],
-            }),
+            // Preempted, evicted or on a lost node: retried without counting.
+            pod_failure_policy: Some(failure_policy(CONTAINER, fatal_exit_codes())),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels(&name, step, generation)), ..Default::default() }),
                 spec: Some(pod),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::TerminationMessage;
+use crds::contract::{TerminationMessage, clip};
 use crds::contract::prepare::{DatasetReason, FailedInput, PrepareReport, PrepareStep};
 use crds::quantity::format_tokens;
 use crds::types::{
@@ -317,7 +317,7 @@ fn failed_count(obs: &Observed, job_name: &str) -> u64 {
 fn bounded_failures(failed: &[FailedInput]) -> Vec<FailedFile> {
     let mut files: Vec<FailedFile> = failed
         .iter()
-        .map(|f| FailedFile { file: clip(&f.file, bounds::URI), error: clip(&f.error, bounds::REASON) })
+        .map(|f| FailedFile { file: clip(&f.file, bounds::URI - 3), error: clip(&f.error, bounds::REASON - 3) })
         .collect();
     files.sort_by(|a, b| a.file.cmp(&b.file));
     files.dedup_by(|a, b| a.file == b.file);
@@ -325,13 +325,6 @@ fn bounded_failures(failed: &[FailedInput]) -> Vec<FailedFile> {
     files
 }
 
-fn clip(s: &str, max: usize) -> String {
-    let mut cut = s.len().min(max);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s[..cut].to_string()
-}
 
 fn progress(
     files_done: u64,

@@ -238,13 +238,7 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
             ..Default::default()
         }),
         resources: Some(resources(i)),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            ..Default::default()
-        }),
+        security_context: Some(container_security()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(mounts),
         ..Default::default()
@@ -261,14 +255,7 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
         node_selector: (!topo.node_selector.is_empty()).then(|| topo.node_selector.clone()),
         tolerations: (!topo.tolerations.is_empty()).then(|| topo.tolerations.clone()),
         affinity: topo.affinity.clone(),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(TRAINER_UID),
-            run_as_group: Some(TRAINER_UID),
-            fs_group: Some(TRAINER_UID),
-            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
-            ..Default::default()
-        }),
+        security_context: Some(pod_security()),
         containers: vec![container],
         volumes: Some(volumes),
         ..Default::default()
@@ -284,28 +271,8 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
             pod_replacement_policy: Some("Failed".into()),
             suspend: Some(suspend),
             ttl_seconds_after_finished: spec.ttl_seconds_after_finished,
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![
-                    // Preemption, eviction, node loss: the operator gang-restarts without counting it.
-                    PodFailurePolicyRule {
-                        action: "Ignore".into(),
-                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
-                            type_: "DisruptionTarget".into(),
-                            status: "True".into(),
-                        }]),
-                        on_exit_codes: None,
-                    },
-                    PodFailurePolicyRule {
-                        action: "FailJob".into(),
-                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                            container_name: Some(CONTAINER.into()),
-                            operator: "In".into(),
-                            values: fatal_exit_codes(),
-                        }),
-                        on_pod_conditions: None,
-                    },
-                ],
-            }),
+            // Preemption, eviction, node loss: the operator gang-restarts without counting it.
+            pod_failure_policy: Some(failure_policy(CONTAINER, fatal_exit_codes())),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
                 spec: Some(pod),
@@ -313,6 +280,56 @@ pub fn job(i: &Inputs, suspend: bool) -> Job {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// Every pod the operator creates runs as the trainer's non-root user, with the
+/// runtime's default seccomp profile.
+pub fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(TRAINER_UID),
+        run_as_group: Some(TRAINER_UID),
+        fs_group: Some(TRAINER_UID),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..Default::default()
+    }
+}
+
+/// Its container: no capabilities, no privilege escalation, a read-only root.
+pub fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        ..Default::default()
+    }
+}
+
+/// A disrupted pod (preempted, evicted, its node lost) is not a failure of the Job;
+/// `container` exiting with one of `fatal` fails the Job at once.
+pub fn failure_policy(container: &str, fatal: Vec<i32>) -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                }]),
+                on_exit_codes: None,
+            },
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(container.into()),
+                    operator: "In".into(),
+                    values: fatal,
+                }),
+                on_pod_conditions: None,
+            },
+        ],
     }
 }
 
