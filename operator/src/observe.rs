@@ -159,7 +159,6 @@ pub async fn probe_links(status: &StatusClient, obs: &Observed, attempt: u32) ->
     links
 }
 
-
 /// Lists the run's Jobs and pods (every attempt) and the state of its init run.
 pub async fn observe(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Result<Observed, Error> {
     let ns = run.namespace().unwrap_or_default();

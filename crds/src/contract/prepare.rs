@@ -112,7 +112,6 @@ impl PrepareReport {
     }
 }
 
-
 /// Why a TrainingDataset is where it is: `status.reason` and its conditions' reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DatasetReason {

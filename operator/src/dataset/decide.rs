@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{TerminationMessage, clip};
 use crds::contract::prepare::{DatasetReason, FailedInput, PrepareReport, PrepareStep};
+use crds::contract::{TerminationMessage, clip};
 use crds::quantity::format_tokens;
 use crds::types::{
     DatasetManifest, DatasetPhase, DatasetProgress, FailedFile, TrainingDataset, TrainingDatasetStatus, bounds,
@@ -324,7 +324,6 @@ fn bounded_failures(failed: &[FailedInput]) -> Vec<FailedFile> {
     files.truncate(bounds::FAILED_FILES);
     files
 }
-
 
 fn progress(
     files_done: u64,
