@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use kube::ResourceExt;
 
-use super::build::{GENERATION_LABEL, STEP_LABEL, job_name};
+use super::build::{GENERATION_LABEL, job_name};
 use super::validate::Prepared;
 use crate::decide::Note;
 use crate::failure::completion_index;
@@ -391,11 +391,6 @@ fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
 fn success_report(pod: &Pod) -> Option<PrepareReport> {
     let t = terminated(pod).filter(|t| t.exit_code == 0)?;
     PrepareReport::parse(t.message.as_deref()?)
-}
-
-/// The step label of a Job, for the controller's logs.
-pub fn step_of(job: &Job) -> Option<&str> {
-    job.labels().get(STEP_LABEL).map(String::as_str)
 }
 
 #[cfg(test)]
