@@ -14,7 +14,7 @@ BUDGET="${BUDGET:-560}"
 OUT="${OUT:-/tmp/device-session}"
 mkdir -p "$OUT"
 LOG="$OUT/session.txt"
-STEPS="${STEPS:-kernels gpu-xl generate parity memory gpu-ml}"
+STEPS="${STEPS:-prepare kernels gpu-xl generate parity memory gpu-ml}"
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.device/trainer.xz'), open('/tmp/trainer', 'wb'))"
 chmod +x /tmp/trainer
 export TRAINER=/tmp/trainer
@@ -53,7 +53,18 @@ generate() {
     python3 bench/suite.py peer-generate --threads 8 --dir /tmp/hf-ml --repeats 1 --device cuda \
       --dtype bfloat16 --cache static
 }
-export -f kernels generate
+# trainer prepare's scaling with a worker's cores and with workers on their own cores,
+# on the corpus and tokenizer bench/device-prepare.sh packed (the 2-core VM's rows'
+# corpus), and HF tokenizers on all cores: the paper model of docs/perf.md, measured.
+prepare() {
+  rm -rf /tmp/pscal && mkdir -p /tmp/pscal &&
+    tar -C /tmp/pscal -xJf .device/prepare-corpus.tar.xz &&
+    python3 bench/prepare_scaling.py run --trainer "$TRAINER" --corpus /tmp/pscal/corpus \
+      --tokenizer .device/prepare-tokenizer.json --work /tmp/pscal/work \
+      --cores 1,2,4,8,16 --workers 1,2,4,8 --cores-per-worker 2 --peer
+}
+export -f kernels generate prepare
+step prepare 150 bash -c prepare
 step kernels 40 bash -c kernels
 step gpu-xl 280 env PRESETS="xlarge:8" GRAPH_PRESETS="" CHECK=0 STEPS=10 WARMUP=3 bench/gpu.sh
 step generate 260 bash -c generate
