@@ -34,6 +34,7 @@ pub mod ffi;
 pub mod files;
 pub mod generate;
 pub mod grpo;
+pub mod https;
 pub mod kernels;
 pub mod model;
 pub mod optim;

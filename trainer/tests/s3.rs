@@ -388,9 +388,9 @@ fn raw_parquet_in_s3_is_prepared_by_workers_and_trained_on() {
         s3.put_file("raw", &format!("web/2024/shard-{f}.parquet"), &local).unwrap();
     }
     s3.put_bytes("raw", "web/2024/README.md", b"not an input".to_vec()).unwrap();
-    let prepare = |output: &str, step: &[&str]| {
+    let prepare = |output: &str, step: &[&str], tokenizer: &str| {
         let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
-            .args(["prepare", "--tokenizer", "embedded", "--shard-tokens", "2048", "--validation-fraction", "0.1"])
+            .args(["prepare", "--tokenizer", tokenizer, "--shard-tokens", "2048", "--validation-fraction", "0.1"])
             .args(["--input", "s3://raw/web/**/*.parquet", "--name", "web", "--output", output])
             .args(step)
             .env("TRAINER_CACHE", server.root.join("cache"))
@@ -401,15 +401,16 @@ fn raw_parquet_in_s3_is_prepared_by_workers_and_trained_on() {
         assert!(o.status.success(), "{step:?}: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let w0 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "0"]);
-    let w1 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "1"]);
+    let w0 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "0"], "embedded");
+    let w1 = prepare("s3://datasets/web-workers", &["--step", "work", "--workers", "2", "--worker", "1"], "embedded");
     let files = |out: &str| -> u32 { out.split_once(": ").unwrap().1.split(' ').next().unwrap().parse().unwrap() };
     assert_eq!(files(&w0) + files(&w1), 5, "every file by one worker:\n{w0}\n{w1}");
     assert!(files(&w0) > 0 && files(&w1) > 0, "{w0}\n{w1}");
     assert_eq!(s3.size("datasets", "web-workers/manifest.json").unwrap(), None, "the workers do not merge");
-    let merged = prepare("s3://datasets/web-workers", &["--step", "merge"]);
+    let merged = prepare("s3://datasets/web-workers", &["--step", "merge"], "embedded");
     assert!(merged.contains("merged 5 files (0 failed)"), "{merged}");
-    prepare("s3://datasets/web-one", &[]);
+    // The one process reads the same tokenizer as a tokenizer.json in S3: the merge's copy.
+    prepare("s3://datasets/web-one", &[], "s3://datasets/web-workers/tokenizer.json");
     let manifest = |prefix: &str| -> serde_json::Value {
         serde_json::from_slice(&s3.get_bytes("datasets", &format!("{prefix}/manifest.json"), u64::MAX).unwrap())
             .unwrap()

@@ -20,11 +20,11 @@ const TDS: &str = "training.puretransformer.dev/v1alpha1";
 /// between two of its files whatever the machine's speed.
 const PACE_MS: &str = "400";
 
-fn dataset(name: &str, spec: &str) -> String {
+pub(crate) fn dataset(name: &str, spec: &str) -> String {
     format!("apiVersion: {TDS}\nkind: TrainingDataset\nmetadata: {{name: {name}}}\nspec:\n{spec}")
 }
 
-fn claim(name: &str) -> String {
+pub(crate) fn claim(name: &str) -> String {
     format!(
         "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  storageClassName: standard\n  \
          accessModes: [ReadWriteMany]\n  resources: {{requests: {{storage: 1Gi}}}}\n"
@@ -32,7 +32,7 @@ fn claim(name: &str) -> String {
 }
 
 /// The directory behind claim `name`, once bound.
-async fn claim_dir(sim: &Scenario, name: &str) -> PathBuf {
+pub(crate) async fn claim_dir(sim: &Scenario, name: &str) -> PathBuf {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(sim.c.client.clone(), NS);
     let start = Instant::now();
     loop {
@@ -82,7 +82,7 @@ async fn ds_status(sim: &Scenario, name: &str) -> TrainingDatasetStatus {
     ds.status.unwrap_or_default()
 }
 
-async fn wait_ds(
+pub(crate) async fn wait_ds(
     sim: &Scenario,
     name: &str,
     what: &str,

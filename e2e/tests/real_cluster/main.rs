@@ -13,6 +13,7 @@ mod scenario;
 mod alerts;
 mod crd;
 mod datasets;
+mod datasets_storage;
 mod failures;
 mod kueue;
 mod network_faults;

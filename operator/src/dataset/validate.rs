@@ -46,10 +46,12 @@ pub fn validate(ds: &TrainingDataset) -> Result<Prepared, Vec<String>> {
     let spec = &ds.spec;
     let mut mounts: Vec<Mount> = Vec::new();
     let mut path_of = |field: &str, uri: &str, read_only: bool, errors: &mut Vec<String>| -> Option<String> {
+        // A URL is one file, fetched by `trainer prepare` itself.
         if uri.starts_with("https://") {
-            errors.push(format!(
-                "{field}: {uri:?}: https:// sources are not read by `trainer prepare`; copy the files to S3 or a claim"
-            ));
+            if read_only {
+                return Some(uri.to_string());
+            }
+            errors.push(format!("{field}: {uri:?}: an https:// URL is read, not written; give s3:// or pvc://"));
             return None;
         }
         match parse_location_str(uri) {
@@ -174,19 +176,31 @@ mod tests {
     }
 
     #[test]
+    fn https_urls_are_passed_to_the_trainer_as_they_are() {
+        let p = validate(&dataset(
+            "  source: {uris: ['https://huggingface.co/datasets/o/n/resolve/main/a.parquet', 'pvc://raw/b.jsonl']}\n  \
+             tokenizer: {uri: 'https://huggingface.co/gpt2/resolve/main/tokenizer.json'}\n  output: s3://prepared/web\n",
+        ))
+        .unwrap();
+        assert_eq!(p.inputs, ["https://huggingface.co/datasets/o/n/resolve/main/a.parquet", "/mnt/pvc/raw/b.jsonl"]);
+        assert_eq!(p.tokenizer, ["--tokenizer", "https://huggingface.co/gpt2/resolve/main/tokenizer.json"]);
+        assert_eq!(p.mounts, [Mount { claim: "raw".into(), read_only: true }]);
+    }
+
+    #[test]
     fn every_bad_field_is_named() {
         let mut ds = dataset(
-            "  source: {uris: ['https://example.org/a.jsonl', 'pvc:///x', 'embedded:textbook']}\n  tokenizer: {embedded: true}\n  \
-             output: 's3:///nobucket'\n  shardTokens: 12Q\n",
+            "  source: {uris: ['http://example.org/a.jsonl', 'pvc:///x', 'embedded:textbook']}\n  tokenizer: {embedded: true}\n  \
+             output: 'https://example.org/out'\n  shardTokens: 12Q\n",
         );
         ds.metadata.name = Some("x".repeat(41));
         let e = validate(&ds).unwrap_err().join("\n");
         for needle in [
             "metadata.name",
-            "spec.source.uris[0]: \"https://example.org/a.jsonl\": https:// sources",
+            "spec.source.uris[0]: \"http://example.org/a.jsonl\" must be s3://",
             "spec.source.uris[1]: ",
             "spec.source.uris[2]: \"embedded:textbook\" must be s3://",
-            "spec.output: ",
+            "spec.output: \"https://example.org/out\": an https:// URL is read, not written",
             "spec.shardTokens: ",
         ] {
             assert!(e.contains(needle), "{needle:?} in\n{e}");

@@ -11,7 +11,7 @@ use crate::telemetry::progress::human_count;
 pub struct PrepareArgs {
     /// Input files, directories (read recursively) or `s3://bucket/prefix`es, each
     /// optionally ending in a glob of the names below it (`raw/*.parquet`,
-    /// `s3://raw/usmle/**/*.jsonl`); repeatable.
+    /// `s3://raw/usmle/**/*.jsonl`), or `https://` URLs of single files; repeatable.
     #[arg(long = "input", short, required = true)]
     pub inputs: Vec<String>,
     /// Output directory of the prepared source, or an `s3://bucket/prefix` (each file's
@@ -26,7 +26,8 @@ pub struct PrepareArgs {
     /// The jsonl field or Parquet column holding the text.
     #[arg(long, default_value = "text")]
     pub field: String,
-    /// A Hugging Face tokenizer.json, or `embedded`.
+    /// A Hugging Face tokenizer.json (a path, `s3://bucket/key` or an `https://` URL), or
+    /// `embedded`.
     #[arg(long, conflicts_with = "train_tokenizer")]
     pub tokenizer: Option<String>,
     /// Train a byte-level BPE on the input first (with --vocab-size).
@@ -115,7 +116,7 @@ pub fn prepare(a: PrepareArgs) -> Result<(), Error> {
     };
     let tokenizer = match (a.tokenizer.as_deref(), a.train_tokenizer, a.vocab_size) {
         (Some("embedded"), _, _) => TokenizerChoice::Embedded,
-        (Some(path), _, _) => TokenizerChoice::File(path.into()),
+        (Some(uri), _, _) => TokenizerChoice::Uri(uri.into()),
         (None, true, Some(vocab_size)) => TokenizerChoice::Train {
             vocab_size,
             sample_bytes: quantity("tokenizer-sample-bytes", &a.tokenizer_sample_bytes)? as usize,

@@ -1,6 +1,7 @@
 //! Helpers of the trainer's integration tests; each test binary uses some of them.
 #![allow(dead_code)]
 
+pub mod https;
 pub mod parquet;
 pub mod s3;
 

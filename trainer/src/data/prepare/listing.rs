@@ -1,6 +1,7 @@
 //! The inputs of a preparation, listed once as units of work: local files and
 //! directories, `s3://bucket/prefix` objects, each optionally ending in a glob of names
-//! (`raw/*.parquet`, `s3://raw/usmle/**/*.jsonl`), in one sorted order.
+//! (`raw/*.parquet`, `s3://raw/usmle/**/*.jsonl`), and `https://` URLs of single files,
+//! in one order: the inputs' order, each input's files sorted.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use sha2::{Digest, Sha256};
 
 use super::inputs::InputFormat;
+use crate::https::{self, Https};
 use crate::storage::{self, S3};
 use crate::{Error, io_err};
 
@@ -16,6 +18,7 @@ use crate::{Error, io_err};
 pub enum Location {
     Local(PathBuf),
     S3 { bucket: String, key: String },
+    Https(String),
 }
 
 impl std::fmt::Display for Location {
@@ -23,6 +26,7 @@ impl std::fmt::Display for Location {
         match self {
             Location::Local(p) => write!(f, "{}", p.display()),
             Location::S3 { bucket, key } => f.write_str(&storage::uri(bucket, key)),
+            Location::Https(url) => f.write_str(url),
         }
     }
 }
@@ -51,17 +55,24 @@ impl Unit {
         crate::rng::splitmix64(seed ^ key)
     }
 
-    /// The unit as a local file: itself, or its object downloaded into `scratch` (removed
-    /// when the returned file is dropped).
-    pub fn fetch(&self, s3: Option<&S3>, scratch: &Path) -> Result<LocalFile, Error> {
+    /// The unit as a local file: itself, or its object or URL downloaded into `scratch`
+    /// (removed when the returned file is dropped).
+    pub fn fetch(&self, clients: &Clients, scratch: &Path) -> Result<LocalFile, Error> {
+        let temporary = |name: &str| scratch.join(format!(".input-{:05}-{name}", self.index));
         match &self.location {
             Location::Local(p) => Ok(LocalFile { path: p.clone(), temporary: false }),
             Location::S3 { bucket, key } => {
-                let s3 = s3.expect("an S3 unit is listed with a client");
+                let s3 = clients.s3.as_ref().expect("an S3 unit is listed with a client");
                 let name = Path::new(key).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                let path = scratch.join(format!(".input-{:05}-{name}", self.index));
-                s3.get_file(bucket, key, &path, u64::MAX)?;
-                Ok(LocalFile { path, temporary: true })
+                let file = LocalFile { path: temporary(&name), temporary: true };
+                s3.get_file(bucket, key, &file.path, u64::MAX)?;
+                Ok(file)
+            }
+            Location::Https(url) => {
+                let client = clients.https.as_ref().expect("an https unit is listed with a client");
+                let file = LocalFile { path: temporary(&https::file_name(url)), temporary: true };
+                client.get_file(url, &file.path)?;
+                Ok(file)
             }
         }
     }
@@ -81,10 +92,17 @@ impl Drop for LocalFile {
     }
 }
 
-/// The listing: the units in order, and the S3 client their objects need.
+/// The clients that remote units need, made when the listing has such a unit.
+#[derive(Debug, Default)]
+pub struct Clients {
+    pub s3: Option<S3>,
+    pub https: Option<Https>,
+}
+
+/// The listing: the units in order, and the clients their remote files need.
 pub struct Listing {
     pub units: Vec<Unit>,
-    pub s3: Option<S3>,
+    pub clients: Clients,
 }
 
 /// An input split at its first component with a glob character: the part to walk or
@@ -114,16 +132,29 @@ fn matcher(input: &str, glob: &str) -> Result<GlobMatcher, Error> {
 /// Lists `inputs` in order, each input's files sorted by key.
 pub fn list(inputs: &[String], format: InputFormat) -> Result<Listing, Error> {
     let mut found: Vec<(Location, String, u64)> = Vec::new();
-    let mut s3 = None;
+    let mut clients = Clients::default();
     for input in inputs {
+        if input.starts_with("http://") {
+            return Err(Error::InvalidSpec(format!("--input {input}: plain http is refused; give an https:// URL")));
+        }
+        if https::is_url(input) {
+            if clients.https.is_none() {
+                clients.https = Some(Https::new()?);
+            }
+            let client = clients.https.as_ref().expect("set above");
+            // Sizes only balance the workers: a server that gives none weighs its files 0.
+            let bytes = client.size(input)?.unwrap_or(0);
+            found.push((Location::Https(input.clone()), https::file_name(input), bytes));
+            continue;
+        }
         let before = found.len();
         let (base, glob) = split_glob(input);
         let glob = glob.map(|g| matcher(input, g)).transpose()?;
         if let Some((bucket, prefix)) = storage::parse_uri(base) {
-            if s3.is_none() {
-                s3 = Some(S3::from_env()?);
+            if clients.s3.is_none() {
+                clients.s3 = Some(S3::from_env()?);
             }
-            let client = s3.as_ref().expect("set above");
+            let client = clients.s3.as_ref().expect("set above");
             list_s3(client, &bucket, &prefix, glob.as_ref(), &mut found)?;
         } else {
             list_local(Path::new(if base.is_empty() { "." } else { base }), glob.as_ref(), &mut found)?;
@@ -144,7 +175,7 @@ pub fn list(inputs: &[String], format: InputFormat) -> Result<Listing, Error> {
         .enumerate()
         .map(|(index, ((location, _, bytes), key))| Unit { index, location, key, format, bytes })
         .collect();
-    Ok(Listing { units, s3 })
+    Ok(Listing { units, clients })
 }
 
 fn list_local(base: &Path, glob: Option<&GlobMatcher>, out: &mut Vec<(Location, String, u64)>) -> Result<(), Error> {

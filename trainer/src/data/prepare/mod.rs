@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use self::listing::{Listing, Unit, list};
+use self::listing::{Clients, Listing, Unit, list};
 use self::merge::{MergeOptions, TOKENIZER_FILE, merge};
 use self::output::Output;
 use self::part::{Part, PartSettings, prepare_unit};
@@ -30,7 +30,6 @@ use self::plan::assign;
 use self::tokenizer_choice::load_tokenizer;
 use super::tokenizer::Tokenizer;
 use crate::Error;
-use crate::storage::S3;
 
 /// Which part of a preparation this process does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +46,8 @@ pub enum Step {
 
 #[derive(Clone, Debug)]
 pub struct PrepareOptions {
-    /// Files, directories or `s3://bucket/prefix`es, each optionally ending in a glob.
+    /// Files, directories or `s3://bucket/prefix`es, each optionally ending in a glob,
+    /// or `https://` URLs of single files.
     pub inputs: Vec<String>,
     /// A directory or `s3://bucket/prefix`.
     pub output: String,
@@ -122,9 +122,9 @@ impl PrepareReport {
 pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
     check(o)?;
     let started = Instant::now();
-    let Listing { units, s3 } = list(&o.inputs, o.format)?;
+    let Listing { units, clients } = list(&o.inputs, o.format)?;
     let out = Output::parse(&o.output)?;
-    let tok = tokenizer(o, &units, s3.as_ref(), &out)?;
+    let tok = tokenizer(o, &units, &clients, &out)?;
     let mut report = PrepareReport::default();
     if o.step == Step::Tokenizer {
         report.seconds = started.elapsed().as_secs_f64();
@@ -161,7 +161,7 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
                 }
                 None => {
                     inject_slow_file();
-                    let p = prepare_unit(unit, s3.as_ref(), &tok, &settings, &out, &bar)?;
+                    let p = prepare_unit(unit, &clients, &tok, &settings, &out, &bar)?;
                     report.prepared += 1;
                     (p, true)
                 }
@@ -241,9 +241,9 @@ fn check(o: &PrepareOptions) -> Result<(), Error> {
 /// The tokenizer of every part. A trained one is trained once, by the step that may
 /// (all, tokenizer), and published before any part; every later step and a resumed one
 /// reads the published one.
-fn tokenizer(o: &PrepareOptions, units: &[Unit], s3: Option<&S3>, out: &Output) -> Result<Tokenizer, Error> {
+fn tokenizer(o: &PrepareOptions, units: &[Unit], clients: &Clients, out: &Output) -> Result<Tokenizer, Error> {
     if !matches!(o.tokenizer, TokenizerChoice::Train { .. }) {
-        return load_tokenizer(&o.tokenizer, &o.field, units, s3, out.work_dir());
+        return load_tokenizer(&o.tokenizer, &o.field, units, clients, out.work_dir());
     }
     if let Some(bytes) = out.read(TOKENIZER_FILE)? {
         let origin = format!("{}/{TOKENIZER_FILE}", out.uri());
@@ -257,7 +257,7 @@ fn tokenizer(o: &PrepareOptions, units: &[Unit], s3: Option<&S3>, out: &Output) 
             out.uri()
         )));
     }
-    let tok = load_tokenizer(&o.tokenizer, &o.field, units, s3, out.work_dir())?;
+    let tok = load_tokenizer(&o.tokenizer, &o.field, units, clients, out.work_dir())?;
     out.publish(&[], TOKENIZER_FILE, tok.to_json()?.as_bytes())?;
     Ok(tok)
 }

@@ -7,14 +7,13 @@ use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use super::inputs::{InputFormat, detect, spawn_reader};
-use super::listing::Unit;
+use super::listing::{Clients, Unit};
 use super::output::Output;
 use super::writer::{ShardWriter, held_out};
 use crate::Error;
 use crate::data::mcq::{McqRecord, medqa_json};
 use crate::data::shard::{self, Dtype, RecordFiles, ShardEntry};
 use crate::data::tokenizer::Tokenizer;
-use crate::storage::S3;
 
 const PART_FORMAT: &str = "puretransformer-part";
 
@@ -97,10 +96,10 @@ impl Part {
 /// Prepares `unit` in `out`'s work directory and publishes it. A data error of the file
 /// (unreadable, a missing column, invalid UTF-8 beyond what is tolerated) fails the file,
 /// not the call: its shards are discarded and its part records the error. Other errors
-/// (the output's disk, S3) are returned.
+/// (the output's disk, S3, a URL) are returned.
 pub fn prepare_unit(
     unit: &Unit,
-    s3: Option<&S3>,
+    clients: &Clients,
     tok: &Tokenizer,
     settings: &PartSettings,
     out: &Output,
@@ -112,7 +111,7 @@ pub fn prepare_unit(
     let writer =
         |split: &str| ShardWriter::new(dir, format!("{stem}-{split}"), settings.shard_tokens as usize, dtype, tok);
     let mut writers = [writer("train"), writer("validation")];
-    let local = unit.fetch(s3, dir)?;
+    let local = unit.fetch(clients, dir)?;
     let format = detect(&local.path, unit.format)?;
     let (rx, reader) = spawn_reader(vec![(local.path.clone(), format)], settings.field.clone());
     let seed = unit.split_seed(settings.seed);

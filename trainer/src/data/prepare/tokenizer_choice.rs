@@ -1,20 +1,22 @@
 //! Where `trainer prepare`'s tokenizer comes from: a file, the embedded one, or one
 //! trained on the input.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use super::inputs::{detect, read_docs};
-use super::listing::Unit;
+use super::listing::{Clients, Unit};
 use crate::Error;
 use crate::data::tokenizer::Tokenizer;
-use crate::storage::S3;
+use crate::files::limits::TOKENIZER_BYTES;
+use crate::https::{self, Https};
+use crate::storage::{self, S3};
 
 /// Where the tokenizer comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenizerChoice {
-    /// A Hugging Face `tokenizer.json`.
-    File(PathBuf),
+    /// A Hugging Face `tokenizer.json`: a path, `s3://bucket/key` or an `https://` URL.
+    Uri(String),
     /// The trainer's embedded byte-level BPE.
     Embedded,
     /// Train a byte-level BPE of this many tokens on (a sample of) the input first.
@@ -28,11 +30,11 @@ pub(super) fn load_tokenizer(
     choice: &TokenizerChoice,
     field: &str,
     units: &[Unit],
-    s3: Option<&S3>,
+    clients: &Clients,
     scratch: &Path,
 ) -> Result<Tokenizer, Error> {
     match choice {
-        TokenizerChoice::File(p) => Tokenizer::from_file(p),
+        TokenizerChoice::Uri(uri) => tokenizer_at(uri, clients),
         TokenizerChoice::Embedded => Tokenizer::embedded(),
         TokenizerChoice::Train { vocab_size, sample_bytes } => {
             let mut sample = Vec::new();
@@ -40,7 +42,7 @@ pub(super) fn load_tokenizer(
             for unit in units {
                 let mut file = Vec::new();
                 let mut file_bytes = 0usize;
-                let local = unit.fetch(s3, scratch)?;
+                let local = unit.fetch(clients, scratch)?;
                 let format = detect(&local.path, unit.format)?;
                 let read = read_docs(&local.path, format, field, &mut |doc, _| {
                     file_bytes += doc.text.len();
@@ -71,4 +73,34 @@ pub(super) fn load_tokenizer(
             Ok(tok)
         }
     }
+}
+
+/// The tokenizer.json at `uri`, with the listing's client for its scheme or a new one.
+fn tokenizer_at(uri: &str, clients: &Clients) -> Result<Tokenizer, Error> {
+    let text = |bytes: Vec<u8>| {
+        String::from_utf8(bytes).map_err(|e| Error::Tokenizer { path: uri.to_string(), message: e.to_string() })
+    };
+    if let Some((bucket, key)) = storage::parse_uri(uri) {
+        let made;
+        let s3 = match &clients.s3 {
+            Some(s3) => s3,
+            None => {
+                made = S3::from_env()?;
+                &made
+            }
+        };
+        return Tokenizer::from_json(&text(s3.get_bytes(&bucket, &key, TOKENIZER_BYTES)?)?, uri);
+    }
+    if https::is_url(uri) {
+        let made;
+        let client = match &clients.https {
+            Some(c) => c,
+            None => {
+                made = Https::new()?;
+                &made
+            }
+        };
+        return Tokenizer::from_json(&text(client.get_bytes(uri, TOKENIZER_BYTES)?)?, uri);
+    }
+    Tokenizer::from_file(uri)
 }
