@@ -123,7 +123,7 @@ def run(a):
             for p in files:
                 f.write(open(p, "rb").read())
         p = subprocess.run([sys.executable, os.path.join(HERE, "suite.py"), "peer-tokenize", "--input", joined,
-                            "--tokenizer", a.tokenizer], check=True, capture_output=True, text=True)
+                            "--tokenizer", a.tokenizer, "--threads", str(len(have))], check=True, capture_output=True, text=True)
         peer = json.loads(p.stdout.strip().splitlines()[-1])
         print(json.dumps({"kind": "HF tokenizers encode_batch", "cores": len(have), **peer}), flush=True)
     print(f"\n{size / 1e6:.1f} MB in {len(glob.glob(os.path.join(a.corpus, '*')))} files")

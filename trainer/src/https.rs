@@ -113,10 +113,7 @@ impl Https {
         if !status.is_success() {
             return Err(failed(url, format!("HEAD answered {status}"), status.is_client_error()));
         }
-        Ok(r.headers()
-            .get(reqwest::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok()))
+        Ok(r.headers().get(reqwest::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()))
     }
 
     /// Streams the file at `url` to `path`; its size. A response shorter than its

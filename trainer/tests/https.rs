@@ -95,8 +95,8 @@ fn https_inputs_prepare_as_the_same_files_on_disk() {
     let remote: Vec<String> = DATA.iter().map(|n| server.url(n)).collect();
 
     ok(&prepare(&local, &served.join("tokenizer.json").display().to_string(), &dir.join("local"), &[], None));
-    let o = ok(&prepare(&remote, &server.url("tokenizer.json"), &dir.join("remote"), &[], Some(&server.ca_pem)));
-    let stdout = String::from_utf8_lossy(&o.stdout);
+    let o = prepare(&remote, &server.url("tokenizer.json"), &dir.join("remote"), &[], Some(&server.ca_pem));
+    let stdout = String::from_utf8_lossy(&ok(&o).stdout);
     assert!(stdout.contains("3 files (3 prepared"), "{stdout}");
     let expected = outputs(&dir.join("local"));
     assert!(expected.len() > 3, "{:?}", expected.iter().map(|(n, _)| n).collect::<Vec<_>>());
@@ -144,7 +144,7 @@ fn https_refusals_name_the_url() {
 
     // A file the server does not have: permanent, a data error naming the URL and the status.
     let missing = server.url("missing.jsonl");
-    let o = prepare(&[missing.clone()], &tok, &dir.join("missing"), &[], Some(&server.ca_pem));
+    let o = prepare(std::slice::from_ref(&missing), &tok, &dir.join("missing"), &[], Some(&server.ca_pem));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains(&missing) && stderr.contains("404"), "{stderr}");
     assert_eq!(o.status.code(), data_error, "{stderr}");
@@ -156,7 +156,7 @@ fn https_refusals_name_the_url() {
 
     // Plain http is refused before anything is fetched.
     let plain = server.url("a.jsonl").replace("https://", "http://");
-    let o = prepare(&[plain.clone()], &tok, &dir.join("plain"), &[], Some(&server.ca_pem));
+    let o = prepare(std::slice::from_ref(&plain), &tok, &dir.join("plain"), &[], Some(&server.ca_pem));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains(&plain) && stderr.contains("plain http is refused"), "{stderr}");
     assert!(!dir.join("plain").join("manifest.json").exists());

@@ -7,19 +7,17 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::types::{DatasetPhase, RunPhase};
 use e2e::control_plane::KUBERNETES_SERVICE_IP;
 use e2e::network::relay::Relay;
-use parquet::basic::Compression;
-use parquet::data_type::{ByteArray, ByteArrayType};
-use parquet::file::properties::WriterProperties;
-use parquet::file::writer::SerializedFileWriter;
 use sha2::{Digest, Sha256};
 
 use crate::datasets::{claim, claim_dir, dataset, wait_ds};
+// Parquet as Hugging Face datasets store text, the trainer's tests' own writer.
+#[path = "../../../trainer/tests/common/parquet.rs"]
+mod hf_parquet;
 use crate::harness::*;
 use crate::scenario::{MINUTES, NS, Scenario};
 
@@ -92,29 +90,13 @@ fn paragraphs() -> Vec<String> {
         .collect()
 }
 
-/// `texts` as a Hugging Face dataset's Parquet file: a `text` column in two row groups.
-fn write_parquet(path: &Path, texts: &[String]) {
-    let schema = Arc::new(
-        parquet::schema::parser::parse_message_type("message schema { REQUIRED BYTE_ARRAY text (UTF8); }").unwrap(),
-    );
-    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
-    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
-    for chunk in texts.chunks(texts.len() / 2 + 1) {
-        let mut rg = w.next_row_group().unwrap();
-        let mut col = rg.next_column().unwrap().unwrap();
-        let values: Vec<ByteArray> = chunk.iter().map(|t| ByteArray::from(t.as_str())).collect();
-        col.typed::<ByteArrayType>().write_batch(&values, None, None).unwrap();
-        col.close().unwrap();
-        rg.close().unwrap();
-    }
-    w.close().unwrap();
-}
-
 /// A tmpfs of `size` mounted over `dir` until dropped.
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     fn mount(dir: &Path, size: &str) -> Tmpfs {
+        // The provisioner makes a volume's directory when a pod first mounts it.
+        std::fs::create_dir_all(dir).unwrap();
         let o = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "pt-e2e-full"])
             .arg(dir)
@@ -155,7 +137,7 @@ async fn an_s3_dataset_is_trained_on_and_a_full_claim_is_storage_full() {
     let raw = store.root.join("raw/lake");
     std::fs::create_dir_all(&raw).unwrap();
     for (i, chunk) in texts.chunks(texts.len() / 6 + 1).enumerate() {
-        write_parquet(&raw.join(format!("train-{i:05}.parquet")), chunk);
+        hf_parquet::write_texts(&raw.join(format!("train-{i:05}.parquet")), chunk);
     }
     apply(
         &sim.c,

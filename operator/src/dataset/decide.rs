@@ -117,12 +117,17 @@ fn steps(ds: &TrainingDataset, plan: &Prepared, obs: &Observed, generation: i64,
     if plan.train_tokenizer {
         order.insert(0, PrepareStep::Tokenizer);
     }
-    d.status.retries = order
+    // A running or complete Job's failed pods were all replaced; a failed Job's last ones
+    // were not (the pod that failed it, and those it stopped), so its retries are those
+    // counted while it ran: the status keeps the largest count seen.
+    let old = ds.status.as_ref().filter(|s| s.observed_generation == Some(generation));
+    let replaced: u32 = order
         .iter()
         .filter_map(|s| job_of(obs, &job_name(&name, *s, generation)))
+        .filter(|j| finished(j) != Some(false))
         .map(|j| j.status.as_ref().and_then(|s| s.failed).unwrap_or(0) as u32)
         .sum();
-    let old = ds.status.as_ref().filter(|s| s.observed_generation == Some(generation));
+    d.status.retries = replaced.max(old.map_or(0, |s| s.retries));
     if d.status.retries > old.map_or(0, |s| s.retries) {
         let why = last_failure(obs, None).map(|(pod, why)| format!("pod {pod} failed: {why}")).unwrap_or_default();
         d.notes.push(Note {

@@ -258,9 +258,32 @@ fn a_failed_job_says_why_and_a_new_generation_replaces_the_old_jobs() {
 #[test]
 fn an_invalid_spec_fails_with_every_field_named() {
     let mut ds = dataset(false);
-    ds.spec.source.uris = vec!["https://example.org/a.jsonl".into()];
+    ds.spec.source.uris = vec!["http://example.org/a.jsonl".into()];
     let d = decided(&ds, &Observed::default());
     assert_eq!(summary(&d), (DatasetPhase::Failed, "InvalidSpec".into(), None));
     let accepted = d.status.conditions.iter().find(|c| c.type_ == "Accepted").unwrap();
     assert!(accepted.status == "False" && accepted.message.contains("spec.source.uris[0]"), "{accepted:?}");
+}
+
+#[test]
+fn retries_count_replaced_pods_not_the_last_ones_of_a_failed_job() {
+    let retried = |d: &Decision| d.notes.iter().filter(|n| n.reason == "Retried").count();
+    let mut ds = dataset(false);
+    // Running, two pods failed and were replaced.
+    let obs = Observed { jobs: vec![job("web-work-g2", 2, None, 2)], ..Default::default() };
+    let d = decided(&ds, &obs);
+    assert_eq!((d.status.retries, retried(&d)), (2, 1));
+    // Failed at its first failure (exit 89, FailJob), its two siblings stopped with it: no retry.
+    let obs =
+        Observed { jobs: vec![job("web-work-g2", 2, Some(("Failed", "PodFailurePolicy")), 3)], ..Default::default() };
+    let d = decided(&ds, &obs);
+    assert_eq!((d.status.retries, retried(&d)), (0, 0));
+    // Failed after its retries: the count seen while it ran stays, and says nothing new.
+    ds.status = Some(TrainingDatasetStatus { observed_generation: Some(2), retries: 3, ..Default::default() });
+    let obs = Observed {
+        jobs: vec![job("web-work-g2", 2, Some(("Failed", "BackoffLimitExceeded")), 4)],
+        ..Default::default()
+    };
+    let d = decided(&ds, &obs);
+    assert_eq!((d.status.retries, retried(&d)), (3, 0));
 }

@@ -197,7 +197,7 @@ mod tests {
         let e = validate(&ds).unwrap_err().join("\n");
         for needle in [
             "metadata.name",
-            "spec.source.uris[0]: \"http://example.org/a.jsonl\" must be s3://",
+            "spec.source.uris[0]: \"http://example.org/a.jsonl\": unsupported scheme \"http\"",
             "spec.source.uris[1]: ",
             "spec.source.uris[2]: \"embedded:textbook\" must be s3://",
             "spec.output: \"https://example.org/out\": an https:// URL is read, not written",

@@ -38,7 +38,8 @@ pub fn serve(root: &Path, pki: &Path) -> Server {
     let ca_pem = pki.join("ca.pem");
     std::fs::write(&ca_pem, ca.pem()).unwrap();
     let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap().signed_by(&key, &ca).unwrap();
+    let cert =
+        CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap().signed_by(&key, &ca).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -1,5 +1,6 @@
 //! Parquet files as Hugging Face datasets store text: an `id` column and a `text` column,
-//! in two row groups. Shared by the integration tests and `data::prepare`'s unit tests.
+//! in two row groups. Shared by the integration tests, `data::prepare`'s unit tests and the
+//! real-cluster dataset tests (e2e).
 
 use std::path::Path;
 use std::sync::Arc;
