@@ -86,8 +86,31 @@ impl Placement {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago, for a local rendezvous.
+/// The lowest port the kernel hands out for `bind(0)` and outgoing connections.
+const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+/// Where [`free_port`] looks below the ephemeral range.
+const FIRST_FIXED_PORT: u16 = 10_000;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a local rendezvous. It is
+/// taken below the kernel's ephemeral range, from a random start: a port of that range
+/// could be handed to any connection or `bind(0)` between this check and the TCPStore's
+/// own bind (an EADDRINUSE seen in CI), one below it only to another explicit picker.
 pub fn free_port() -> Result<u16, Error> {
+    let ephemeral_low = std::fs::read_to_string(EPHEMERAL_RANGE)
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32_768);
+    if ephemeral_low > FIRST_FIXED_PORT {
+        let span = u64::from(ephemeral_low - FIRST_FIXED_PORT);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let start = crate::rng::splitmix64(nanos as u64 ^ u64::from(std::process::id())) % span;
+        for i in 0..span {
+            let port = FIRST_FIXED_PORT + ((start + i) % span) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let addr = std::path::Path::new("127.0.0.1:0");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(crate::io_err(addr))?;
     Ok(listener.local_addr().map_err(crate::io_err(addr))?.port())
@@ -153,4 +176,18 @@ pub fn allreduce_sum<T: bytemuck::Pod>(group: &ProcessGroup, values: &mut T, dev
     group.allreduce(&t, ReduceOp::Sum)?.wait()?;
     fields.copy_from_slice(&Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod free_port_tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_is_below_the_ephemeral_range_and_free() {
+        let low: u16 =
+            std::fs::read_to_string(EPHEMERAL_RANGE).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let port = free_port().unwrap();
+        assert!((FIRST_FIXED_PORT..low).contains(&port), "{port} outside {FIRST_FIXED_PORT}..{low}");
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    }
 }
