@@ -291,8 +291,10 @@ fn a_slow_rank_stands_out_in_the_gathered_step_times() {
     };
     let ranks = &report.ranks;
     assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1], "{ranks:?}");
+    // The sleep is inside rank 1's compute; how long rank 0's own compute takes depends on
+    // the machine's load (it shares 2 cores with other tests), so only the order is asserted.
     let (fast, slow) = (ranks[0].compute_seconds, ranks[1].compute_seconds);
-    assert!(slow >= 0.2 && slow - fast >= 0.15, "rank 1 sleeps 200 ms a step: {ranks:?}");
+    assert!(slow >= 0.2 && slow > fast, "rank 1 sleeps 200 ms a step: {ranks:?}");
     assert!(ranks.iter().all(|r| r.data_wait_seconds >= 0.0 && r.data_wait_seconds < 0.2), "{ranks:?}");
 }
 
