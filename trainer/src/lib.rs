@@ -7,7 +7,7 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 1 | [`error`], [`ffi`], [`files`], [`rng`], [`storage`], [`torch_info`] | the crate's Error and the failure reason of each, the C++ shim over ATen and c10d, atomic file writes, libtorch's global RNG lock, S3 |
+//! | 1 | [`error`], [`ffi`], [`files`], [`https`], [`rng`], [`storage`], [`torch_info`] | the crate's Error and the failure reason of each, the C++ shim over ATen and c10d, atomic file writes, `https://` files, libtorch's global RNG lock, S3 |
 //! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
