@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crds::contract::RunReason;
 use crds::types::RunPhase;
 use e2e::kueue::Kueue;
 use futures::StreamExt;
@@ -202,8 +203,15 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     assert_eq!(steps, (1..=320).collect(), "every step of first trained and recorded");
     let (admitted, reason, message) = sim.condition("first", "Queued");
     assert_eq!((admitted.as_str(), reason.as_str()), ("False", "Admitted"), "{message}");
+    // A Straggler warning is a report that restarts nothing, and two CPU ranks sharing
+    // this host's cores with the control plane can drift past its factor: the detector
+    // is proved by scenarios' `slow` run, not here.
     for run in ["first", "second", "urgent"] {
-        let warnings: Vec<_> = sim.events(run).into_iter().filter(|(t, _, _)| t == "Warning").collect();
+        let warnings: Vec<_> = sim
+            .events(run)
+            .into_iter()
+            .filter(|(t, reason, _)| t == "Warning" && reason != RunReason::Straggler.as_str())
+            .collect();
         assert!(warnings.is_empty(), "{run}: no failure, restart or stall: {warnings:?}");
     }
 
