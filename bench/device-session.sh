@@ -7,6 +7,7 @@
 #
 #   run(command="bash bench/device-session.sh", carry=[".device"], timeout_s=600)
 #   STEPS="kernels gpu-xl" bash bench/device-session.sh   # only these steps
+#   STEPS=prepare PREPARE_ARGS="--cores 2,16 --workers 8" bash bench/device-session.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -61,7 +62,7 @@ prepare() {
     tar -C /tmp/pscal -xJf .device/prepare-corpus.tar.xz &&
     python3 bench/prepare_scaling.py run --trainer "$TRAINER" --corpus /tmp/pscal/corpus \
       --tokenizer .device/prepare-tokenizer.json --work /tmp/pscal/work \
-      --cores 1,2,4,8,16 --workers 1,2,4,8 --cores-per-worker 2 --peer
+      ${PREPARE_ARGS:---cores 1,2,4,8,16 --workers 1,2,4,8 --cores-per-worker 2 --peer}
 }
 export -f kernels generate prepare
 step prepare 150 bash -c prepare

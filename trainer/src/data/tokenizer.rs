@@ -1,7 +1,9 @@
 //! Tokenizers: the embedded byte-level BPE, trained on the embedded corpus and cached on
 //! disk, or a Hugging Face `tokenizer.json` loaded from a path.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, sync_channel};
 
 use sha2::{Digest, Sha256};
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
@@ -126,6 +128,54 @@ impl Tokenizer {
         }
     }
 
+    /// [`Tokenizer::encode`] of each text of `items`, on all cores, handing each text's
+    /// ids to `each` in the order of `items`. Unlike batches of [`Tokenizer::encode_batch`],
+    /// which each last as long as their longest text, texts are encoded as they come while up
+    /// to `window_bytes` of them wait for `each`: one long document keeps one core, not the
+    /// stream. The first error of `each` stops the stream and is returned, after the texts in
+    /// flight are encoded. Call it from outside the rayon pool: it blocks on its tasks.
+    pub fn encode_in_order<T, E>(
+        &self,
+        items: impl IntoIterator<Item = (String, T)>,
+        window_bytes: usize,
+        mut each: impl FnMut(T, Vec<u32>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        struct Pending<T> {
+            ids: Receiver<Vec<u32>>,
+            bytes: usize,
+            item: T,
+        }
+        let next = |p: Pending<T>| {
+            // A sender dropped unsent is a task that panicked: the scope rethrows its panic.
+            let ids = p.ids.recv().unwrap_or_else(|_| panic!("tokenizer {}: an encoding task panicked", self.origin));
+            (p.item, ids)
+        };
+        rayon::in_place_scope(|scope| {
+            let mut pending = VecDeque::new();
+            let mut in_flight = 0;
+            for (text, item) in items {
+                let (tx, ids) = sync_channel(1);
+                let bytes = text.len();
+                scope.spawn(move |_| {
+                    let _ = tx.send(self.encode(&text));
+                });
+                pending.push_back(Pending { ids, bytes, item });
+                in_flight += bytes;
+                while in_flight > window_bytes
+                    && let Some(p) = pending.pop_front()
+                {
+                    in_flight -= p.bytes;
+                    let (item, ids) = next(p);
+                    each(item, ids)?;
+                }
+            }
+            pending.into_iter().try_for_each(|p| {
+                let (item, ids) = next(p);
+                each(item, ids)
+            })
+        })
+    }
+
     /// The text of `ids`; special tokens are kept (the end of text shows as `<|endoftext|>`).
     pub fn decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, false).unwrap_or_else(|e| format!("<cannot decode: {e}>"))
@@ -224,6 +274,40 @@ mod tests {
         std::fs::File::create(&path).unwrap().set_len(1 << 40).unwrap();
         let e = Tokenizer::from_file(&path).unwrap_err().to_string();
         assert!(e.contains("tokenizer.json") && e.contains("1099511627776 bytes, more than the 268435456"), "{e}");
+    }
+
+    #[test]
+    fn encode_in_order_hands_over_each_texts_ids_in_order_and_stops_at_the_first_error() {
+        let t = Tokenizer::from_json(&train_embedded(600, 64 * 1024).unwrap(), "test").unwrap();
+        // Long texts among short ones: with a window, a short text behind a long one is
+        // encoded first and must still wait its turn.
+        let texts: Vec<String> = (0..200)
+            .map(|i| {
+                let words = if i % 17 == 0 { 20_000 } else { 1 + i % 7 };
+                (0..words).map(|w| format!("word{} ", (i * 31 + w) % 97)).collect()
+            })
+            .collect();
+        let want: Vec<Vec<u32>> = texts.iter().map(|x| t.encode(x)).collect();
+        for window_bytes in [0, 1 << 10, 64 << 20] {
+            let mut got = Vec::new();
+            let items = texts.iter().cloned().enumerate().map(|(i, x)| (x, i));
+            t.encode_in_order(items, window_bytes, |i, ids| {
+                got.push((i, ids));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            let order: Vec<usize> = got.iter().map(|(i, _)| *i).collect();
+            assert_eq!(order, (0..texts.len()).collect::<Vec<_>>(), "window {window_bytes}");
+            assert!(got.into_iter().map(|(_, ids)| ids).eq(want.iter().cloned()), "window {window_bytes}");
+        }
+        let mut seen = Vec::new();
+        let items = texts.iter().cloned().enumerate().map(|(i, x)| (x, i));
+        let stopped = t.encode_in_order(items, 1 << 10, |i, _| {
+            seen.push(i);
+            if i == 40 { Err(format!("stop at {i}")) } else { Ok(()) }
+        });
+        assert_eq!(stopped, Err("stop at 40".to_string()));
+        assert_eq!(seen, (0..=40).collect::<Vec<_>>(), "nothing after the error");
     }
 
     #[test]

@@ -11,11 +11,15 @@ use super::listing::{Clients, Unit};
 use super::output::Output;
 use super::writer::{ShardWriter, held_out};
 use crate::Error;
-use crate::data::mcq::{McqRecord, medqa_json};
+use crate::data::mcq::medqa_json;
 use crate::data::shard::{self, Dtype, RecordFiles, ShardEntry};
 use crate::data::tokenizer::Tokenizer;
 
 const PART_FORMAT: &str = "puretransformer-part";
+
+/// Text handed to the encoder and not yet written, per core: enough that the cores stay
+/// busy behind a document of a few megabytes, which one core encodes alone.
+const ENCODE_WINDOW_PER_THREAD: usize = 4 << 20;
 
 /// What decides a part's content besides its file. A part made under other settings is
 /// prepared again, and the merge does not take it.
@@ -117,28 +121,36 @@ pub fn prepare_unit(
     let seed = unit.split_seed(settings.seed);
     let (mut documents, mut held) = (0u64, 0u64);
     let mut records: [Vec<String>; 2] = Default::default();
-    let mut failure = None;
-    for msg in rx {
-        let (docs, bytes) = match msg {
-            Ok(batch) => batch,
-            Err(e @ Error::Data { .. }) => {
-                failure = Some(e.to_string());
-                break;
+    // The reader's error ends the documents; a data error of the file fails the file.
+    let mut stopped = None;
+    let docs = rx
+        .iter()
+        .map_while(|msg| msg.map_err(|e| stopped = Some(e)).ok())
+        .flat_map(|(docs, bytes)| {
+            // The batch's input bytes count as done with its last document.
+            let last = docs.len().checked_sub(1);
+            if last.is_none() {
+                bar.inc(bytes);
             }
-            Err(e) => return Err(e),
-        };
-        let (texts, mcq): (Vec<String>, Vec<Option<McqRecord>>) = docs.into_iter().map(|d| (d.text, d.record)).unzip();
-        for (record, ids) in mcq.iter().zip(tok.encode_batch(&texts)) {
-            let validation = held_out(seed, documents, settings.validation_fraction);
-            writers[validation as usize].push(&ids)?;
-            if let Some(r) = record {
-                records[validation as usize].push(medqa_json(r).to_string());
-            }
-            documents += 1;
-            held += validation as u64;
+            docs.into_iter().enumerate().map(move |(i, d)| (d.text, (d.record, if Some(i) == last { bytes } else { 0 })))
+        });
+    let window = ENCODE_WINDOW_PER_THREAD * rayon::current_num_threads();
+    tok.encode_in_order(docs, window, |(record, bytes), ids| {
+        let validation = held_out(seed, documents, settings.validation_fraction);
+        writers[validation as usize].push(&ids)?;
+        if let Some(r) = record {
+            records[validation as usize].push(medqa_json(&r).to_string());
         }
+        documents += 1;
+        held += validation as u64;
         bar.inc(bytes);
-    }
+        Ok::<(), Error>(())
+    })?;
+    let failure = match stopped {
+        Some(e @ Error::Data { .. }) => Some(e.to_string()),
+        Some(e) => return Err(e),
+        None => None,
+    };
     reader.join().map_err(|_| Error::InvalidSpec("prepare: the input reader panicked".into()))?;
     let mut part = Part {
         format: PART_FORMAT.into(),
