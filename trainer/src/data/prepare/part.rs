@@ -123,17 +123,14 @@ pub fn prepare_unit(
     let mut records: [Vec<String>; 2] = Default::default();
     // The reader's error ends the documents; a data error of the file fails the file.
     let mut stopped = None;
-    let docs = rx
-        .iter()
-        .map_while(|msg| msg.map_err(|e| stopped = Some(e)).ok())
-        .flat_map(|(docs, bytes)| {
-            // The batch's input bytes count as done with its last document.
-            let last = docs.len().checked_sub(1);
-            if last.is_none() {
-                bar.inc(bytes);
-            }
-            docs.into_iter().enumerate().map(move |(i, d)| (d.text, (d.record, if Some(i) == last { bytes } else { 0 })))
-        });
+    let docs = rx.iter().map_while(|msg| msg.map_err(|e| stopped = Some(e)).ok()).flat_map(|(docs, bytes)| {
+        // The batch's input bytes count as done with its last document.
+        let last = docs.len().checked_sub(1);
+        if last.is_none() {
+            bar.inc(bytes);
+        }
+        docs.into_iter().enumerate().map(move |(i, d)| (d.text, (d.record, if Some(i) == last { bytes } else { 0 })))
+    });
     let window = ENCODE_WINDOW_PER_THREAD * rayon::current_num_threads();
     tok.encode_in_order(docs, window, |(record, bytes), ids| {
         let validation = held_out(seed, documents, settings.validation_fraction);
