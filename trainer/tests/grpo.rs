@@ -2,7 +2,7 @@
 //! accuracy), exact resume on two ranks with a reused batch and a reference model,
 //! micro-batch invariance of the gradient, and the NaN contract.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crds::contract::{ExitReport, FailureReason, TerminationMessage};
 use trainer::dist::Placement;
@@ -25,26 +25,6 @@ fn ok(out: &std::process::Output) -> String {
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
-
-/// A short pretraining run named `base` (the GRPO runs' initFrom): 32 steps on the
-/// multiple-choice corpus, enough to answer with letters.
-const BASE: &str = r#"
-apiVersion: training.puretransformer.dev/v1alpha1
-kind: TrainingRun
-metadata: {name: base}
-spec:
-  model: {preset: nano, tokenizer: embedded}
-  tokens: "32K"
-  data:
-    mix:
-      - {name: mcq, weight: 1.0, uri: "embedded:mcq"}
-    validation: {everySteps: 100, tokens: "1K"}
-  topology: {nodes: 1, gpusPerNode: 0}
-  batch: {globalTokens: 1024, microBatch: 8, seqLength: 128}
-  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
-  precision: f32
-  checkpoint: {everySteps: 32, keepLast: 1}
-"#;
 
 /// GRPO on `embedded:mcq-rules` from `base`: 4 prompts × 4 completions of up to 8
 /// tokens per step with top-p 0.9 (so the keep-sampling mask acts), 6 steps, a
@@ -76,14 +56,6 @@ spec:
   checkpoint: {{everySteps: 2, keepLast: 3}}
 "#
     )
-}
-
-/// A scratch directory holding the `base` run, for GRPO runs to start from.
-fn with_base(name: &str) -> PathBuf {
-    let dir = scratch(name);
-    std::fs::write(dir.join("base.yaml"), BASE).unwrap();
-    ok(&run(&dir.join("base.yaml"), &dir.join("base"), &[], &[]));
-    dir
 }
 
 /// (step, loss, reward, kl) of every step record.
@@ -190,7 +162,7 @@ fn pretrain_then_grpo_raises_held_out_accuracy() {
 /// reward and KL sequence exactly.
 #[test]
 fn grpo_on_two_ranks_resumes_exactly() {
-    let dir = with_base("resume");
+    let dir = common::grpo_base("resume");
     let manifest = dir.join("g.yaml");
     std::fs::write(&manifest, grpo_yaml(2, 4, 2)).unwrap();
     ok(&run(&manifest, &dir.join("full"), &[], &[]));
@@ -218,7 +190,7 @@ fn grpo_on_two_ranks_resumes_exactly() {
 /// steps in a row.
 #[test]
 fn a_grpo_run_whose_groups_all_agree_reports_no_learning_signal() {
-    let dir = with_base("signal");
+    let dir = common::grpo_base("signal");
     let warm = grpo_yaml(1, 16, 1).replace("    evalQuestions: 16", "    evalQuestions: 0\n    noSignalSteps: 2");
     let cold = warm.replace("    topP: 0.9", "    topP: 1.0\n    temperature: 1.0e-4");
     assert!(warm.contains("noSignalSteps: 2") && cold.contains("temperature: 1.0e-4"));
@@ -255,7 +227,7 @@ fn a_grpo_run_whose_groups_all_agree_reports_no_learning_signal() {
 /// gradient of micro-batches of 16.
 #[test]
 fn micro_batch_size_does_not_change_the_gradient() {
-    let dir = with_base("micro");
+    let dir = common::grpo_base("micro");
     let grads = |micro: u32| {
         let cfg = config(&grpo_yaml(1, micro, 1));
         let out = dir.join(format!("m{micro}"));
@@ -288,7 +260,7 @@ fn micro_batch_size_does_not_change_the_gradient() {
 /// A NaN in a GRPO step fails the run with the NaNLoss contract.
 #[test]
 fn nan_in_a_grpo_step_fails_with_nan_loss() {
-    let dir = with_base("nan");
+    let dir = common::grpo_base("nan");
     let manifest = dir.join("g.yaml");
     std::fs::write(&manifest, grpo_yaml(1, 8, 1)).unwrap();
     let log = dir.join("termination-log");

@@ -50,8 +50,11 @@ pub struct GrpoSpec {
     /// for maxNewTokens + 1 tokens, so that it never outscores a wrong answer.
     #[serde(default = "default_length_penalty")]
     pub length_penalty: f64,
-    /// Loss aggregation: `grpo` (per-sequence mean), `bnpo` (per-batch token mean) or
-    /// `dr_grpo` (sum over a constant max length).
+    /// Loss aggregation, as TRL's `loss_type`: `grpo` (each completion's token mean,
+    /// averaged over completions), `bnpo` (the token mean of each micro-batch, averaged
+    /// over micro-batches), `dr_grpo` (the token sum over completions × maxNewTokens) or
+    /// `dapo` (the token sum over every completion token of the step on all ranks, so
+    /// micro-batch size and rank count do not change the gradient).
     #[serde(default)]
     pub loss_type: LossType,
     /// Advantage scaling: `group` (by the group's std), `batch` (by the batch std) or `none`.
@@ -64,14 +67,17 @@ pub struct GrpoSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("iterations must be at least 1"))]
     pub iterations: u32,
     /// Weight the KL term by the importance ratio π_θ/π_old, which keeps its gradient
-    /// unbiased when a batch is reused (DeepSeek-V3.2). Off: TRL's plain k3.
+    /// unbiased when a batch is reused (DeepSeek-V3.2; TRL's `use_bias_correction_kl`,
+    /// on by default there). Off: the plain k3.
     #[serde(default)]
     pub unbiased_kl: bool,
     /// Off-policy sequence masking (DeepSeek-V3.2): a completion with a negative
-    /// advantage whose mean log(π_old/π_θ) per token exceeds this is left out of the loss.
+    /// advantage whose mean log(π_old/π_θ) per token exceeds this is left out of the
+    /// policy term of the loss (its β·KL term stays, as in TRL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_policy_mask_threshold: Option<f64>,
-    /// Leave completions that hit maxNewTokens without ending out of the loss.
+    /// Leave completions that hit maxNewTokens without ending out of the loss and out of
+    /// its token counts (TRL's `mask_truncated_completions`).
     #[serde(default)]
     pub mask_truncated_completions: bool,
     /// Held-out questions for the accuracy evaluation before and after training:
@@ -93,7 +99,7 @@ pub struct GrpoSpec {
     #[serde(default = "default_eval_questions")]
     pub eval_questions: u32,
     /// Steps in a row in which at least 90% of the prompt groups got equal rewards for
-    /// every completion (so no advantage, no gradient from them) before the run is
+    /// every completion (so advantage 0: the reward teaches nothing) before the run is
     /// flagged `NoLearningSignal`: the questions are too easy or too hard for the
     /// policy, or the sampling too cold to vary.
     #[serde(default = "default_no_signal_steps")]
@@ -182,6 +188,7 @@ pub enum LossType {
     Grpo,
     Bnpo,
     DrGrpo,
+    Dapo,
 }
 
 /// GRPO advantage scaling.

@@ -40,17 +40,23 @@ pub struct EvalArgs {
     /// The question file's format: auto tells it by the first record's fields.
     #[arg(long, default_value = "auto")]
     pub format: McqFormat,
-    /// Answered examples before each question, from `--fewshot-dataset` (the same
-    /// subject's where it has subjects).
+    /// Answered examples before each question, from `--fewshot-dataset`, drawn as
+    /// lm-evaluation-harness draws them: for MMLU the first ones of the question's
+    /// subject; otherwise Python's `random.Random(--seed).sample`, question after question.
     #[arg(long, default_value_t = 0)]
     pub fewshot: usize,
     /// Where the few-shot examples come from (e.g. MMLU's dev split), in the same forms
-    /// as `--dataset`.
+    /// as `--dataset`. The same as `--dataset`: a question is never its own example.
     #[arg(long)]
     pub fewshot_dataset: Option<String>,
-    /// Seeds the choice of few-shot examples.
+    /// Seeds the choice of few-shot examples (lm-eval's `fewshot_random_seed`, 1234).
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+    /// Also write each question as it was scored to this file, one JSON object a line
+    /// (lm-eval's `--log_samples`): its context, choices, target, each choice's summed
+    /// log-likelihood, and acc and acc_norm.
+    #[arg(long)]
+    pub samples: Option<PathBuf>,
     /// Score at most this many questions [default: all of a file; 256 of an embedded
     /// set; the GRPO run's evalQuestions of its held-out set].
     #[arg(long)]
@@ -203,9 +209,15 @@ fn eval_mcq(args: &EvalArgs) -> Result<(), Error> {
             ));
         }
     };
-    let fewshot = (args.fewshot > 0).then_some(Fewshot { pool: &pool, k: args.fewshot, seed: args.seed });
+    let pool_is_set = args.fewshot_dataset.is_some() && args.fewshot_dataset == args.dataset;
+    let fewshot = (args.fewshot > 0).then_some(Fewshot { pool: &pool, k: args.fewshot, seed: args.seed, pool_is_set });
     let options = EvalOptions { max_new_tokens: args.max_new_tokens, batch: 16, device: Device::Cpu, autocast: false };
-    let score = crate::eval::evaluate(&model, &tokenizer, &set, fewshot, &options, None)?;
+    let (score, samples) = crate::eval::evaluate_samples(&model, &tokenizer, &set, fewshot, &options, None)?;
+    if let Some(path) = &args.samples {
+        let lines: String =
+            samples.iter().map(|s| serde_json::to_string(s).expect("samples serialize") + "\n").collect();
+        std::fs::write(path, lines).map_err(crate::io_err(path))?;
+    }
     if args.json {
         let mut report = serde_json::to_value(&score).expect("scores serialize");
         report["dataset"] = name.into();

@@ -6,6 +6,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::answer::parse_answer;
+use super::fewshot::Fewshot;
 use super::score::{McqScore, Outcome};
 use super::task::{self, TARGET_DELIMITER};
 use crate::Error;
@@ -26,12 +27,20 @@ pub struct EvalOptions {
     pub autocast: bool,
 }
 
-/// Few-shot examples: `k` per question from `pool`, drawn with `seed`.
-#[derive(Clone, Copy, Debug)]
-pub struct Fewshot<'a> {
-    pub pool: &'a [McqRecord],
-    pub k: usize,
-    pub seed: u64,
+/// One question as it was scored, as lm-eval logs a sample: the context before the
+/// continuations, the continuations (without the target delimiter), each one's summed
+/// log-likelihood, and the outcomes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Sample {
+    /// The question's index in its set.
+    pub doc_id: usize,
+    pub subject: Option<String>,
+    pub context: String,
+    pub choices: Vec<String>,
+    pub target: usize,
+    pub loglikelihoods: Vec<f64>,
+    pub acc: bool,
+    pub acc_norm: bool,
 }
 
 /// One log-likelihood request: the context's tokens and the continuation's.
@@ -139,29 +148,51 @@ pub fn evaluate(
     o: &EvalOptions,
     group: Option<&ProcessGroup>,
 ) -> Result<McqScore, Error> {
+    Ok(evaluate_samples(model, tok, set, fewshot, o, group)?.0)
+}
+
+/// [`evaluate`], and each of this rank's questions as it was scored.
+pub fn evaluate_samples(
+    model: &Model,
+    tok: &Tokenizer,
+    set: &McqSet,
+    fewshot: Option<Fewshot>,
+    o: &EvalOptions,
+    group: Option<&ProcessGroup>,
+) -> Result<(McqScore, Vec<Sample>), Error> {
     let (rank, world) = group.map_or((0, 1), |g| (g.rank() as usize, g.world_size() as usize));
     let mine: Vec<usize> = (rank..set.records.len()).step_by(world).collect();
-    let shots = |i: usize| fewshot.map_or_else(Vec::new, |f| task::fewshot(f.pool, f.k, f.seed, i, &set.records[i]));
+    let drawn = fewshot.map_or_else(|| vec![Vec::new(); set.records.len()], |f| f.draw(set.format, &set.records));
+    let shots = |i: usize| drawn[i].clone();
     // Log-likelihood: a request per option of each question.
     let mut requests = Vec::new();
-    let mut lengths = Vec::new();
+    let mut samples = Vec::with_capacity(mine.len());
     for &i in &mine {
         let r = &set.records[i];
         let context = task::context(set.format, r, &shots(i));
         let choices = task::choices(set.format, r);
         let continuations: Vec<String> = choices.iter().map(|c| format!("{TARGET_DELIMITER}{c}")).collect();
         requests.extend(Request::each(tok, &context, &continuations));
-        lengths.extend(choices.iter().map(|c| c.chars().count().max(1) as f64));
+        samples.push(Sample {
+            doc_id: i,
+            subject: r.subject.clone(),
+            context,
+            choices,
+            target: r.answer,
+            loglikelihoods: Vec::new(),
+            acc: false,
+            acc_norm: false,
+        });
     }
-    let lls = loglikelihoods(model, &requests, o.device, o.autocast)?;
+    let mut lls = loglikelihoods(model, &requests, o.device, o.autocast)?.into_iter();
     let mut outcomes = vec![Outcome::default(); set.records.len()];
-    let mut at = 0;
-    for &i in &mine {
-        let n = set.records[i].options.len();
-        let (ll, len) = (&lls[at..at + n], &lengths[at..at + n]);
-        outcomes[i].acc = argmax(ll.iter().copied()) == set.records[i].answer;
-        outcomes[i].acc_norm = argmax(ll.iter().zip(len).map(|(l, c)| l / c)) == set.records[i].answer;
-        at += n;
+    for s in &mut samples {
+        s.loglikelihoods = lls.by_ref().take(s.choices.len()).collect();
+        // lm-eval's acc_norm: per character of the choice, without the delimiter.
+        let per_char = s.loglikelihoods.iter().zip(&s.choices).map(|(l, c)| l / c.chars().count().max(1) as f64);
+        s.acc = argmax(s.loglikelihoods.iter().copied()) == s.target;
+        s.acc_norm = argmax(per_char) == s.target;
+        (outcomes[s.doc_id].acc, outcomes[s.doc_id].acc_norm) = (s.acc, s.acc_norm);
     }
     if o.max_new_tokens > 0 {
         greedy(model, tok, set, &mine, &shots, o, &mut outcomes)?;
@@ -175,7 +206,7 @@ pub fn evaluate(
     }
     let with_subjects: Vec<(Outcome, Option<&str>)> =
         outcomes.into_iter().zip(&set.records).map(|(o, r)| (o, r.subject.as_deref())).collect();
-    Ok(McqScore::of(&with_subjects))
+    Ok((McqScore::of(&with_subjects), samples))
 }
 
 /// The greedy answer letter of each of `mine`: generated after the question asked with
@@ -233,6 +264,7 @@ mod tests {
         let mut cfg = crate::model::tests::small(crds::presets::Arch::Llama, false);
         cfg.vocab_size = tok.vocab_size() as u32;
         cfg.max_seq_len = 48;
+        let _rng = crate::rng::GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(11);
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let model = Model::new(&vs.root(), &cfg, Device::Cpu).unwrap();

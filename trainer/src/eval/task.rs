@@ -8,9 +8,6 @@
 //!   <subject>.\n\n` then `<question>\nA. …\nAnswer:`, scoring the letters.
 //! - ARC (`arc_easy`, `arc_challenge`): `Question: …\nAnswer:`, scoring the option texts.
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
 use crate::data::mcq::{McqFormat, McqRecord};
 
 /// Between a question's text and its answer.
@@ -58,29 +55,12 @@ pub fn context(format: McqFormat, r: &McqRecord, shots: &[&McqRecord]) -> String
     text + &question_text(format, r)
 }
 
-/// `k` examples for question `index` of a set from `pool`, seeded by (`seed`, `index`):
-/// from the question's subject where the pool has any of it (as MMLU's per-subject dev
-/// examples are), never the question itself. Fewer when the pool is smaller.
-pub fn fewshot<'a>(pool: &'a [McqRecord], k: usize, seed: u64, index: usize, r: &McqRecord) -> Vec<&'a McqRecord> {
-    if k == 0 {
-        return Vec::new();
-    }
-    let same_subject = |p: &&McqRecord| r.subject.is_some() && p.subject == r.subject;
-    let by_subject = pool.iter().any(|p| same_subject(&p));
-    let candidates: Vec<&McqRecord> =
-        pool.iter().filter(|p| (!by_subject || same_subject(p)) && p.question != r.question).collect();
-    let mut rng = ChaCha8Rng::seed_from_u64(crate::rng::splitmix64(seed ^ crate::rng::splitmix64(index as u64)));
-    rand::seq::index::sample(&mut rng, candidates.len(), k.min(candidates.len()))
-        .into_iter()
-        .map(|i| candidates[i])
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn q(question: &str, subject: Option<&str>) -> McqRecord {
+    /// A three-option question (gold `5`).
+    pub(in crate::eval) fn q(question: &str, subject: Option<&str>) -> McqRecord {
         McqRecord {
             subject: subject.map(str::to_string),
             ..McqRecord::new(question, vec!["4".into(), "5".into(), "six".into()], 1)
@@ -104,25 +84,5 @@ mod tests {
         );
         assert_eq!(choices(McqFormat::Arc, &r), ["4", "5", "six"]);
         assert_eq!(context(McqFormat::Medqa, &shot, &[]), "Question: What is 1 + 4?\nA. 4\nB. 5\nC. six\nAnswer:");
-    }
-
-    #[test]
-    fn fewshot_examples_are_seeded_from_the_subject_and_never_the_question() {
-        let pool: Vec<McqRecord> = (0..6)
-            .map(|i| q(&format!("q{i}"), Some(if i < 3 { "anatomy" } else { "virology" })))
-            .chain([q("x", None)])
-            .collect();
-        let r = q("q1", Some("anatomy"));
-        let shots = fewshot(&pool, 5, 7, 0, &r);
-        let names: Vec<&str> = shots.iter().map(|s| s.question.as_str()).collect();
-        assert_eq!(names.len(), 2, "two other anatomy questions: {names:?}");
-        assert!(names.iter().all(|n| ["q0", "q2"].contains(n)), "{names:?}");
-        assert_eq!(fewshot(&pool, 5, 7, 0, &r), shots, "seeded");
-        let other = q("y", Some("law"));
-        assert_eq!(fewshot(&pool, 3, 7, 0, &other).len(), 3, "no law examples: the whole pool");
-        let orders: std::collections::BTreeSet<Vec<String>> =
-            (0..20).map(|i| fewshot(&pool, 3, 7, i, &other).iter().map(|s| s.question.clone()).collect()).collect();
-        assert!(orders.len() > 1, "each question its own draw");
-        assert!(fewshot(&pool, 0, 7, 0, &r).is_empty());
     }
 }

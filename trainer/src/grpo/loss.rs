@@ -1,8 +1,8 @@
-//! The GRPO objective, as TRL's `GRPOTrainer` computes it: group-relative advantages,
-//! the clipped importance ratio, the k3 KL estimator against a frozen reference, and
-//! the `grpo` / `bnpo` / `dr_grpo` aggregations. Two additions from DeepSeek-V3.2 are
-//! optional: the KL weighted by the importance ratio (unbiased when the batch is
-//! reused) and off-policy sequence masking.
+//! The GRPO objective, as TRL's `GRPOTrainer` computes it (proved against TRL itself by
+//! `tests/trl_parity.rs`): group-relative advantages, the clipped importance ratio, the
+//! k3 KL estimator against a frozen reference, the `grpo` / `bnpo` / `dr_grpo` / `dapo`
+//! aggregations, the KL weighted by the importance ratio and off-policy sequence
+//! masking (DeepSeek-V3.2, both in TRL too).
 
 use crds::types::{LossType, ScaleRewards};
 use tch::{Kind, TchError, Tensor};
@@ -22,7 +22,7 @@ pub fn std_unbiased(xs: &[f64]) -> f64 {
 /// Advantages of `rewards` (consecutive groups of `group`): `r − mean_group`, divided
 /// by `std + 1e-4` of the group (`Group`), of the whole batch (`Batch`, `batch_std`
 /// measured over every rank) or not at all. Also says, per completion, whether its
-/// group's rewards are all equal: such a group carries no learning signal.
+/// group's rewards are all equal: its advantages are 0, so only its KL term trains.
 pub fn advantages(rewards: &[f64], group: usize, scale: ScaleRewards, batch_std: f64) -> (Vec<f64>, Vec<bool>) {
     let mut adv = Vec::with_capacity(rewards.len());
     let mut flat = Vec::with_capacity(rewards.len());
@@ -85,47 +85,57 @@ pub struct LossSettings {
     pub max_completion_length: i64,
 }
 
-/// What the loss is normalized by. TRL uses one micro-batch's own counts; the trainer
-/// passes the whole step's counts on its rank, so that micro-batch size does not change
-/// the gradient.
+/// What the loss is normalized by: this rank's whole step, so that the split into
+/// micro-batches changes nothing but `bnpo`, whose definition (TRL's) is per micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Normalizer {
+    /// Completions on this rank in the step (`grpo` averages over them, `dr_grpo`
+    /// divides by them × `maxNewTokens`).
     pub sequences: f64,
+    /// Completion tokens in the loss over every rank, divided by the rank count (`dapo`;
+    /// the gradient all-reduce averages over ranks).
     pub tokens: f64,
+    /// Micro-batches in the step on this rank (`bnpo` averages their token means).
+    pub micro_batches: f64,
 }
 
 impl Normalizer {
-    /// A micro-batch's own counts (TRL's normalization).
+    /// One micro-batch as the whole step on one rank.
     pub fn of(mask: &Tensor) -> Result<Normalizer, TchError> {
-        Ok(Normalizer { sequences: mask.size()[0] as f64, tokens: mask.f_sum(Kind::Float)?.f_double_value(&[])? })
+        Ok(Normalizer {
+            sequences: mask.size()[0] as f64,
+            tokens: mask.f_sum(Kind::Float)?.f_double_value(&[])?,
+            micro_batches: 1.0,
+        })
     }
 }
 
-/// The loss and its diagnostics, all summed over the micro-batch (0-dim tensors, so
-/// nothing waits for the device until the step's metrics are read).
+/// The loss and its diagnostics over the micro-batch; the sums are 0-dim tensors, so
+/// nothing waits for the device until the step's metrics are read.
 pub struct LossParts {
     pub loss: Tensor,
-    /// Σ mask · k3 KL (per-token KL summed; zero when β = 0).
+    /// Each token's loss before aggregation (B, T), detached (TRL's `per_token_loss`).
+    pub per_token: Tensor,
+    /// Each token's k3 KL (B, T), detached; zeros when β = 0.
+    pub per_token_kl: Tensor,
+    /// Σ mask · k3 KL.
     pub kl_sum: Tensor,
     /// Tokens clipped at 1 − ε_low with A < 0, and at 1 + ε_high with A > 0.
     pub clipped_low: Tensor,
     pub clipped_high: Tensor,
-    /// Sequences dropped by off-policy masking.
+    /// Sequences whose policy term off-policy masking dropped.
     pub off_policy_masked: Tensor,
 }
 
-/// The GRPO loss of one micro-batch. `logp`, `old`, `reference`, `mask`: (B, T) over
-/// completion tokens (`old` = `logp` detached when the batch is fresh); `adv`: (B);
-/// `keep`: (B) 1 for a sequence that trains, 0 for one that must not (a group with
-/// equal rewards, a truncated completion when those are masked).
-#[allow(clippy::too_many_arguments)]
+/// The GRPO loss of one micro-batch, as TRL's `_compute_loss`. `logp`, `old`,
+/// `reference`, `mask`: (B, T) over completion tokens (`old` = `logp` detached when
+/// the batch is fresh; `mask` 0 on a completion left out of the loss); `adv`: (B).
 pub fn policy_loss(
     logp: &Tensor,
     old: Option<&Tensor>,
     reference: Option<&Tensor>,
     adv: &Tensor,
     mask: &Tensor,
-    keep: &Tensor,
     s: &LossSettings,
     norm: Normalizer,
 ) -> Result<LossParts, TchError> {
@@ -137,29 +147,28 @@ pub fn policy_loss(
     let coef_1 = logp.f_sub(&old)?.f_exp()?; // π_θ / π_old, (B, T)
     let coef_2 = coef_1.f_clamp(1.0 - s.epsilon_low, 1.0 + s.epsilon_high)?;
     let mut per_token = coef_1.f_mul(&a)?.f_minimum(&coef_2.f_mul(&a)?)?.f_neg()?;
-    let mut kl_sum = Tensor::f_zeros([], (Kind::Float, logp.device()))?;
-    if s.beta != 0.0 {
-        let reference =
-            reference.ok_or_else(|| TchError::Kind("β > 0 needs the reference model's log-probabilities".into()))?;
-        let d = reference.f_sub(logp)?;
-        let mut kl = d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?; // k3
-        if s.unbiased_kl {
-            kl = kl.f_mul(&coef_1)?;
-        }
-        kl_sum = kl.f_detach()?.f_mul(mask)?.f_sum(Kind::Float)?;
-        per_token = per_token.f_add(&kl.f_mul_scalar(s.beta)?)?;
-    }
-    let mut keep = keep.f_to_kind(Kind::Float)?;
     let mut off_policy_masked = Tensor::f_zeros([], (Kind::Float, logp.device()))?;
     if let Some(delta) = s.off_policy_threshold {
         let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?;
         let drift =
             old.f_sub(&logp.f_detach()?)?.f_mul(mask)?.f_sum_dim_intlist(1, false, Kind::Float)?.f_div(&lengths)?;
-        let drop = drift.f_gt(delta)?.f_logical_and(&adv.f_lt(0.0)?)?.f_to_kind(Kind::Float)?;
-        off_policy_masked = drop.f_mul(&keep)?.f_sum(Kind::Float)?;
-        keep = keep.f_mul(&drop.f_neg()?.f_add_scalar(1.0)?)?;
+        let drop = drift.f_gt(delta)?.f_logical_and(&adv.f_lt(0.0)?)?.f_to_kind(Kind::Float)?; // (B)
+        off_policy_masked = drop.f_sum(Kind::Float)?;
+        per_token = per_token.f_mul(&drop.f_neg()?.f_add_scalar(1.0)?.f_unsqueeze(1)?)?;
     }
-    let weighted = per_token.f_mul(mask)?.f_mul(&keep.f_unsqueeze(1)?)?; // (B, T)
+    let mut per_token_kl = logp.f_zeros_like()?;
+    if s.beta != 0.0 {
+        let reference =
+            reference.ok_or_else(|| TchError::Kind("β > 0 needs the reference model's log-probabilities".into()))?;
+        let d = reference.f_sub(logp)?;
+        per_token_kl = d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?; // k3
+        if s.unbiased_kl {
+            per_token_kl = per_token_kl.f_mul(&coef_1)?;
+        }
+        per_token = per_token.f_add(&per_token_kl.f_mul_scalar(s.beta)?)?;
+    }
+    let kl_sum = per_token_kl.f_detach()?.f_mul(mask)?.f_sum(Kind::Float)?;
+    let weighted = per_token.f_mul(mask)?; // (B, T)
     let loss = match s.loss_type {
         LossType::Grpo => {
             let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?;
@@ -169,151 +178,135 @@ pub fn policy_loss(
                 .f_sum(Kind::Float)?
                 .f_div_scalar(norm.sequences)?
         }
-        LossType::Bnpo => weighted.f_sum(Kind::Float)?.f_div_scalar(norm.tokens.max(1.0))?,
+        LossType::Bnpo => weighted
+            .f_sum(Kind::Float)?
+            .f_div(&mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?)?
+            .f_div_scalar(norm.micro_batches)?,
         LossType::DrGrpo => {
             weighted.f_sum(Kind::Float)?.f_div_scalar(norm.sequences * s.max_completion_length as f64)?
         }
+        LossType::Dapo => weighted.f_sum(Kind::Float)?.f_div_scalar(norm.tokens.max(1.0))?,
     };
     let counted = |t: Tensor| -> Result<Tensor, TchError> { t.f_to_kind(Kind::Float)?.f_mul(mask)?.f_sum(Kind::Float) };
     let coef = coef_1.f_detach()?;
     let clipped_low = counted(coef.f_lt(1.0 - s.epsilon_low)?.f_logical_and(&a.f_lt(0.0)?)?)?;
     let clipped_high = counted(coef.f_gt(1.0 + s.epsilon_high)?.f_logical_and(&a.f_gt(0.0)?)?)?;
-    Ok(LossParts { loss, kl_sum, clipped_low, clipped_high, off_policy_masked })
+    Ok(LossParts {
+        loss,
+        per_token: per_token.f_detach()?,
+        per_token_kl: per_token_kl.f_detach()?,
+        kl_sum,
+        clipped_low,
+        clipped_high,
+        off_policy_masked,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::Value;
-
     use super::*;
 
-    /// Written by scripts/goldens/grpo.py from TRL's formulas in torch.
-    const GOLDEN: &str = include_str!("../../tests/goldens/grpo.json");
     const B: i64 = 8;
     const T: i64 = 5;
-    const LENGTHS: [i64; 8] = [5, 3, 1, 4, 5, 2, 0, 3];
-    const REWARDS: [f64; 8] = [0.99, 0.0, -0.02, 0.97, 0.0, 0.98, 0.0, -0.01];
-    const ADV_REWARDS: [f64; 12] = [1.0, 0.0, 0.98, 0.0, 0.5, 0.5, 0.5, 0.5, 0.99, 0.0, 0.0, 0.96];
 
-    /// The script's `grid`: element (b, t) is f(b, t), computed in f64, stored f32.
+    /// Element (b, t) is f(b, t), computed in f64, stored f32.
     fn grid(f: impl Fn(f64, f64) -> f64) -> Tensor {
         let v: Vec<f64> =
             (0..B).flat_map(|b| (0..T).map(move |t| (b, t))).map(|(b, t)| f(b as f64, t as f64)).collect();
         Tensor::from_slice(&v).view([B, T]).to_kind(Kind::Float)
     }
 
-    fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= tol, "{what}[{i}]: {g} vs {w}");
-        }
-    }
-
-    fn floats(v: &Value) -> Vec<f64> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
-    }
-
-    #[test]
-    fn advantages_match_trl() {
-        let g: Value = serde_json::from_str(GOLDEN).unwrap();
-        let batch_std = std_unbiased(&ADV_REWARDS);
-        for (name, scale) in
-            [("group", ScaleRewards::Group), ("batch", ScaleRewards::Batch), ("none", ScaleRewards::None)]
-        {
-            let (adv, flat) = advantages(&ADV_REWARDS, 4, scale, batch_std);
-            close(&adv, &floats(&g["advantages"][name]), 1e-5, name);
-            assert_eq!(flat, [[false; 4], [true; 4], [false; 4]].concat(), "the middle group has equal rewards");
-        }
-    }
-
-    #[test]
-    fn loss_gradient_and_diagnostics_match_trl() {
-        let g: Value = serde_json::from_str(GOLDEN).unwrap();
-        let logp0 = grid(|b, t| -0.5 - 0.3 * (0.7 * b + 1.1 * t).sin().abs());
-        let old = grid(|b, t| 0.25 * (1.3 * b - 0.4 * t).sin()) + &logp0;
-        let reference = grid(|b, t| 0.3 * (0.9 * b + 0.5 * t).cos()) + &logp0;
-        let mask = grid(|b, t| if (t as i64) < LENGTHS[b as usize] { 1.0 } else { 0.0 });
-        let (adv, _) = advantages(&REWARDS, 4, ScaleRewards::Group, 0.0);
-        let adv = Tensor::from_slice(&adv).to_kind(Kind::Float);
-        let keep = Tensor::ones([B], (Kind::Float, tch::Device::Cpu));
-        let cases = g["loss"].as_array().unwrap();
-        assert_eq!(cases.len(), 11);
-        for c in cases {
-            let name = c["name"].as_str().unwrap();
-            let s = LossSettings {
-                epsilon_low: c["eps_low"].as_f64().unwrap(),
-                epsilon_high: c["eps_high"].as_f64().unwrap(),
-                beta: c["beta"].as_f64().unwrap(),
-                loss_type: serde_json::from_value(c["loss_type"].clone()).unwrap(),
-                unbiased_kl: c["unbiased_kl"].as_bool().unwrap(),
-                off_policy_threshold: c["delta"].as_f64(),
-                max_completion_length: 6,
-            };
-            let logp = logp0.copy().set_requires_grad(true);
-            let old = c["old"].as_bool().unwrap().then_some(&old);
-            let parts =
-                policy_loss(&logp, old, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap())
-                    .unwrap();
-            parts.loss.backward();
-            let scalar = |t: &Tensor| t.double_value(&[]);
-            close(&[scalar(&parts.loss)], &[c["loss"].as_f64().unwrap()], 1e-6, name);
-            close(
-                &Vec::<f64>::try_from(logp.grad().to_kind(Kind::Double).view([-1])).unwrap(),
-                &floats(&c["grad"]),
-                1e-6,
-                name,
-            );
-            close(&[scalar(&parts.kl_sum)], &[c["kl_sum"].as_f64().unwrap()], 1e-5, name);
-            let counts = [scalar(&parts.clipped_low), scalar(&parts.clipped_high), scalar(&parts.off_policy_masked)];
-            let want = ["clipped_low", "clipped_high", "off_policy_masked"].map(|k| c[k].as_f64().unwrap());
-            assert_eq!(counts, want, "{name}");
-        }
-    }
-
-    /// Masked sequences (keep = 0) get no gradient, and the rest are untouched.
-    #[test]
-    fn kept_out_sequences_get_no_gradient() {
-        let logp = grid(|b, t| -1.0 - 0.1 * (b + t).sin()).set_requires_grad(true);
-        let reference = grid(|b, t| -1.2 + 0.05 * (b * t).cos());
-        let mask = Tensor::ones([B, T], (Kind::Float, tch::Device::Cpu));
-        let adv = Tensor::from_slice(&[1.0f32, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0]);
-        let keep = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
-        let s = LossSettings {
+    fn settings(loss_type: LossType, off_policy_threshold: Option<f64>) -> LossSettings {
+        LossSettings {
             epsilon_low: 0.2,
-            epsilon_high: 0.2,
+            epsilon_high: 0.28,
             beta: 0.04,
-            loss_type: LossType::Grpo,
-            unbiased_kl: false,
-            off_policy_threshold: None,
+            loss_type,
+            unbiased_kl: true,
+            off_policy_threshold,
             max_completion_length: T,
-        };
-        let parts =
-            policy_loss(&logp, None, Some(&reference), &adv, &mask, &keep, &s, Normalizer::of(&mask).unwrap()).unwrap();
-        parts.loss.backward();
-        let grad = logp.grad();
-        assert_eq!(grad.narrow(0, 4, 4).abs().sum(Kind::Float).double_value(&[]), 0.0);
-        assert!(grad.narrow(0, 0, 4).abs().min().double_value(&[]) > 0.0);
+        }
     }
 
+    /// The loss's gradient with respect to `logp`, and the loss.
+    fn gradient(
+        logp: &Tensor,
+        old: &Tensor,
+        reference: &Tensor,
+        adv: &[f32],
+        mask: &Tensor,
+        s: &LossSettings,
+    ) -> (Tensor, LossParts) {
+        let logp = logp.copy().set_requires_grad(true);
+        let adv = Tensor::from_slice(adv);
+        let parts =
+            policy_loss(&logp, Some(old), Some(reference), &adv, mask, s, Normalizer::of(mask).unwrap()).unwrap();
+        parts.loss.backward();
+        (logp.grad(), parts)
+    }
+
+    /// Rewards (1, 0, 0, 1) in a group: mean 0.5 and unbiased std √(1/3); a group of
+    /// equal rewards has advantages 0 and is flagged.
     #[test]
-    fn token_logps_match_log_softmax() {
-        let g: Value = serde_json::from_str(GOLDEN).unwrap();
-        let v: Vec<f64> = (0..2)
-            .flat_map(|b| {
-                (0..3).flat_map(move |t| {
-                    (0..7).map(move |v| 2.0 * (0.3 * b as f64 + 0.7 * t as f64 + 1.1 * v as f64).sin())
-                })
-            })
-            .collect();
-        let logits = Tensor::from_slice(&v).view([2, 3, 7]).to_kind(Kind::Float);
-        let targets = Tensor::from_slice(&[0i64, 2, 4, 1, 3, 5]).view([2, 3]);
-        let got = token_logps(&logits, &targets, 0.7).unwrap();
-        close(
-            &Vec::<f64>::try_from(got.to_kind(Kind::Double).view([-1])).unwrap(),
-            &floats(&g["token_logps"]),
-            1e-5,
-            "token_logps",
-        );
+    fn advantages_are_group_relative() {
+        let rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5];
+        let scaled = 0.5 / ((1.0f64 / 3.0).sqrt() + STD_EPS);
+        let cases = [
+            (ScaleRewards::Group, 0.0, [scaled, -scaled]),
+            (ScaleRewards::Batch, 0.25, [0.5 / (0.25 + STD_EPS), -0.5 / (0.25 + STD_EPS)]),
+            (ScaleRewards::None, 0.0, [0.5, -0.5]),
+        ];
+        for (scale, batch_std, [hi, lo]) in cases {
+            let (adv, flat) = advantages(&rewards, 4, scale, batch_std);
+            let want = [hi, lo, lo, hi, 0.0, 0.0, 0.0, 0.0];
+            assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-12), "{scale:?}: {adv:?}");
+            assert_eq!(flat, [[false; 4], [true; 4]].concat(), "{scale:?}");
+        }
+    }
+
+    /// Off-policy masking drops a sequence's policy term only: its gradient is the one
+    /// it gets with advantage 0 and no masking (its β·KL term), and it is counted.
+    #[test]
+    fn off_policy_masking_keeps_the_kl_term() {
+        let logp = grid(|b, t| -0.5 - 0.3 * (0.7 * b + 1.1 * t).sin().abs());
+        let old = grid(|b, t| if b < 2.0 { 0.5 } else { 0.02 * (b - t).sin() }) + &logp;
+        let reference = grid(|b, t| 0.3 * (0.9 * b + 0.5 * t).cos()) + &logp;
+        let mask = Tensor::ones([B, T], (Kind::Float, tch::Device::Cpu));
+        let adv = [-1.0f32, 1.0, -1.0, 1.0, -0.5, 0.5, -0.5, 0.5];
+        for loss_type in [LossType::Grpo, LossType::Bnpo, LossType::DrGrpo, LossType::Dapo] {
+            let (masked, parts) = gradient(&logp, &old, &reference, &adv, &mask, &settings(loss_type, Some(0.1)));
+            assert_eq!(parts.off_policy_masked.double_value(&[]), 1.0, "row 0 alone drifted with A < 0");
+            let mut zeroed = adv;
+            zeroed[0] = 0.0;
+            let (want, _) = gradient(&logp, &old, &reference, &zeroed, &mask, &settings(loss_type, None));
+            let diff = (&masked - &want).abs().max().double_value(&[]);
+            assert!(diff < 1e-7, "{loss_type:?}: {diff}");
+            assert!(masked.get(0).abs().min().double_value(&[]) > 0.0, "{loss_type:?}: the KL term trains row 0");
+        }
+    }
+
+    /// A completion whose mask is 0 gets no gradient and leaves the token counts: the
+    /// loss is the one of the batch without it, for the token-normalized losses.
+    #[test]
+    fn masked_out_completions_leave_the_loss() {
+        let logp = grid(|b, t| -1.0 - 0.1 * (b + t).sin());
+        let old = grid(|b, t| 0.1 * (b * t).cos()) + &logp;
+        let reference = grid(|b, t| -0.2 + 0.05 * (b * t).cos()) + &logp;
+        let adv = [1.0f32, -1.0, 0.5, -0.5, 0.3, -0.3, 0.2, -0.2];
+        let lengths = [5, 3, 1, 4, 5, 2, 4, 3];
+        let mask = grid(|b, t| if (t as i64) < lengths[b as usize] && b != 3.0 { 1.0 } else { 0.0 });
+        let rest: Vec<i64> = (0..B).filter(|&b| b != 3).collect();
+        let rest = Tensor::from_slice(&rest);
+        for loss_type in [LossType::Bnpo, LossType::Dapo] {
+            let s = settings(loss_type, None);
+            let (grad, parts) = gradient(&logp, &old, &reference, &adv, &mask, &s);
+            assert_eq!(grad.get(3).abs().sum(Kind::Float).double_value(&[]), 0.0, "{loss_type:?}");
+            let without: Vec<f32> = adv.iter().enumerate().filter(|&(i, _)| i != 3).map(|(_, a)| *a).collect();
+            let pick = |t: &Tensor| t.index_select(0, &rest);
+            let (_, want) = gradient(&pick(&logp), &pick(&old), &pick(&reference), &without, &pick(&mask), &s);
+            let (got, want) = (parts.loss.double_value(&[]), want.loss.double_value(&[]));
+            assert!((got - want).abs() < 1e-7, "{loss_type:?}: {got} vs {want}");
+        }
     }
 
     /// Chunked over masked positions, the entropy sum equals −Σ p log p computed whole,

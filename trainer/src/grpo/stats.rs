@@ -24,6 +24,9 @@ pub struct Sums {
     /// generated batch's first step; later steps of it repeat the measurement).
     pub entropy: f64,
     pub entropy_tokens: f64,
+    /// Completion tokens in the loss: all of them unless maskTruncatedCompletions
+    /// leaves some out. The KL and clip fraction are means over them, as TRL's.
+    pub loss_tokens: f64,
 }
 
 /// A step's GRPO metrics, over all ranks.
@@ -40,8 +43,8 @@ pub struct GrpoStats {
     pub off_policy_masked: f64,
     pub sampling_tokens_per_second: f64,
     pub training_tokens_per_second: f64,
-    /// Prompt groups whose completions all got the same reward (no advantage, no
-    /// gradient), as a fraction of the step's groups.
+    /// Prompt groups whose completions all got the same reward (advantage 0: only
+    /// their KL term trains), as a fraction of the step's groups.
     pub frac_reward_zero_std: f64,
     /// Mean entropy (nats) of the policy over completion tokens.
     pub entropy: f64,
@@ -60,8 +63,8 @@ impl GrpoStats {
             accuracy: per(s.correct, s.completions),
             unparsed_fraction: per(s.unparsed, s.completions),
             completion_length: per(s.completion_tokens, s.completions),
-            kl: per(s.kl, s.completion_tokens),
-            clip_fraction: per(s.clipped, s.completion_tokens),
+            kl: per(s.kl, s.loss_tokens),
+            clip_fraction: per(s.clipped, s.loss_tokens),
             off_policy_masked: s.off_policy_masked,
             sampling_tokens_per_second: per(s.sampled_tokens, sampling_seconds),
             training_tokens_per_second: per(s.trained_tokens, training_seconds),

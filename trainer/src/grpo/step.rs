@@ -10,6 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::data::Questions;
 use super::loss::{self, LossSettings, Normalizer};
+use super::record::{BatchRecord, MicroOutputs, Rows};
 use super::reward;
 use super::stats::Sums;
 use crate::Error;
@@ -107,9 +108,10 @@ fn keep_mask(logits: &Tensor, targets: &Tensor, temperature: f64, top_p: f64) ->
 
 /// One micro-batch of a generated batch, ready for the loss.
 struct Micro {
+    /// Its mask is 0 on a completion left out of the loss (a truncated one, when those
+    /// are masked).
     packed: Packed,
     adv: Tensor,
-    keep: Tensor,
     old: Option<Tensor>,
     reference: Option<Tensor>,
     /// The keep-sampling mask (B, L−1, V) when sampling truncates (topP < 1).
@@ -123,6 +125,7 @@ struct Rollout {
     norm: Normalizer,
     sums: Sums,
     sampling_seconds: f64,
+    rows: Rows,
 }
 
 /// GRPO state across steps: questions, the frozen reference model, the batch in use.
@@ -136,6 +139,9 @@ pub struct Grpo {
     /// Keeps the reference model's parameters alive.
     _reference_store: Option<tch::nn::VarStore>,
     batch: Option<Rollout>,
+    /// The last step's outputs, one per micro-batch of `batch`, and its metric sums.
+    last: Vec<MicroOutputs>,
+    last_sums: Sums,
     settings: LossSettings,
 }
 
@@ -165,6 +171,8 @@ impl Grpo {
             reference,
             _reference_store: store,
             batch: None,
+            last: Vec::new(),
+            last_sums: Sums::default(),
             settings,
             g,
         })
@@ -211,6 +219,7 @@ impl Grpo {
         let mut clipped = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut masked = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut trained = 0.0;
+        self.last.clear();
         let mut entropy = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         let mut entropy_tokens = Tensor::f_zeros([], (Kind::Float, ctx.device))?;
         for (i, m) in batch.micro.iter().enumerate() {
@@ -230,17 +239,25 @@ impl Grpo {
                 m.reference.as_ref(),
                 &m.adv,
                 &m.packed.mask,
-                &m.keep,
                 &self.settings,
                 batch.norm,
             )?;
             parts.loss.f_mul_scalar(ctx.scale)?.f_backward()?;
             ctx.parallel.end_micro_step(last)?;
-            total = total.f_add(&parts.loss.f_detach()?)?;
+            let loss = parts.loss.f_detach()?;
+            total = total.f_add(&loss)?;
             kl = kl.f_add(&parts.kl_sum)?;
             clipped = clipped.f_add(&parts.clipped_low.f_add(&parts.clipped_high)?)?;
             masked = masked.f_add(&parts.off_policy_masked)?;
             trained += m.packed.inputs.numel() as f64;
+            self.last.push(MicroOutputs {
+                logp: logp.f_detach()?,
+                per_token: parts.per_token,
+                per_token_kl: parts.per_token_kl,
+                loss,
+                clipped_low: parts.clipped_low,
+                clipped_high: parts.clipped_high,
+            });
         }
         if fresh {
             let measured = (entropy.f_double_value(&[])?, entropy_tokens.f_double_value(&[])?);
@@ -259,7 +276,19 @@ impl Grpo {
             sums.sampled_tokens = 0.0;
         }
         let sampling = if fresh { batch.sampling_seconds } else { 0.0 };
+        self.last_sums = sums;
         Ok((total, sums, sampling, started.elapsed().as_secs_f64()))
+    }
+
+    /// The generated batch in use and what the last step computed on it; `None` before
+    /// the first step.
+    pub fn record(&self) -> Result<Option<BatchRecord>, Error> {
+        let Some(batch) = self.batch.as_ref().filter(|b| b.micro.len() == self.last.len()) else {
+            return Ok(None);
+        };
+        let old: Vec<Option<&Tensor>> = batch.micro.iter().map(|m| m.old.as_ref()).collect();
+        let reference: Vec<Option<&Tensor>> = batch.micro.iter().map(|m| m.reference.as_ref()).collect();
+        Ok(Some(BatchRecord::new(&batch.rows, &self.last, &old, &reference, self.last_sums)?))
     }
 
     /// Samples, scores and packs this rank's share of generated batch `generation`.
@@ -317,14 +346,13 @@ impl Grpo {
             sums.completion_tokens += c.len() as f64;
             sums.sampled_tokens += c.len() as f64;
         }
-        // Over every rank: the reward spread (for batch scaling) and the completion
-        // tokens (so that bnpo divides by the global count).
-        let mut global = [
-            rewards.iter().sum::<f64>(),
-            rewards.iter().map(|r| r * r).sum(),
-            rewards.len() as f64,
-            sums.completion_tokens,
-        ];
+        let in_loss: Vec<bool> = truncated.iter().map(|&cut| !(cut && g.mask_truncated_completions)).collect();
+        sums.loss_tokens =
+            completions.iter().zip(&in_loss).filter(|&(_, &kept)| kept).map(|(c, _)| c.len() as f64).sum();
+        // Over every rank: the reward spread (for batch scaling) and the tokens in the
+        // loss (dapo divides by their global count).
+        let mut global =
+            [rewards.iter().sum::<f64>(), rewards.iter().map(|r| r * r).sum(), rewards.len() as f64, sums.loss_tokens];
         if let Some(grp) = ctx.parallel.group() {
             let t = Tensor::f_from_slice(&global)?.f_to_device(ctx.device)?;
             grp.allreduce(&t, ReduceOp::Sum)?.wait()?;
@@ -335,22 +363,23 @@ impl Grpo {
         let (adv, flat) = loss::advantages(&rewards, group, g.scale_rewards, batch_std);
         sums.groups = flat.chunks(group).count() as f64;
         sums.flat_groups = flat.chunks(group).filter(|c| c[0]).count() as f64;
-        let keep: Vec<f64> = flat
-            .iter()
-            .zip(&truncated)
-            .map(|(&flat, &cut)| if flat || (cut && g.mask_truncated_completions) { 0.0 } else { 1.0 })
-            .collect();
-        let norm = Normalizer { sequences: rows.len() as f64, tokens: tokens / ctx.world_size as f64 };
+        let norm = Normalizer {
+            sequences: rows.len() as f64,
+            tokens: tokens / ctx.world_size as f64,
+            micro_batches: rows.len().div_ceil(self.micro_batch) as f64,
+        };
 
         let mut micro = Vec::new();
         for start in (0..rows.len()).step_by(self.micro_batch) {
             let end = (start + self.micro_batch).min(rows.len());
             let pairs: Vec<(&[i64], &[i64])> =
                 (start..end).map(|i| (rows[i].as_slice(), completions[i].as_slice())).collect();
-            let packed = pack(&pairs, eos, ctx.device)?;
             let floats = |v: &[f64]| -> Result<Tensor, Error> {
                 Ok(Tensor::f_from_slice(v)?.f_to_kind(Kind::Float)?.f_to_device(ctx.device)?)
             };
+            let mut packed = pack(&pairs, eos, ctx.device)?;
+            let kept: Vec<f64> = in_loss[start..end].iter().map(|&k| f64::from(u8::from(k))).collect();
+            packed.mask = packed.mask.f_mul(&floats(&kept)?.f_unsqueeze(1)?)?;
             let (old, reference, support) = tch::no_grad(|| -> Result<_, Error> {
                 let truncated = g.top_p < 1.0;
                 // The sampling policy's view of the batch: its support and, when the batch
@@ -377,16 +406,10 @@ impl Grpo {
                 };
                 Ok((old, reference, support))
             })?;
-            micro.push(Micro {
-                adv: floats(&adv[start..end])?,
-                keep: floats(&keep[start..end])?,
-                packed,
-                old,
-                reference,
-                support,
-            });
+            micro.push(Micro { adv: floats(&adv[start..end])?, packed, old, reference, support });
         }
-        Ok(Rollout { generation, micro, norm, sums, sampling_seconds })
+        let rows = Rows { prompts: rows, completions, rewards, advantages: adv, in_loss };
+        Ok(Rollout { generation, micro, norm, sums, sampling_seconds, rows })
     }
 }
 

@@ -238,6 +238,13 @@ impl Trainer {
             .collect()
     }
 
+    /// In phase grpo, this rank's generated batch in use and what the last step computed
+    /// on it ([`crate::grpo::record::BatchRecord`]); `None` before the first step and in
+    /// pretraining.
+    pub fn grpo_batch(&self) -> Result<Option<crate::grpo::record::BatchRecord>, Error> {
+        self.phase.grpo().map_or(Ok(None), |g| g.record())
+    }
+
     /// Bytes of optimizer state this rank holds (1/world of it under zero1).
     pub fn optimizer_state_bytes(&self) -> usize {
         self.opt.state_bytes()

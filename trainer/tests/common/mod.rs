@@ -238,3 +238,38 @@ pub fn check_hf_export(runs: &[&Path], prompt: &str, max_new_tokens: usize) -> V
     assert!(out.status.success(), "transformers disagrees with the trainer:\n{stdout}\n{stderr}");
     stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
+
+/// A short pretraining run named `base` (the GRPO runs' initFrom): 32 steps on the
+/// multiple-choice corpus, enough to answer with letters.
+pub const GRPO_BASE: &str = r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {name: base}
+spec:
+  model: {preset: nano, tokenizer: embedded}
+  tokens: "32K"
+  data:
+    mix:
+      - {name: mcq, weight: 1.0, uri: "embedded:mcq"}
+    validation: {everySteps: 100, tokens: "1K"}
+  topology: {nodes: 1, gpusPerNode: 0}
+  batch: {globalTokens: 1024, microBatch: 8, seqLength: 128}
+  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
+  precision: f32
+  checkpoint: {everySteps: 32, keepLast: 1}
+"#;
+
+/// A scratch directory holding the `base` run ([`GRPO_BASE`]), for GRPO runs to start
+/// from (`initFrom: {trainingRun: base}`).
+pub fn grpo_base(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::write(dir.join("base.yaml"), GRPO_BASE).unwrap();
+    let out = trainer_bin()
+        .args(["run", "--no-sample", "-o"])
+        .arg(dir.join("base"))
+        .arg(dir.join("base.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    dir
+}
