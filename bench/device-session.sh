@@ -15,7 +15,7 @@ BUDGET="${BUDGET:-560}"
 OUT="${OUT:-/tmp/device-session}"
 mkdir -p "$OUT"
 LOG="$OUT/session.txt"
-STEPS="${STEPS:-prepare kernels gpu-xl generate parity memory gpu-ml}"
+STEPS="${STEPS:-documents prepare kernels gpu-xl generate parity memory gpu-ml}"
 python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.device/trainer.xz'), open('/tmp/trainer', 'wb'))"
 chmod +x /tmp/trainer
 export TRAINER=/tmp/trainer
@@ -64,7 +64,19 @@ prepare() {
       --tokenizer .device/prepare-tokenizer.json --work /tmp/pscal/work \
       ${PREPARE_ARGS:---cores 1,2,4,8,16 --workers 1,2,4,8 --cores-per-worker 2 --peer}
 }
-export -f kernels generate prepare
+# spec.data.packing: documents on the GPU: the varlen flash unit test (its output and
+# q/k/v gradients against SDPA on each document alone, bf16, grouped K/V), then the
+# step against concat on medium-large, whose packed logits are first checked against
+# each document run alone (documents_max_rel_diff).
+documents() {
+  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.device/trainer-tests.xz'), open('/tmp/trainer-tests', 'wb'))" &&
+    chmod +x /tmp/trainer-tests && /tmp/trainer-tests --test-threads 1 ffi::varlen &&
+    "$TRAINER" bench --device cuda --preset medium-large --micro-batch 8 --seq 2048 --steps 10 --warmup 3 &&
+    "$TRAINER" bench --device cuda --preset medium-large --micro-batch 8 --seq 2048 --steps 10 --warmup 3 \
+      --documents 512
+}
+export -f kernels generate prepare documents
+step documents 150 bash -c documents
 step prepare 150 bash -c prepare
 step kernels 40 bash -c kernels
 step gpu-xl 280 env PRESETS="xlarge:8" GRAPH_PRESETS="" CHECK=0 STEPS=10 WARMUP=3 bench/gpu.sh

@@ -30,6 +30,7 @@ fn build_shim(lib: &Path, cuda: bool) {
         .file("csrc/memory.cpp")
         .file("csrc/timing.cpp")
         .file("csrc/rows.cpp")
+        .file("csrc/varlen.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(gloo_include())
@@ -60,7 +61,8 @@ fn build_shim(lib: &Path, cuda: bool) {
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    let sources = ["shim.cpp", "dist.cpp", "memory.cpp", "timing.cpp", "rows.cpp", "guarded.h", "row_kernels.h"];
+    let sources =
+        ["shim.cpp", "dist.cpp", "memory.cpp", "timing.cpp", "rows.cpp", "varlen.cpp", "guarded.h", "row_kernels.h"];
     for f in sources.map(|f| format!("csrc/{f}")) {
         println!("cargo:rerun-if-changed={f}");
     }

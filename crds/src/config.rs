@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::presets::{ModelConfig, ParamCounts};
 use crate::types::{
-    Attention, DecayShape, GrpoTask, LossType, OnNaN, OnOutOfMemory, OnStall, Parallelism, Phase, Precision, Rollback,
-    RollbackSkip, ScaleRewards, Schedule,
+    Attention, DecayShape, GrpoTask, LossType, OnNaN, OnOutOfMemory, OnStall, Packing, Parallelism, Phase, Precision,
+    Rollback, RollbackSkip, ScaleRewards, Schedule,
 };
 
 /// Bumped when the RunConfig layout changes incompatibly.
@@ -204,6 +204,8 @@ pub struct ResolvedData {
     /// 0 disables evaluation.
     pub eval_every_steps: u32,
     pub eval_tokens: u64,
+    #[serde(default, skip_serializing_if = "Packing::is_concat")]
+    pub packing: Packing,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 use super::activations::{Dtypes, per_token};
 use crate::config::{Device, RunConfig};
 use crate::presets::loss_chunk_tokens;
-use crate::types::{Parallelism, Precision};
+use crate::types::{Packing, Parallelism, Precision};
 
 /// Bytes in a GiB.
 pub const GIB: u64 = 1 << 30;
@@ -213,6 +213,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
     let full = embedding + s.n_layer * block;
     let checkpointed = embedding + s.n_layer * s.tokens * s.d_model * s.dtypes.residual;
     let saved = embedding + s.recomputed * s.tokens * s.d_model * s.dtypes.residual + kept * block;
+    let documents = documents_bytes(cfg, &s.dtypes);
 
     // The loss chunk: one f32 buffer of logits that becomes their gradient in place
     // (the trainer's fused classifier), with a 16-bit copy beside it where the matmuls
@@ -232,7 +233,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
                     + gathered(units.head + units.tied_embedding + (kept + 1).min(s.n_layer) * units.block),
                 gradients: base.gradients + carried + head_grad,
                 autocast_weights,
-                activations: saved,
+                activations: saved + documents,
                 loss,
                 ..base
             },
@@ -246,7 +247,7 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
                 // Every recomputed block's input stays until backward ends; one block's
                 // activations again, and about half as much again in its gradients.
                 activations: if s.recomputed > 0 {
-                    embedding + s.recomputed * s.tokens * s.d_model * s.dtypes.residual + block + block / 2
+                    embedding + s.recomputed * s.tokens * s.d_model * s.dtypes.residual + block + block / 2 + documents
                 } else {
                     0
                 },
@@ -299,4 +300,20 @@ pub fn plan(cfg: &RunConfig) -> MemoryPlan {
         activations_with_checkpointing: checkpointed,
         allowance: if cuda { CUDA_ALLOWANCE_BYTES } else { 0 },
     }
+}
+
+/// What `spec.data.packing: documents` holds through a micro-step: each token's position
+/// and document (int64), and where varlen flash attention cannot run (off CUDA, in f32,
+/// heads not a multiple of 8 up to 256) the (B, T, T) attention mask as a bool and as
+/// SDPA's additive bias in the activations' dtype, which every block's attention saves
+/// (one tensor, shared).
+pub fn documents_bytes(cfg: &RunConfig, dtypes: &Dtypes) -> u64 {
+    if cfg.data.as_ref().is_none_or(|d| d.packing == Packing::Concat) {
+        return 0;
+    }
+    let (b, t) = (u64::from(cfg.batch.micro_batch), u64::from(cfg.batch.seq_len));
+    let d_head = cfg.model.d_head;
+    let varlen = cfg.topology.device == Device::Cuda && dtypes.matmul == 2 && d_head.is_multiple_of(8) && d_head <= 256;
+    let mask = if varlen { 0 } else { b * t * t * (1 + dtypes.matmul) };
+    2 * 8 * b * t + mask
 }

@@ -111,3 +111,24 @@ fn the_table_lists_every_part_and_the_verdict() {
     assert!(table.contains("of 48.0 GiB per GPU: fits"), "{table}");
     assert!(p.table(Some(8 * GI)).contains("does not fit"));
 }
+
+/// `packing: documents` holds each token's position and document, and where varlen
+/// flash attention cannot run, the (B, T, T) mask as a bool and as an additive bias in
+/// the activations' dtype: on a GPU in bf16 nothing of T².
+#[test]
+fn document_packing_holds_a_mask_only_off_flash() {
+    let with = |device: &str, precision: &str, packing: &str| {
+        plan(&run(&format!(
+            "  model: {{preset: nano, tokenizer: embedded}}\n  tokens: 1M\n  data: {{mix: [{{name: a, weight: 1, uri: \"embedded:textbook\"}}], packing: {packing}}}\n  topology: {{nodes: 1, gpusPerNode: {}}}\n  batch: {{globalTokens: 2048, microBatch: 8, seqLength: 256}}\n  precision: {precision}\n",
+            if device == "cuda" { 1 } else { 0 }
+        )))
+    };
+    let (b, t) = (8u64, 256u64);
+    let cpu = with("cpu", "f32", "documents").peak.activations - with("cpu", "f32", "concat").peak.activations;
+    assert_eq!(cpu, 16 * b * t + b * t * t * (1 + 4));
+    let gpu = with("cuda", "bf16-mixed", "documents").peak.activations
+        - with("cuda", "bf16-mixed", "concat").peak.activations;
+    assert_eq!(gpu, 16 * b * t, "varlen flash: no mask");
+    let f32_gpu = with("cuda", "f32", "documents").peak.activations - with("cuda", "f32", "concat").peak.activations;
+    assert_eq!(f32_gpu, 16 * b * t + b * t * t * (1 + 4), "flash takes no f32: the mask");
+}

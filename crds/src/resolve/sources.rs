@@ -50,7 +50,12 @@ pub(super) fn resolve_data(e: &mut Errors, spec: &TrainingRunSpec) -> Option<Res
         e.add("spec.data.mix", format!("weights sum to {sum}, not 1"));
     }
     let eval_tokens = e.tokens("spec.data.validation.tokens", &d.validation.tokens);
-    Some(ResolvedData { mix, eval_every_steps: d.validation.every_steps, eval_tokens: eval_tokens? })
+    Some(ResolvedData {
+        mix,
+        eval_every_steps: d.validation.every_steps,
+        eval_tokens: eval_tokens?,
+        packing: d.packing,
+    })
 }
 
 /// An S3 key or a path inside a claim becomes a path under a cache or a mount: no `.`

@@ -262,6 +262,29 @@ pub struct DataSpec {
     /// Held-out evaluation: how often and on how many tokens per source.
     #[serde(default)]
     pub validation: ValidationSpec,
+    /// How documents share a packed training window. `concat` (default): the window is
+    /// one sequence, attending across document boundaries. `documents`: each token
+    /// attends only within its own document (a document ends at its end-of-text token),
+    /// positions restart at each document, and the prediction across a boundary is not
+    /// trained, so each document trains as if it were alone (short records packed among
+    /// long pages, as MedQA among web text).
+    #[serde(default, skip_serializing_if = "Packing::is_concat")]
+    pub packing: Packing,
+}
+
+/// How documents share a packed window (`spec.data.packing`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Packing {
+    #[default]
+    Concat,
+    Documents,
+}
+
+impl Packing {
+    pub fn is_concat(&self) -> bool {
+        *self == Packing::Concat
+    }
 }
 
 /// One source of the data mix: prepared shards at `uri`, or a TrainingDataset by name.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crds::config::ResolvedOptimizer;
 use crds::presets::{H100_PEAK_BF16_FLOPS, ModelConfig};
-use crds::types::Precision;
+use crds::types::{Packing, Precision};
 use serde_json::{Value, json};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -20,7 +20,8 @@ use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::trials::Candidate;
 use crate::kernels::tune::{RunKinds, choose_kernels};
-use crate::model::Model;
+use crate::model::documents::DocumentAttention;
+use crate::model::{Documents, Model, Resident};
 use crate::optim::{self, AdamW};
 use crate::train::precision::{matmul_kind, precision_plan};
 
@@ -55,7 +56,13 @@ pub struct BenchOptions {
     pub host_memory: bool,
     /// With `host_memory`: fail an allocation that would hold more than this many bytes.
     pub host_memory_limit: Option<u64>,
+    /// Pack documents of about this many tokens into each window, each attending only
+    /// within itself (`spec.data.packing: documents`); `None`: one sequence a window.
+    pub documents: Option<i64>,
 }
+
+/// The end-of-text token of the benchmark's documents.
+const EOS: i64 = 0;
 
 /// The learning rate every benchmark step uses.
 pub(super) const LR: f64 = 3e-4;
@@ -129,21 +136,38 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
     if o.cuda_graph && (ddp.is_some() || !o.device.is_cuda()) {
         return Err(Error::InvalidSpec("--cuda-graph needs --device cuda and no --ddp".into()));
     }
+    if o.cuda_graph && o.documents.is_some() {
+        return Err(Error::InvalidSpec("--cuda-graph: --documents reads the document lengths on the host".into()));
+    }
     let vocab = model_cfg.vocab_size as i64;
-    let batch = || Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device));
+    let packing = if o.documents.is_some() { Packing::Documents } else { Packing::Concat };
+    // Random tokens; with documents, an end-of-text token with probability 1/length.
+    let batch = || -> Result<Tensor, tch::TchError> {
+        let Some(length) = o.documents else {
+            return Tensor::f_randint(vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device));
+        };
+        let idx = Tensor::f_randint_low(EOS + 1, vocab, [o.micro_batch, o.seq + 1], (Kind::Int64, o.device))?;
+        let ends = Tensor::f_rand([o.micro_batch, o.seq + 1], (Kind::Float, o.device))?.f_lt(1.0 / length as f64)?;
+        idx.f_masked_fill(&ends, EOS)
+    };
+    let documents_check = match o.documents {
+        Some(_) => Some(check_documents(&model, &batch()?.f_narrow(1, 0, o.seq)?, autocast, o.device)?),
+        None => None,
+    };
     // One training step on (B, T + 1) tokens, as training takes it.
     let mut step = |idx: &Tensor, lr: optim::Lr| -> Result<Tensor, Error> {
         if let Some((_, reducer)) = &ddp {
             reducer.prepare()?;
         }
         let (x, y) = (idx.f_narrow(1, 0, o.seq)?, idx.f_narrow(1, 1, o.seq)?);
+        let (docs, y) = Documents::pack(packing, &x, &y, EOS)?;
         let loss = crate::ffi::autocast(o.device, autocast, || -> Result<Tensor, Error> {
             if loss_chunk == 0 {
-                let loss = model.loss(&x, &y)?;
+                let loss = model.loss(&x, &y, docs.as_ref())?;
                 loss.f_backward()?;
                 return Ok(loss);
             }
-            Ok(model.backward_checkpointed(&x, &y, 1.0, loss_chunk, recompute)?)
+            model.backward_with(&x, &y, 1.0, loss_chunk, recompute, &Resident, docs.as_ref())
         })?;
         let norm = match &ddp {
             Some((_, reducer)) => {
@@ -233,6 +257,10 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         "cuda_graph": o.cuda_graph,
         "memory_limit_gib": o.memory_limit_gib,
         "threads": tch::get_num_threads(),
+        "packing": serde_json::to_value(packing).expect("packing serializes"),
+        "document_tokens": o.documents,
+        "document_attention": o.documents.map(|_| DocumentAttention::of(act, model_cfg.d_head as i64, o.device).name()),
+        "documents_max_rel_diff": documents_check,
         "ddp": ddp.as_ref().map(|(g, r)| json!({
             "backend": format!("{:?}", g.backend()).to_lowercase(),
             "world_size": g.world_size(),
@@ -247,6 +275,37 @@ pub fn run(o: &BenchOptions) -> Result<Value, Error> {
         report[format!("{}_trials", f.op.name())] = json!(f.trials.as_ref().map(|c| &c.trials));
     }
     Ok(report)
+}
+
+/// How far the logits of a packed window `x` (B, T) with per-document attention are
+/// from each of row 0's documents run alone, in the run's dtypes: the largest |Δ| over
+/// the largest |logit|. Fails above 5e-2 (bf16 rounding is about 1e-2).
+fn check_documents(model: &Model, x: &Tensor, autocast: bool, device: Device) -> Result<f64, Error> {
+    let row = x.f_narrow(0, 0, 1)?;
+    let packed = tch::no_grad(|| -> Result<Tensor, Error> {
+        let docs = Documents::of(&row, EOS)?;
+        Ok(crate::ffi::autocast(device, autocast, || model.logits_of(&row, Some(&docs)))?.f_to_kind(Kind::Float)?)
+    })?;
+    let ids = Vec::<i64>::try_from(row.f_reshape([-1])?.f_to_device(Device::Cpu)?)?;
+    let (mut worst, mut largest, mut start) = (0.0f64, 0.0f64, 0usize);
+    for end in 0..ids.len() {
+        if ids[end] != EOS && end + 1 < ids.len() {
+            continue;
+        }
+        let doc = row.f_narrow(1, start as i64, (end + 1 - start) as i64)?;
+        let alone = tch::no_grad(|| crate::ffi::autocast(device, autocast, || model.logits(&doc)))?;
+        let here = packed.f_narrow(1, start as i64, (end + 1 - start) as i64)?;
+        worst = worst.max(alone.f_to_kind(Kind::Float)?.f_sub(&here)?.f_abs()?.f_max()?.f_double_value(&[])?);
+        largest = largest.max(here.f_abs()?.f_max()?.f_double_value(&[])?);
+        start = end + 1;
+    }
+    let rel = worst / largest.max(1e-30);
+    if rel > 5e-2 {
+        return Err(Error::InvalidSpec(format!(
+            "--documents: the packed logits differ from each document's alone by {rel:.2e} of the largest"
+        )));
+    }
+    Ok(rel)
 }
 
 /// The middle value (the mean of the two middle ones); `None` when empty.

@@ -203,6 +203,12 @@ pub struct BenchArgs {
     /// than this many GiB, as on a machine with that much.
     #[arg(long)]
     pub host_memory_limit_gib: Option<f64>,
+    /// Pack documents of about this many tokens into each window, each attending only
+    /// within itself (`spec.data.packing: documents`): the step's cost against one
+    /// sequence a window. The packed logits are first checked against each document's
+    /// alone (`documents_max_rel_diff`).
+    #[arg(long)]
+    pub documents: Option<i64>,
 }
 
 /// `trainer bench`.
@@ -232,6 +238,7 @@ pub fn step(args: BenchArgs) -> Result<(), Error> {
         memory_limit_gib: args.memory_limit_gib,
         host_memory: args.host_memory,
         host_memory_limit: args.host_memory_limit_gib.map(|g| (g * (1u64 << 30) as f64) as u64),
+        documents: args.documents,
     };
     println!("{}", crate::bench::step::run(&opts)?);
     Ok(())

@@ -156,8 +156,10 @@ pub fn eval(args: &EvalArgs) -> Result<(), Error> {
         return eval_mcq(args);
     }
     let (cfg, _vs, model) = load_model(&args.checkpoint)?;
-    let val = sources::validation_mixes(&cfg, &sources::load_tokenizer(&cfg)?)?;
-    let (mean, per_source) = crate::train::evaluate::evaluate(&model, &cfg, &val, Device::Cpu, false, None)?;
+    let tokenizer = sources::load_tokenizer(&cfg)?;
+    let val = sources::validation_mixes(&cfg, &tokenizer)?;
+    let eos = tokenizer.eos_id();
+    let (mean, per_source) = crate::train::evaluate::evaluate(&model, &cfg, &val, eos, Device::Cpu, false, None)?;
     for (name, loss) in &per_source {
         println!("{name:<16} val loss {loss:.4}  perplexity {:.2}", loss.exp());
     }

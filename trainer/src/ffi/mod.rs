@@ -99,6 +99,7 @@ mod memory;
 mod message;
 pub mod rows;
 mod timing;
+pub mod varlen;
 
 pub use memory::*;
 pub(crate) use message::{check, ptrs, take_message};

@@ -7,6 +7,7 @@ use tch::{TchError, Tensor};
 
 use super::cache::Step;
 use super::dims::{Dims, INIT_STD};
+use super::documents::Documents;
 use super::layers::{LayerNorm, Linear};
 
 /// `attn`: causal multi-head attention with a fused `c_attn`.
@@ -41,9 +42,13 @@ impl Gpt2Attention {
         self.c_proj.forward(&y.f_transpose(1, 2)?.f_reshape([b, t, self.dims.n_head * self.dims.d_head])?)
     }
 
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
+    /// Causal attention over the window, or within each of its `docs`.
+    pub fn forward(&self, x: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
         let (q, k, v) = self.project(x)?;
-        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
+        let y = match docs {
+            Some(d) => d.attend(&q, &k, &v, false)?,
+            None => Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?,
+        };
         self.output(&y)
     }
 
@@ -96,8 +101,8 @@ impl Gpt2Block {
     }
 
     /// `x`: (B, T, d_model) → (B, T, d_model).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, TchError> {
-        let x = x.f_add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+    pub fn forward(&self, x: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
+        let x = x.f_add(&self.attn.forward(&self.ln_1.forward(x)?, docs)?)?;
         x.f_add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
     }
 

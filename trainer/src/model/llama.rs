@@ -5,6 +5,7 @@ use tch::{TchError, Tensor};
 
 use super::cache::Step;
 use super::dims::{Dims, INIT_STD};
+use super::documents::Documents;
 use super::layers::{Linear, RmsNorm};
 use crate::kernels::rope::Rope;
 
@@ -60,11 +61,15 @@ impl Attention {
         self.o_proj.forward(&y)
     }
 
-    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
+    /// Causal attention over the window, or within each of its `docs`.
+    pub fn forward(&self, x: &Tensor, rope: &Rope, docs: Option<&Documents>) -> Result<Tensor, TchError> {
         let Dims { n_head: hq, n_kv_head: hk, .. } = self.dims;
         let (q, k, v) = self.project(x)?;
-        let q = rope.apply(&q.f_transpose(1, 2)?, 0)?; // (B, n_head, T, d_head)
-        let mut k = rope.apply(&k.f_transpose(1, 2)?, 0)?; // (B, n_kv_head, T, d_head)
+        let (q, k) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?);
+        let (q, mut k) = match docs {
+            Some(d) => (rope.apply_at(&q, &d.positions)?, rope.apply_at(&k, &d.positions)?),
+            None => (rope.apply(&q, 0)?, rope.apply(&k, 0)?), // (B, n_head | n_kv_head, T, d_head)
+        };
         let mut v = v.f_transpose(1, 2)?;
         let mut gqa = hk != hq;
         if gqa && self.dims.expand_kv {
@@ -72,7 +77,10 @@ impl Attention {
             v = v.f_repeat_interleave_self_int(hq / hk, 1, None)?;
             gqa = false;
         }
-        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, gqa)?;
+        let y = match docs {
+            Some(d) => d.attend(&q, &k, &v, gqa)?,
+            None => Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, gqa)?,
+        };
         self.output(&y)
     }
 
@@ -146,8 +154,8 @@ impl LlamaBlock {
 
     /// `x`: (B, T, d_model) → (B, T, d_model). The attention's residual add and the norm
     /// after it are one op ([`RmsNorm::forward_residual`]).
-    pub fn forward(&self, x: &Tensor, rope: &Rope) -> Result<Tensor, TchError> {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward_stream(x)?, rope)?;
+    pub fn forward(&self, x: &Tensor, rope: &Rope, docs: Option<&Documents>) -> Result<Tensor, TchError> {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward_stream(x)?, rope, docs)?;
         let h = self.post_attention_layernorm.forward_residual(x, &attn)?;
         h.stream.f_add(&self.mlp.forward(&h.out)?)
     }

@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod dims;
+pub mod documents;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
@@ -17,6 +18,7 @@ use crate::kernels::rope::Rope;
 use crate::kernels::sdp::{AllSdpBackends, expands_kv};
 use cache::{KvCache, Start, Step};
 pub use dims::{Dims, INIT_STD};
+pub use documents::Documents;
 use gpt2::Gpt2Block;
 use layers::{Embedding, LayerNorm, Linear, RmsNorm};
 use llama::LlamaBlock;
@@ -122,8 +124,9 @@ impl Model {
         }
     }
 
-    /// `idx`: (B, T) token ids → (B, T, d_model).
-    pub fn embed(&self, idx: &Tensor) -> Result<Tensor, TchError> {
+    /// `idx`: (B, T) token ids → (B, T, d_model); GPT-2's learned positions count from
+    /// the window's start, or from each of its `docs`'.
+    pub fn embed(&self, idx: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
         let t = idx.size()[1];
         if t > self.dims.max_seq {
             return Err(TchError::Shape(format!(
@@ -132,17 +135,18 @@ impl Model {
             )));
         }
         let x = self.embed_tokens.forward(idx)?;
-        match &self.wpe {
-            Some(wpe) => x.f_add(&wpe.forward(&Tensor::f_arange(t, (Kind::Int64, idx.device()))?)?),
-            None => Ok(x),
+        match (&self.wpe, docs) {
+            (Some(wpe), Some(d)) => x.f_add(&wpe.forward(&d.positions)?),
+            (Some(wpe), None) => x.f_add(&wpe.forward(&Tensor::f_arange(t, (Kind::Int64, idx.device()))?)?),
+            (None, _) => Ok(x),
         }
     }
 
-    /// Block `i`: (B, T, d_model) → (B, T, d_model).
-    pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor, TchError> {
+    /// Block `i`: (B, T, d_model) → (B, T, d_model), attending within `docs` if given.
+    pub fn block(&self, i: usize, x: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
         match &self.blocks[i] {
-            Block::Llama(b) => b.forward(x, self.rope.as_ref().expect("LLaMA models have RoPE tables")),
-            Block::Gpt2(b) => b.forward(x),
+            Block::Llama(b) => b.forward(x, self.rope.as_ref().expect("LLaMA models have RoPE tables"), docs),
+            Block::Gpt2(b) => b.forward(x, docs),
         }
     }
 
@@ -164,10 +168,17 @@ impl Model {
     /// Gradients accumulate exactly as `(loss * scale).backward()` would, each
     /// parameter's in one accumulation (what data parallelism's hooks count on);
     /// returns the unscaled loss, detached.
-    pub fn backward_chunked(&self, idx: &Tensor, targets: &Tensor, scale: f64, chunk: i64) -> Result<Tensor, TchError> {
-        let mut x = self.embed(idx)?;
+    pub fn backward_chunked(
+        &self,
+        idx: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+        chunk: i64,
+        docs: Option<&Documents>,
+    ) -> Result<Tensor, TchError> {
+        let mut x = self.embed(idx, docs)?;
         for i in 0..self.blocks.len() {
-            x = self.block(i, &x)?;
+            x = self.block(i, &x, docs)?;
         }
         let (loss, grad, head) = self.head_backward_chunked(&x.f_detach()?, targets, scale, chunk)?;
         backward_from(x, grad, head)?;
@@ -275,9 +286,14 @@ impl Model {
 
     /// (B, T) token ids → logits (B, T, vocab).
     pub fn logits(&self, idx: &Tensor) -> Result<Tensor, TchError> {
-        let mut x = self.embed(idx)?;
+        self.logits_of(idx, None)
+    }
+
+    /// [`Self::logits`] of a window whose `docs` attend each within itself.
+    pub fn logits_of(&self, idx: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
+        let mut x = self.embed(idx, docs)?;
         for i in 0..self.blocks.len() {
-            x = self.block(i, &x)?;
+            x = self.block(i, &x, docs)?;
         }
         self.head(&x)
     }
@@ -345,9 +361,9 @@ impl Model {
         self.head(&x.f_narrow(1, t - 1, 1)?)?.f_squeeze_dim(1)
     }
 
-    /// Mean next-token cross-entropy in f32.
-    pub fn loss(&self, idx: &Tensor, targets: &Tensor) -> Result<Tensor, TchError> {
-        cross_entropy(&self.logits(idx)?, targets)
+    /// Mean next-token cross-entropy in f32, over the targets that count.
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor, docs: Option<&Documents>) -> Result<Tensor, TchError> {
+        cross_entropy(&self.logits_of(idx, docs)?, targets)
     }
 
     /// Forward and backward with activation recomputation for the first `recompute`
@@ -364,7 +380,7 @@ impl Model {
         chunk: i64,
         recompute: usize,
     ) -> Result<Tensor, TchError> {
-        self.backward_with(idx, targets, scale, chunk, recompute, &Resident).map_err(|e| match e {
+        self.backward_with(idx, targets, scale, chunk, recompute, &Resident, None).map_err(|e| match e {
             crate::Error::Torch(e) => e,
             other => TchError::Torch(other.to_string()),
         })
@@ -376,6 +392,7 @@ impl Model {
     /// recomputation and backward); a block that keeps its activations stays gathered
     /// from its forward to its backward; the embedding is gathered again for its
     /// gradient unless the head reads it (tied).
+    #[allow(clippy::too_many_arguments)]
     pub fn backward_with(
         &self,
         idx: &Tensor,
@@ -384,17 +401,18 @@ impl Model {
         chunk: i64,
         recompute: usize,
         units: &dyn Residency,
+        docs: Option<&Documents>,
     ) -> Result<Tensor, crate::Error> {
         let n = self.blocks.len();
         let r = recompute.min(n);
         if r == 0 && units.resident() {
-            return Ok(self.backward_chunked(idx, targets, scale, chunk)?);
+            return Ok(self.backward_chunked(idx, targets, scale, chunk, docs)?);
         }
         let tied = self.lm_head.is_none();
         let after = |i: usize| if i + 1 < n { Unit::Block(i + 1) } else { Unit::Head };
         units.gather(Unit::Embedding)?;
         units.prefetch(if n > 0 { Unit::Block(0) } else { Unit::Head })?;
-        let emb = self.embed(idx)?;
+        let emb = self.embed(idx, docs)?;
         if !tied {
             units.release(Unit::Embedding)?;
         }
@@ -405,7 +423,7 @@ impl Model {
             for i in 0..r {
                 units.gather(Unit::Block(i))?;
                 units.prefetch(after(i))?;
-                let next = self.block(i, &x)?;
+                let next = self.block(i, &x, docs)?;
                 units.release(Unit::Block(i))?;
                 inputs.push(std::mem::replace(&mut x, next));
             }
@@ -416,7 +434,7 @@ impl Model {
         for i in r..n {
             units.gather(Unit::Block(i))?;
             units.prefetch(after(i))?;
-            top = self.block(i, &top)?;
+            top = self.block(i, &top, docs)?;
         }
         units.gather(Unit::Head)?;
         let (loss, mut grad, head) = self.head_backward_chunked(&top.f_detach()?, targets, scale, chunk)?;
@@ -440,7 +458,7 @@ impl Model {
             units.gather(Unit::Block(i))?;
             units.prefetch(if i > 0 { Unit::Block(i - 1) } else { Unit::Embedding })?;
             let xi = input.f_detach()?.f_requires_grad_(true)?;
-            backward_from(self.block(i, &xi)?, grad, untied.drain(..))?;
+            backward_from(self.block(i, &xi, docs)?, grad, untied.drain(..))?;
             if head_gathered {
                 units.release(Unit::Head)?;
                 head_gathered = false;

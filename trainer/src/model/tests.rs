@@ -158,7 +158,7 @@ fn checkpointed_backward_gives_the_same_gradients() {
         let (vs, model) = build(&cfg, 3);
         let idx = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
         let tgt = Tensor::randint(97, [3, 12], (Kind::Int64, Device::Cpu));
-        let loss = model.loss(&idx, &tgt).unwrap();
+        let loss = model.loss(&idx, &tgt, None).unwrap();
         (&loss * 0.5).backward();
         let plain = grads(&vs);
         // One chunk and six chunks of the loss (36 tokens); none, some or all blocks
@@ -187,14 +187,14 @@ fn expanded_kv_equals_grouped_query_attention() {
     let idx = Tensor::randint(97, [2, 12], (Kind::Int64, Device::Cpu));
     let tgt = Tensor::randint(97, [2, 12], (Kind::Int64, Device::Cpu));
     let grouped_logits = model.logits(&idx).unwrap();
-    model.loss(&idx, &tgt).unwrap().backward();
+    model.loss(&idx, &tgt, None).unwrap().backward();
     let grouped = grads(&vs);
     model.set_attention(crds::types::Attention::Cudnn);
     vs.variables().values().for_each(|v| {
         let _ = v.grad().zero_();
     });
     let expanded_logits = model.logits(&idx).unwrap();
-    model.loss(&idx, &tgt).unwrap().backward();
+    model.loss(&idx, &tgt, None).unwrap().backward();
     let d = (&grouped_logits - &expanded_logits).abs().max().double_value(&[]);
     assert!(d < 1e-6, "logits differ by {d}");
     let diff = max_diff(&grouped, &grads(&vs));
@@ -213,14 +213,14 @@ fn chunked_loss_equals_the_full_loss_and_gradients() {
         let idx = Tensor::randint(97, [3, 16], (Kind::Int64, Device::Cpu));
         let tgt = Tensor::randint(97, [3, 16], (Kind::Int64, Device::Cpu));
         let _ = tgt.get(1).narrow(0, 10, 6).fill_(-100);
-        let loss = model.loss(&idx, &tgt).unwrap();
+        let loss = model.loss(&idx, &tgt, None).unwrap();
         (&loss * 0.25).backward();
         let full = grads(&vs);
         for chunk in [7, 16, 48, 4096] {
             vs.variables().values().for_each(|v| {
                 let _ = v.grad().zero_();
             });
-            let chunked = model.backward_chunked(&idx, &tgt, 0.25, chunk).unwrap();
+            let chunked = model.backward_chunked(&idx, &tgt, 0.25, chunk, None).unwrap();
             let dl = (loss.double_value(&[]) - chunked.double_value(&[])).abs();
             assert!(dl < 1e-5, "{arch:?} chunk {chunk}: loss differs by {dl}");
             let diff = max_diff(&full, &grads(&vs));
@@ -234,13 +234,13 @@ fn two_micro_batches_accumulated_equal_one_batch_of_four() {
     let (vs, model) = build(&small(Arch::Llama, false), 4);
     let idx = Tensor::randint(97, [4, 12], (Kind::Int64, Device::Cpu));
     let tgt = Tensor::randint(97, [4, 12], (Kind::Int64, Device::Cpu));
-    model.loss(&idx, &tgt).unwrap().backward();
+    model.loss(&idx, &tgt, None).unwrap().backward();
     let whole = grads(&vs);
     vs.variables().values().for_each(|v| {
         let _ = v.grad().zero_();
     });
     for m in 0..2 {
-        let loss = model.loss(&idx.narrow(0, 2 * m, 2), &tgt.narrow(0, 2 * m, 2)).unwrap();
+        let loss = model.loss(&idx.narrow(0, 2 * m, 2), &tgt.narrow(0, 2 * m, 2), None).unwrap();
         (loss / 2.0).backward();
     }
     let diff = max_diff(&whole, &grads(&vs));
@@ -286,10 +286,10 @@ fn the_backward_passes_agree_under_bf16_autocast() {
                 let _ = v.grad().zero_();
             })
         };
-        model.loss(&idx, &tgt).unwrap().backward();
+        model.loss(&idx, &tgt, None).unwrap().backward();
         let f32_grads = grads(&vs);
         zero();
-        let loss = bf16(&mut || model.loss(&idx, &tgt));
+        let loss = bf16(&mut || model.loss(&idx, &tgt, None));
         assert_eq!(loss.kind(), Kind::Float);
         (&loss * 0.5).backward();
         let plain = grads(&vs);
@@ -300,7 +300,7 @@ fn the_backward_passes_agree_under_bf16_autocast() {
         assert!(rounding > 1e-4 && rounding < 0.1, "{arch:?}: bf16 against f32 gradients: {rounding}");
         for chunk in [4096, 7] {
             zero();
-            let chunked_loss = bf16(&mut || model.backward_chunked(&idx, &tgt, 0.5, chunk));
+            let chunked_loss = bf16(&mut || model.backward_chunked(&idx, &tgt, 0.5, chunk, None));
             assert!((loss.double_value(&[]) - chunked_loss.double_value(&[])).abs() < 1e-2);
             let chunked = grads(&vs);
             let d = max_diff(&plain, &chunked) / scale;

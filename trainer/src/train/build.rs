@@ -25,6 +25,7 @@ use crate::dist::fsdp::ShardedParams;
 use crate::dist::reducer::BucketItem;
 use crate::dist::{self, GradReducer, Placement, ProcessGroup};
 use crate::grpo::step::Grpo;
+use crate::model::documents::DocumentAttention;
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
 use crate::kernels::tune::{RunKinds, choose_kernels};
@@ -243,6 +244,10 @@ impl Trainer {
         let backend = sdp::attention_backend(&self.cfg.model, self.attention, micro, seq, kind, self.device)?;
         if self.rank0() && (self.device.is_cuda() || self.attention != Attention::Auto) {
             tracing::info!("attention: SDPA runs the {backend:?} backend in {kind:?}");
+        }
+        if self.rank0() && self.cfg.data.as_ref().is_some_and(|d| d.packing == crds::types::Packing::Documents) {
+            let within = DocumentAttention::of(kind, i64::from(self.cfg.model.d_head), self.device);
+            tracing::info!("packing documents: attention within each runs as {}", within.name());
         }
         Ok(())
     }

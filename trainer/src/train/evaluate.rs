@@ -3,6 +3,7 @@
 
 use crds::config::RunConfig;
 use crds::contract::TrainerPhase;
+use crds::types::Packing;
 use tch::{Device, Tensor};
 
 use super::trainer::Trainer;
@@ -12,7 +13,7 @@ use crate::data::mix::Mix;
 use crate::dist::{ProcessGroup, ReduceOp};
 use crate::eval::{EvalOptions, McqScore};
 use crate::generate::{self, Sampling};
-use crate::model::Model;
+use crate::model::{Documents, Model};
 use crate::train::report::{Event, Sinks};
 
 /// Validation loss: the mix-weighted mean and (source, loss) per source.
@@ -25,7 +26,8 @@ impl Trainer {
             return Ok(None);
         }
         let group = self.group();
-        evaluate(&self.model, &self.cfg, &self.val, self.device, self.autocast, group).map(Some)
+        let eos = self.tokenizer.eos_id();
+        evaluate(&self.model, &self.cfg, &self.val, eos, self.device, self.autocast, group).map(Some)
     }
 
     /// Greedy answer to a validation multiple-choice question: (prompt, completion).
@@ -113,6 +115,7 @@ pub fn evaluate(
     model: &Model,
     cfg: &RunConfig,
     val: &[Mix],
+    eos: u32,
     device: Device,
     autocast: bool,
     group: Option<&ProcessGroup>,
@@ -133,9 +136,10 @@ pub fn evaluate(
                 }
                 let take = (n - first).min(b) as usize;
                 let (x, y, _) = mix.batch_tensors(first, take)?;
-                let loss = crate::ffi::autocast(device, autocast, || {
-                    model.loss(&x.f_to_device(device)?, &y.f_to_device(device)?)
-                })?;
+                let (x, y) = (x.f_to_device(device)?, y.f_to_device(device)?);
+                let packing = cfg.data.as_ref().map_or(Packing::Concat, |d| d.packing);
+                let (docs, y) = Documents::pack(packing, &x, &y, i64::from(eos))?;
+                let loss = crate::ffi::autocast(device, autocast, || model.loss(&x, &y, docs.as_ref()))?;
                 *total += loss.f_double_value(&[])? * take as f64;
             }
         }

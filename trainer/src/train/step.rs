@@ -22,6 +22,7 @@ use crate::dist::ReduceOp;
 use crate::ffi::StreamMark;
 use crate::grpo::stats::{GrpoStats, Sums};
 use crate::grpo::step::StepContext;
+use crate::model::Documents;
 use crate::optim;
 use crate::train::report::{GpuMemory, StepReport};
 
@@ -181,6 +182,11 @@ impl Trainer {
         Ok(totals.f_get(StepTotals::LOSS)?)
     }
 
+    /// How the run's windows are packed (`spec.data.packing`).
+    fn packing(&self) -> crds::types::Packing {
+        self.cfg.data.as_ref().map_or(crds::types::Packing::Concat, |d| d.packing)
+    }
+
     /// GRPO's step on this rank: this rank's loss, metric sums, and sampling and
     /// training seconds.
     fn grpo_gradients(&mut self, step: u64, scale: f64) -> Result<(Tensor, Sums, f64, f64), Error> {
@@ -209,10 +215,11 @@ impl Trainer {
             let last = m + 1 == accum;
             self.parallel.begin_micro_step(last)?;
             let (x, y) = self.micro_batch(m)?;
+            let (docs, y) = Documents::pack(self.packing(), &x, &y, i64::from(self.tokenizer.eos_id()))?;
             let recompute = self.cfg.recomputed_blocks() as usize;
             let (model, units) = (&self.model, self.parallel.residency());
             let loss = crate::ffi::autocast(self.device, self.autocast, || {
-                model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units)
+                model.backward_with(&x, &y, scale, model.loss_chunk(), recompute, units, docs.as_ref())
             })?;
             self.parallel.end_micro_step(last)?;
             loss_sum = loss_sum.f_add(&loss)?;
