@@ -3,7 +3,7 @@
 # session of bench/device-session.sh: the release --features cuda trainer xz'd (41 MB →
 # 9 MB: the device's carry limit is 64 MiB), and the demo's trained checkpoint with its
 # model weights only (bench-generate --checkpoint reads nothing else), and
-# bench/prepare_scaling.py's corpus and tokenizer. The device's
+# bench/prepare_scaling.py's corpus and tokenizer, and the library's CUDA unit tests. The device's
 # Python has torch and transformers, so no wheels travel. Prints what it wrote.
 #
 #   bench/device-prepare.sh        # ~17 min on 2 cores from empty, ~1 min warm
@@ -28,6 +28,17 @@ if [ ! -f .device/prepare-corpus.tar.xz ] || [ ! -f .device/prepare-tokenizer.js
   tar -C "$scratch" -cf - corpus | xz -T2 -6 > .device/prepare-corpus.tar.xz
   rm -rf "$scratch"
 fi
+# The library's unit tests built with --features cuda, for the GPU-only ones
+# (ffi::varlen's varlen flash attention against SDPA per document).
+LIBTORCH="$(scripts/setup-libtorch.sh cuda)" cargo test -p trainer --features cuda --release --locked --lib --no-run \
+  --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])' > /tmp/trainer-tests-path
+strip -o /tmp/trainer-tests "$(cat /tmp/trainer-tests-path)"
+xz -T2 -6 -c /tmp/trainer-tests > .device/trainer-tests.xz
 step="$(cat runs/tiny-local/latest)"
 rm -rf .device/tiny-local
 mkdir -p ".device/tiny-local/$step"

@@ -3,12 +3,14 @@
 //!
 //! The `///` docs on fields are user documentation: `kubectl explain` shows them.
 
+mod data;
 mod dataset;
 mod failure;
 mod grpo;
 mod spec;
 mod status;
 
+pub use data::*;
 pub use dataset::*;
 pub use failure::*;
 pub use grpo::*;

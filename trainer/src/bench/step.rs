@@ -287,6 +287,8 @@ fn check_documents(model: &Model, x: &Tensor, autocast: bool, device: Device) ->
         Ok(crate::ffi::autocast(device, autocast, || model.logits_of(&row, Some(&docs)))?.f_to_kind(Kind::Float)?)
     })?;
     let ids = Vec::<i64>::try_from(row.f_reshape([-1])?.f_to_device(Device::Cpu)?)?;
+    // A document of a few tokens alone may be too short for the backend the run forced.
+    let _any = sdp::AllSdpBackends::enable()?;
     let (mut worst, mut largest, mut start) = (0.0f64, 0.0f64, 0usize);
     for end in 0..ids.len() {
         if ids[end] != EOS && end + 1 < ids.len() {

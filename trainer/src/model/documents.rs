@@ -16,6 +16,7 @@ use crds::types::Packing;
 use tch::{Kind, TchError, Tensor};
 
 use crate::kernels::loss::IGNORE_INDEX;
+use crate::kernels::sdp::AllSdpBackends;
 
 /// Where the documents of a (B, T) window lie.
 #[derive(Debug)]
@@ -129,6 +130,8 @@ impl Documents {
                         bias
                     }
                 };
+                // A backend forced for training (cuDNN, flash) may take no mask.
+                let _any = AllSdpBackends::enable().map_err(|e| TchError::Torch(e.to_string()))?;
                 Tensor::f_scaled_dot_product_attention(q, k, v, Some(&bias), 0.0, false, None, gqa)
             }
         }
