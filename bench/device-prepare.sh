@@ -30,7 +30,7 @@ if [ ! -f .device/prepare-corpus.tar.xz ] || [ ! -f .device/prepare-tokenizer.js
 fi
 # The library's unit tests built with --features cuda, for the GPU-only ones
 # (ffi::varlen's varlen flash attention against SDPA per document).
-LIBTORCH="$(scripts/setup-libtorch.sh cuda)" cargo test -p trainer --features cuda --release --locked --lib --no-run \
+scripts/cargo-cuda.sh test -p trainer --features cuda --release --locked --lib --no-run \
   --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -6,11 +6,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
 scripts/setup-debian.sh
-LIBTORCH="$(scripts/setup-libtorch.sh cuda)"
-export LIBTORCH
-# The same target directory as the CPU build: only torch-sys, tch and the trainer are
-# rebuilt against the CUDA libtorch; the other ~400 dependencies are shared.
-cargo build -p trainer --features cuda --locked "$@" >&2
+# The same target directory as the CPU build: the ~400 dependencies are shared, and
+# torch-sys, tch and the trainer have a CUDA copy of their own (scripts/cargo-cuda.sh).
+scripts/cargo-cuda.sh build -p trainer --features cuda --locked "$@" >&2
 profile=debug
 for a in "$@"; do [ "$a" = --release ] && profile=release; done
 bin="$CARGO_TARGET_DIR/$profile/trainer"
