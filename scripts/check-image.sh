@@ -28,8 +28,10 @@
 #                                              # path); the checks must then fail
 #   scripts/check-image.sh --keep              # keep the root file system, print its path
 #
-# The base root file system is cached under $PT_CACHE/image-check, keyed by the stage's
-# FROM and RUN lines and the mirror (DEBIAN_MIRROR), so a warm run downloads nothing.
+# The image's root file system is built by scripts/image-rootfs.sh (which
+# scripts/setup-images.sh also builds the test cluster's trainer image from). Its base is
+# cached under $PT_CACHE/image-check, keyed by the stage's FROM and RUN lines and the
+# mirror (DEBIAN_MIRROR), so a warm run downloads nothing.
 # Needs root (debootstrap, chroot, mounts, namespaces) and debootstrap
 # (scripts/setup-debian.sh --image installs it).
 set -euo pipefail
@@ -92,6 +94,7 @@ fi
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
+. scripts/image-rootfs.sh
 self="$PWD/scripts/check-image.sh"
 
 variant="" binary="" keep=0
@@ -137,7 +140,7 @@ summary() {
   fi
 }
 
-cache="$PT_CACHE/image-check"
+cache="$IMG_CACHE"
 mkdir -p "$cache"
 # Leftovers of runs that were killed (their mounts ended with their namespaces).
 find "$cache" -maxdepth 1 -name 'work.*' -mmin +360 -exec rm -rf --one-file-system {} +
@@ -167,41 +170,6 @@ def q(v):
 
 def arr(name, items):
     print(f"{name}=({' '.join(q(i) for i in items)})")
-
-def dockerfile(path):
-    """The runtime stage (the last FROM) of a Dockerfile, as shell assignments."""
-    insts, cur = [], ""
-    for line in open(path).read().splitlines():
-        s = line.strip()
-        if s.startswith("#") or (not cur and not s):
-            continue
-        if s.endswith("\\"):
-            cur += s[:-1] + " "
-            continue
-        insts.append(cur + s)
-        cur = ""
-    last = max(i for i, x in enumerate(insts) if x.split()[0].upper() == "FROM")
-    stage = insts[last:]
-    m = re.fullmatch(r"debian:([a-z]+)-slim", stage[0].split()[1])
-    if not m:
-        sys.exit(f"{path}: the runtime stage is FROM {stage[0].split()[1]}, not debian:<release>-slim")
-    runs, env, user, entry = [], [], "0:0", []
-    for x in stage[1:]:
-        kw, _, rest = x.partition(" ")
-        kw, rest = kw.upper(), rest.strip()
-        if kw == "RUN":
-            runs.append(rest)
-        elif kw == "ENV":
-            env += shlex.split(rest)
-        elif kw == "USER":
-            user = rest
-        elif kw == "ENTRYPOINT":
-            entry = json.loads(rest)
-    print(f"IMG_SUITE={q(m.group(1))}")
-    print(f"IMG_RUN={q(' && '.join(runs))}")
-    arr("IMG_ENV", env)
-    print(f"IMG_USER={q(user)}")
-    arr("IMG_ENTRYPOINT", entry)
 
 def derive(src, dst, tokens):
     run = yaml.safe_load(open(src))
@@ -306,77 +274,10 @@ PY
 }
 
 # --- the runtime stage, read from the Dockerfile -----------------------------------------
-dockerfile=trainer/Dockerfile
-eval "$(helper dockerfile "$dockerfile")"
-# What the build stage copies into /runtime: check-image.sh copies the same (below), so
-# it must hear of a change.
-for line in 'cp -a "$site/torch" /runtime"$site"/' \
-            'rm -rf /runtime"$site"/torch/include /runtime"$site"/torch/share' \
-            'if [ -d "$site/nvidia" ]; then cp -a "$site/nvidia" /runtime"$site"/; fi' \
-            'COPY --from=build /runtime/opt/pt /opt/pt' \
-            'COPY --from=build /usr/local/bin/trainer /usr/local/bin/trainer'; do
-  if ! grep -qF -- "$line" "$dockerfile"; then
-    echo "check-image.sh: $dockerfile no longer has: $line" >&2
-    echo "  update scripts/check-image.sh's copy of the image's contents to match" >&2
-    exit 1
-  fi
-done
+trainer_stage
 
 # --- the base root file system: debootstrap, then the stage's RUN line -----------------
-mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-key="$(printf '%s\n' "$IMG_SUITE" "$mirror" "$IMG_RUN" minbase-1 | sha256sum | cut -c1-16)"
-base="$cache/base-$key"
-# One build at a time; a second run waits for the first's base.
-exec 9> "$cache/lock"
-flock 9
-if [ ! -f "$base.ok" ]; then
-  say "building the base root file system (debootstrap --variant=minbase $IMG_SUITE, then the stage's RUN)"
-  for old in "$cache"/base-*; do
-    [ -e "$old" ] && rm -rf --one-file-system "$old"
-  done
-  tmp="$base.tmp"
-  log="$cache/base-$key.log"
-  # In a private mount namespace: debootstrap's and apt's /proc mounts end with it.
-  if ! unshare --mount --propagation private -- \
-       debootstrap --variant=minbase "$IMG_SUITE" "$tmp" "$mirror" > "$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    echo "check-image.sh: debootstrap failed (log: $log)" >&2
-    exit 1
-  fi
-  # debian:<release>-slim's sources (debootstrap writes only the release itself).
-  rm -f "$tmp/etc/apt/sources.list"
-  cat > "$tmp/etc/apt/sources.list.d/debian.sources" <<EOF
-Types: deb
-URIs: $mirror
-Suites: $IMG_SUITE $IMG_SUITE-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: ${mirror%/debian}/debian-security
-Suites: $IMG_SUITE-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-  cp /etc/resolv.conf "$tmp/etc/resolv.conf"
-  # shellcheck disable=SC2016
-  if ! unshare --mount --propagation private -- sh -c 'mount -t proc proc "$1/proc" && exec chroot "$1" \
-         /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-         DEBIAN_FRONTEND=noninteractive /bin/sh -c "$2"' sh "$tmp" "$IMG_RUN" >> "$log" 2>&1; then
-    tail -n 30 "$log" >&2
-    echo "check-image.sh: the runtime stage's RUN failed in the chroot (log: $log)" >&2
-    exit 1
-  fi
-  # The runtime provides these; an image has them empty.
-  : > "$tmp/etc/resolv.conf"
-  : > "$tmp/etc/hostname"
-  mv "$tmp" "$base"
-  touch "$base.ok"
-  say "base root file system: $base ($(du -sh "$base" | cut -f1))"
-else
-  say "base root file system: $base (cached)"
-fi
-flock -u 9
+image_base
 
 # --- the image: the base plus what the build stage copies ------------------------------
 if [ -z "$binary" ]; then
@@ -390,41 +291,13 @@ if [ -z "$binary" ]; then
     binary="$CARGO_TARGET_DIR/debug/trainer"
   fi
 fi
-[ -x "$binary" ] || { echo "check-image.sh: no trainer at $binary" >&2; exit 1; }
-if readelf -d "$binary" | grep -q 'NEEDED.*libtorch_cuda.so'; then built=cuda; else built=cpu; fi
-if [ "$built" != "$variant" ]; then
-  echo "check-image.sh: $binary is a $built build, not $variant" >&2
-  exit 1
-fi
-site="$(echo "$PT_CACHE/venv-$variant"/lib/python3*/site-packages)"
-[ -d "$site/torch/lib" ] || { echo "check-image.sh: no torch in $site (scripts/setup-libtorch.sh $variant)" >&2; exit 1; }
-# The binary finds libtorch by its RUNPATH alone. The image has the venv at the
-# builder's path, /opt/pt (the builder sets PT_CACHE=/opt/pt); outside Docker the
-# binary's RUNPATH is under $PT_CACHE instead, so this image has the venv at that
-# path: the same copy at the path this binary looks in.
-runpath="$(readelf -d "$binary" | sed -n 's/.*(R\(UN\)\{0,1\}PATH).*\[\(.*\)\]$/\2/p')"
-if [ "$runpath" != "$site/torch/lib" ]; then
-  echo "check-image.sh: $binary's RUNPATH is '$runpath', not $site/torch/lib, where the image has libtorch" >&2
-  exit 1
-fi
+trainer_site "$binary" "$variant"
+site="$IMG_SITE"
 
 root="$work/root"
 say "image root file system: $root"
 umask 022
-# Hard links: the base, libtorch and the binary are not copied (nothing in the image is
-# ever written: it runs read-only, and --remove-lib unlinks).
-cp -al "$base" "$root"
-mkdir -p "$root$site/torch"
-for e in "$site/torch"/*; do
-  case "${e##*/}" in include|share) continue ;; esac
-  cp -al "$e" "$root$site/torch/"
-done
-if [ -d "$site/nvidia" ]; then cp -al "$site/nvidia" "$root$site/"; fi
-# $PT_CACHE is under /root, which Debian makes 0700: open the path's directories as the
-# image's /opt/pt is open (the directories are this image's own; only files are links).
-d="$site"
-while [ "$d" != / ]; do chmod a+rx "$root$d"; d="$(dirname "$d")"; done
-cp -l "$binary" "$root/usr/local/bin/trainer" 2>/dev/null || install -m 0755 "$binary" "$root/usr/local/bin/trainer"
+trainer_rootfs "$root" "$binary"
 say "image: $(du -sh --apparent-size "$root" | cut -f1) (torch $(du -sh --apparent-size "$root$site/torch" | cut -f1)$([ -d "$root$site/nvidia" ] && echo ", nvidia $(du -sh --apparent-size "$root$site/nvidia" | cut -f1)"))"
 
 # A name removes every copy in the image; a path (/usr/lib/...) that one file.

@@ -5,6 +5,14 @@
 # With --test also what the tests need:
 #   prometheus   promtool, for the alert rules' unit tests.
 #   iproute2     ip, which gives the real-cluster suite's pods their network namespaces.
+#   libseccomp-dev  seccomp.h and libseccomp.so, which runc's `-tags seccomp` build links
+#                (scripts/setup-node.sh).
+#   pkg-config   how runc's seccomp binding finds libseccomp.
+#   iptables     iptables, iptables-save and iptables-restore, which kube-proxy's iptables
+#                mode runs.
+#   nftables     nft, which kube-proxy's nftables mode runs, and to inspect the node's rules.
+#   conntrack    conntrack, to inspect the node's connection tracking (kube-proxy itself
+#                flushes entries over netlink).
 # With --image what scripts/check-image.sh needs:
 #   debootstrap  builds the image's Debian root file system without Docker.
 #   iproute2     ip, which brings up the loopback of its network namespace.
@@ -15,6 +23,11 @@ missing=()
 if [ "${1:-}" = --test ]; then
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v ip >/dev/null || missing+=(iproute2)
+  [ -f /usr/include/seccomp.h ] || missing+=(libseccomp-dev)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  command -v iptables-restore >/dev/null || [ -x /usr/sbin/iptables-restore ] || missing+=(iptables)
+  command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing+=(nftables)
+  command -v conntrack >/dev/null || [ -x /usr/sbin/conntrack ] || missing+=(conntrack)
 fi
 if [ "${1:-}" = --image ]; then
   command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)

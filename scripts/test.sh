@@ -6,7 +6,9 @@
 # the GPU benchmark job on CPU, and checks the Helm chart and the alert rules. The
 # real-control-plane suite (e2e/tests/real_cluster) runs against kube-apiserver, etcd,
 # the controller manager and the scheduler built from source by
-# scripts/setup-control-plane.sh (as root: its pods get network namespaces), with
+# scripts/setup-control-plane.sh (as root: its pods get network namespaces), real nodes
+# (the kubelet, containerd, runc, kube-proxy, CoreDNS: scripts/setup-node.sh) running
+# our images (scripts/setup-images.sh: the trainer's, the static operator's), with
 # Prometheus (scripts/setup-prometheus.sh) for the alert drills, Kueue
 # (scripts/setup-kueue.sh) for the queueing scenarios, and Argo CD's Lua health
 # evaluation (scripts/setup-argocd-health.sh), which also judges the health check's
@@ -17,6 +19,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
 scripts/claim-target.sh
 scripts/setup-debian.sh --test
+scripts/setup-debian.sh --image
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 # The tests compile, and the control plane's Go build runs, while the Python
@@ -28,15 +31,18 @@ control_plane_log="$(mktemp)"
 # The trainer's tests are built on their own, with the feature set `make demo` builds the
 # trainer with, so they reuse its ~375 dependencies; built with the operator, Cargo would
 # unify their features (tokio, hyper, rustls, kube) and compile a second copy of each.
+# The static operator (operator/Dockerfile's binary) is the real nodes' operator image.
 { cargo build --locked -p trainer && cargo test -p trainer --locked --no-run &&
-  cargo test --workspace --exclude trainer --locked --no-run; } > "$build_log" 2>&1 &
+  cargo test --workspace --exclude trainer --locked --no-run &&
+  scripts/build-operator-static.sh > "$build_log.operator"; } > "$build_log" 2>&1 &
 build=$!
 { scripts/setup-control-plane.sh > "$control_plane_log.bin" &&
+  scripts/setup-node.sh > "$control_plane_log.node" &&
   scripts/setup-prometheus.sh > "$control_plane_log.prometheus" &&
   scripts/setup-kueue.sh > "$control_plane_log.kueue" &&
   scripts/setup-argocd-health.sh > "$control_plane_log.argocd"; } 2> "$control_plane_log" &
 control_plane=$!
-trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$control_plane_log" "$control_plane_log".*' EXIT
+trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$build_log".* "$control_plane_log" "$control_plane_log".*' EXIT
 TRAINER_TEST_PYTHON="$(scripts/setup-pytorch-ref.sh)"
 export TRAINER_TEST_PYTHON
 scripts/setup-pytools.sh
@@ -48,10 +54,15 @@ if ! wait "$build"; then
 fi
 if ! wait "$control_plane"; then
   cat "$control_plane_log" >&2
-  echo "building the control plane, Prometheus, Kueue or argocd-health failed (above)" >&2
+  echo "building the control plane, the node, Prometheus, Kueue or argocd-health failed (above)" >&2
   exit 1
 fi
 PT_CONTROL_PLANE_BIN="$(cat "$control_plane_log.bin")"
+PT_NODE_BIN="$(cat "$control_plane_log.node")"
+PT_OPERATOR_STATIC="$(cat "$build_log.operator")"
+PT_IMAGES_DIR="$(scripts/setup-images.sh --trainer "$CARGO_TARGET_DIR/debug/trainer" \
+  --operator "$PT_OPERATOR_STATIC" --coredns "$PT_NODE_BIN/coredns")"
+export PT_NODE_BIN PT_OPERATOR_STATIC PT_IMAGES_DIR
 PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
 PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
 PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"

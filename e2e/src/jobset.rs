@@ -102,7 +102,7 @@ impl JobSetController {
             .map_err(Error::Setup)?;
 
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let pki = Pki::create(&dir.join("pki"), &[loopback], &[])?;
+        let pki = Pki::create(&dir.join("pki"), &[loopback], &[], &[])?;
         for (from, to) in [(&pki.serving_cert, "tls.crt"), (&pki.serving_key, "tls.key")] {
             std::fs::copy(from, certs.join(to)).map_err(|e| Error::io(from, e))?;
         }

@@ -137,7 +137,7 @@ impl Kueue {
             std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
         }
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let pki = Pki::create(&dir.join("pki"), &[loopback], &[])?;
+        let pki = Pki::create(&dir.join("pki"), &[loopback], &[], &[])?;
         for to in [&certs, &metrics_certs] {
             for (from, name) in [(&pki.serving_cert, "tls.crt"), (&pki.serving_key, "tls.key")] {
                 std::fs::copy(from, to.join(name)).map_err(|e| Error::io(from, e))?;

@@ -13,6 +13,7 @@ pub mod kueue;
 pub mod monitoring;
 pub mod mounts;
 pub mod network;
+pub mod node;
 pub mod node_agent;
 pub mod prometheus;
 pub mod provisioner;

@@ -63,6 +63,14 @@ pub fn volume_for(claim: &PersistentVolumeClaim, root: &std::path::Path) -> Opti
     )
 }
 
+/// The volume's directory, writable by any user, as local-path-provisioner makes it: a
+/// kubelet applies no `fsGroup` to a `hostPath` volume, and the pods run as non-root.
+fn make_volume_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+}
+
 /// Runs the provisioner until the task is dropped.
 pub async fn run(client: kube::Client, root: PathBuf) {
     let _ = std::fs::create_dir_all(&root);
@@ -89,6 +97,10 @@ pub async fn run(client: kube::Client, root: PathBuf) {
             let Some(pv) = volume_for(&claim, &root) else { continue };
             let name = pv.metadata.name.clone().unwrap_or_default();
             if existing.contains(&name) || created.contains_key(&name) {
+                continue;
+            }
+            if let Err(e) = make_volume_dir(&root.join(&name)) {
+                tracing::warn!("provisioning {name}: {e}");
                 continue;
             }
             match volumes.create(&PostParams::default(), &pv).await {

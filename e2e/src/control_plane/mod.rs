@@ -80,6 +80,15 @@ pub async fn wait_until<T, F: std::future::Future<Output = Result<T, String>>>(
     }
 }
 
+/// What the control plane needs to know of real nodes (kubelets): their addresses, for
+/// their serving certificates, and the socket of the egress proxy through which it
+/// reaches them ([`crate::network::egress`]).
+#[derive(Clone, Debug)]
+pub struct RealNodes {
+    pub ips: Vec<Ipv4Addr>,
+    pub egress_socket: PathBuf,
+}
+
 pub struct ControlPlane {
     pub bin: PathBuf,
     pub dir: PathBuf,
@@ -88,6 +97,9 @@ pub struct ControlPlane {
     pub admin: Identity,
     /// Static identities of the node agents, by node name.
     pub nodes: Vec<(String, Identity)>,
+    /// kube-proxy's identity (`system:kube-proxy`, which the default `system:node-proxier`
+    /// binding names).
+    pub kube_proxy: Identity,
     /// The admin's kubeconfig (what `kubectl` and the tests use).
     pub kubeconfig: PathBuf,
     /// Dropped last to first: the scheduler and the controllers before the API server,
@@ -101,18 +113,25 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler with their
-    /// state under `dir`, with static tokens for the admin and for `nodes` node agents.
-    pub async fn start(dir: &Path, nodes: &[String]) -> Result<ControlPlane, Error> {
+    /// state under `dir`, with static tokens for the admin and for `nodes` node agents
+    /// or, with `real`, kubelets.
+    pub async fn start(dir: &Path, nodes: &[String], real: Option<&RealNodes>) -> Result<ControlPlane, Error> {
         let bin = binaries()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let admin = Identity::admin();
         let controllers = Identity::new("system:kube-controller-manager", &[]);
         let scheduler = Identity::new("system:kube-scheduler", &[]);
+        let kube_proxy = Identity::new("system:kube-proxy", &[]);
         let node_ids: Vec<(String, Identity)> = nodes.iter().map(|n| (n.clone(), Identity::node(n))).collect();
-        let mut identities = vec![admin.clone(), controllers.clone(), scheduler.clone()];
+        let mut identities = vec![admin.clone(), controllers.clone(), scheduler.clone(), kube_proxy.clone()];
         identities.extend(node_ids.iter().map(|(_, id)| id.clone()));
-        let ips = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
-        let pki = Pki::create(&dir.join("pki"), &ips, &identities)?;
+        let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
+        let mut kubelets = Vec::new();
+        if let Some(real) = real {
+            ips.push(IpAddr::V4(crate::network::nodes::ROUTER));
+            kubelets = nodes.iter().cloned().zip(real.ips.iter().map(|ip| IpAddr::V4(*ip))).collect();
+        }
+        let pki = Pki::create(&dir.join("pki"), &ips, &identities, &kubelets)?;
         let mut cp = ControlPlane {
             bin,
             dir: dir.to_path_buf(),
@@ -120,6 +139,7 @@ impl ControlPlane {
             api_port: free_port(),
             admin,
             nodes: node_ids,
+            kube_proxy,
             kubeconfig: dir.join("admin.kubeconfig"),
             daemons: Vec::new(),
             args: Default::default(),
@@ -135,7 +155,7 @@ impl ControlPlane {
 
         let etcd_port = cp.start_etcd().await?;
         cp.etcd_port = etcd_port;
-        cp.start_apiserver(etcd_port).await?;
+        cp.start_apiserver(etcd_port, real).await?;
         cp.start_controller_manager(&kcm_config).await?;
         cp.start_scheduler(&scheduler_config).await?;
         Ok(cp)
@@ -226,15 +246,35 @@ impl ControlPlane {
         Ok(client)
     }
 
-    async fn start_apiserver(&mut self, etcd_port: u16) -> Result<(), Error> {
+    /// The API server's flags that differ between node agents and real nodes.
+    fn node_args(&self, real: Option<&RealNodes>) -> Result<Vec<String>, Error> {
+        let Some(real) = real else {
+            // No Endpoints for the `kubernetes` Service: its only address is loopback,
+            // which an EndpointSlice may not hold. The node network relays it instead.
+            return Ok(vec!["--endpoint-reconciler-type=none".into()]);
+        };
+        let selector = self.dir.join("egress-selector.yaml");
+        let config = crate::network::egress::selector_config(&real.egress_socket);
+        std::fs::write(&selector, config).map_err(|e| Error::io(&selector, e))?;
+        let p = &self.pki;
+        Ok(vec![
+            // The `kubernetes` Service's endpoint: the router's address, which relays to
+            // this loopback port; kube-proxy on each node routes the ClusterIP to it.
+            format!("--advertise-address={}", crate::network::nodes::ROUTER),
+            format!("--egress-selector-config-file={}", selector.display()),
+            format!("--kubelet-client-certificate={}", p.kubelet_client.cert.display()),
+            format!("--kubelet-client-key={}", p.kubelet_client.key.display()),
+            format!("--kubelet-certificate-authority={}", p.ca_cert.display()),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+        ])
+    }
+
+    async fn start_apiserver(&mut self, etcd_port: u16, real: Option<&RealNodes>) -> Result<(), Error> {
         let p = self.pki.clone();
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", self.api_port),
-            // No Endpoints for the `kubernetes` Service: its only address is loopback,
-            // which an EndpointSlice may not hold. The node network relays it instead.
-            "--endpoint-reconciler-type=none".into(),
             format!("--service-cluster-ip-range={SERVICE_RANGE}"),
             format!("--tls-cert-file={}", p.serving_cert.display()),
             format!("--tls-private-key-file={}", p.serving_key.display()),
@@ -250,6 +290,7 @@ impl ControlPlane {
             format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
             "--v=1".into(),
         ];
+        args.extend(self.node_args(real)?);
         self.spawn("kube-apiserver", args)?;
         let client = self.client().await?;
         self.wait_ready("kube-apiserver", &client, "/readyz", |body| body.trim() == "ok").await

@@ -5,7 +5,10 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
 
 use super::error::Error;
 
@@ -56,12 +59,51 @@ pub struct Pki {
     pub sa_pub: PathBuf,
     pub token_file: PathBuf,
     pub ca_pem: String,
+    /// The API server's client certificate towards the kubelets (`--kubelet-client-*`).
+    pub kubelet_client: CertPair,
+    /// Each kubelet's serving certificate, by node name, for its address and name.
+    pub kubelets: Vec<(String, CertPair)>,
+}
+
+/// A certificate and its key, as files.
+#[derive(Clone, Debug)]
+pub struct CertPair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A certificate that `ca` signs: a server's for `names` (addresses or DNS names), or a
+/// client's (no names) with `cn` as its user and `groups` as its organizations.
+fn issue(
+    ca: &CertifiedIssuer<'_, KeyPair>,
+    cn: &str,
+    groups: &[&str],
+    names: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(String, String), Error> {
+    let tls = |e: rcgen::Error| Error::Pki(format!("{cn}: {e}"));
+    let mut params = CertificateParams::new(names).map_err(tls)?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    for g in groups {
+        params.distinguished_name.push(DnType::OrganizationName, *g);
+    }
+    params.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().map_err(tls)?;
+    let cert = params.signed_by(&key, ca).map_err(tls)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 impl Pki {
     /// Writes a fresh CA, a serving certificate for `ips` (and the in-cluster names),
-    /// the ServiceAccount key pair and the token file for `identities` into `dir`.
-    pub fn create(dir: &Path, ips: &[IpAddr], identities: &[Identity]) -> Result<Pki, Error> {
+    /// the ServiceAccount key pair and the token file for `identities` into `dir`, and
+    /// for real nodes the serving certificate of each kubelet in `kubelets` (its name
+    /// and address) and the API server's client certificate towards them.
+    pub fn create(
+        dir: &Path,
+        ips: &[IpAddr],
+        identities: &[Identity],
+        kubelets: &[(String, IpAddr)],
+    ) -> Result<Pki, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let tls = |e: rcgen::Error| Error::Pki(e.to_string());
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(tls)?;
@@ -86,7 +128,37 @@ impl Pki {
         for (i, id) in identities.iter().enumerate() {
             tokens.push_str(&format!("{},{},uid-{i},\"{}\"\n", id.token, id.user, id.groups.join(",")));
         }
+        let write = |p: &Path, text: &str| std::fs::write(p, text).map_err(|e| Error::io(p, e));
+        let write_pair = |name: &str, (cert, key): (String, String)| -> Result<CertPair, Error> {
+            let pair = CertPair { cert: dir.join(format!("{name}.crt")), key: dir.join(format!("{name}.key")) };
+            write(&pair.cert, &cert)?;
+            write(&pair.key, &key)?;
+            Ok(pair)
+        };
+        // kubeadm's apiserver-kubelet-client: an admin towards the kubelets' webhook authorizer.
+        let client = issue(
+            &ca,
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+            vec![],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let kubelet_client = write_pair("apiserver-kubelet-client", client)?;
+        let mut kubelet_certs = Vec::new();
+        for (node, ip) in kubelets {
+            let names = vec![node.clone(), ip.to_string()];
+            let pair = issue(
+                &ca,
+                &format!("system:node:{node}"),
+                &["system:nodes"],
+                names,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            )?;
+            kubelet_certs.push((node.clone(), write_pair(&format!("kubelet-{node}"), pair)?));
+        }
         let pki = Pki {
+            kubelet_client,
+            kubelets: kubelet_certs,
             ca_cert: dir.join("ca.crt"),
             serving_cert: dir.join("apiserver.crt"),
             serving_key: dir.join("apiserver.key"),
@@ -95,7 +167,6 @@ impl Pki {
             token_file: dir.join("tokens.csv"),
             ca_pem: ca.pem(),
         };
-        let write = |p: &Path, text: &str| std::fs::write(p, text).map_err(|e| Error::io(p, e));
         write(&pki.ca_cert, &pki.ca_pem)?;
         write(&pki.serving_cert, &serving_cert.pem())?;
         write(&pki.serving_key, &serving_key.serialize_pem())?;

@@ -23,8 +23,10 @@
 //! `/etc/resolv.conf` has the kubelet's search path and a server that refuses at once,
 //! so a name not yet published fails as fast as cluster DNS's NXDOMAIN.
 
+pub mod egress;
 mod error;
 pub mod hosts;
+pub mod nodes;
 pub mod relay;
 
 pub use error::Error;
@@ -41,6 +43,11 @@ use crate::mounts::Binds;
 /// A node's network is cut while this file exists in its agent's root: the host side of
 /// every pod link of the node is down, also of pods started meanwhile ([`NodeLinks`]).
 pub const PARTITIONED: &str = "partitioned";
+
+/// Every pod range of the cluster: node `i`'s is [`pod_cidr`]`(i)`.
+pub const POD_RANGE: &str = "10.244.0.0/16";
+/// The `kube-dns` Service's ClusterIP, which the kubelets give pods as their resolver.
+pub const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
 /// The bridge's address and the pods' gateway.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
@@ -103,6 +110,16 @@ impl ClusterNetwork {
         ip(&["-n", &netns, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &netns, "addr", "add", &gw, "dev", "br0"])?;
         ip(&["-n", &netns, "link", "set", "br0", "up"])?;
+        Ok(net)
+    }
+
+    /// Creates `<prefix>-c` as the router of a cluster of real nodes ([`nodes`]).
+    pub fn create_routed(prefix: &str) -> Result<ClusterNetwork, Error> {
+        sweep_stale();
+        let netns = format!("{prefix}-c");
+        ip(&["netns", "add", &netns])?;
+        let net = ClusterNetwork { prefix: prefix.to_string(), netns: netns.clone() };
+        nodes::create_router(&netns)?;
         Ok(net)
     }
 

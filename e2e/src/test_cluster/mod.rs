@@ -16,9 +16,11 @@ use crate::network::hosts::{self, HostsDir};
 use crate::network::relay::{self, Relay};
 use crate::network::{ClusterNetwork, Enter};
 
-mod cpus;
+pub mod cpus;
+mod dns;
 mod nodes;
 mod pods;
+mod real;
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
 
@@ -34,6 +36,11 @@ pub struct Options {
     pub gpus: u32,
     /// Image repository suffix → the binary it runs.
     pub images: BTreeMap<String, PathBuf>,
+    /// Real nodes (the kubelet, containerd, runc, kube-proxy and CoreDNS) running the
+    /// images of this directory (`scripts/setup-images.sh`) instead of node agents.
+    /// A real node offers its share of the machine's CPUs and its memory, whatever
+    /// `cpu` and `memory` say.
+    pub real_images: Option<PathBuf>,
 }
 
 impl Options {
@@ -46,6 +53,7 @@ impl Options {
             memory: "32Gi".into(),
             gpus: 0,
             images: [("trainer".to_string(), trainer.to_path_buf())].into(),
+            real_images: None,
         }
     }
 }
@@ -61,11 +69,15 @@ pub struct TestCluster {
     // controllers of this harness, the relay, the network, the control plane.
     pub operators: Vec<Operator>,
     pub agents: Vec<(String, Daemon)>,
+    /// The real nodes, when the cluster has them.
+    pub nodes: Vec<crate::node::RealNode>,
     /// Cluster DNS and the provisioner, on a runtime of their own: a test may block its
     /// thread (on `kubectl wait`) without stopping them.
     controllers: Option<tokio::runtime::Runtime>,
     /// Held for its `Drop`: the `kubernetes` Service inside the cluster network.
     _relay: Relay,
+    /// The API server's way to the kubelets (real nodes only).
+    _egress: Option<crate::network::egress::EgressProxy>,
     pub net: ClusterNetwork,
     pub cp: ControlPlane,
     pub dir: PathBuf,
@@ -85,8 +97,11 @@ impl TestCluster {
         let dir = root.join(&prefix);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        if options.real_images.is_some() {
+            return real::start(dir, prefix, n as usize, options).await;
+        }
         let node_names: Vec<String> = (0..options.nodes).map(|i| format!("node-{i}")).collect();
-        let cp = ControlPlane::start(&dir.join("control-plane"), &node_names).await?;
+        let cp = ControlPlane::start(&dir.join("control-plane"), &node_names, None).await?;
         let client = cp.client().await?;
         let net = ClusterNetwork::create(&prefix).map_err(|e| Error::Setup(e.to_string()))?;
         let relay = Relay::start(
@@ -118,8 +133,10 @@ impl TestCluster {
         let mut cluster = TestCluster {
             operators: Vec::new(),
             agents: Vec::new(),
+            nodes: Vec::new(),
             controllers: Some(controllers),
             _relay: relay,
+            _egress: None,
             net,
             cp,
             dir,
@@ -218,9 +235,11 @@ impl TestCluster {
         .await
     }
 
-    /// The agents' logs' ends, for failure messages.
+    /// The agents' or the real nodes' logs' ends, for failure messages.
     pub fn agent_logs(&self) -> String {
-        self.agents.iter().map(|(n, d)| format!("--- agent {n}:\n{}", d.log_tail(20))).collect::<Vec<_>>().join("\n")
+        let agents = self.agents.iter().map(|(n, d)| format!("--- agent {n}:\n{}", d.log_tail(20)));
+        let nodes = self.nodes.iter().map(|n| n.log_tails(15));
+        agents.chain(nodes).collect::<Vec<_>>().join("\n")
     }
 
     /// `kubectl` as the admin.
@@ -344,6 +363,8 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         self.operators.clear();
         self.agents.clear();
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(Path::new(crate::node::SHORT_ROOT).join(&self.net.prefix));
         // An agent killed as a crash leaves its containers running, as a node's would.
         for pid_file in glob_pid_files(&self.dir.join("nodes")) {
             if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<u32>().ok()) {

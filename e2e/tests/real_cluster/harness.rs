@@ -67,6 +67,84 @@ pub async fn cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> Test
     }
 }
 
+/// The directory of the images real nodes run: `$PT_IMAGES_DIR` (set by `make test`),
+/// else what `scripts/setup-images.sh` prints for this workspace's trainer, the static
+/// operator (`$PT_OPERATOR_STATIC`, else `scripts/build-operator-static.sh`'s) and the
+/// node stack's CoreDNS.
+pub fn images_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PT_IMAGES_DIR") {
+        return PathBuf::from(dir);
+    }
+    let script_out = |script: &str, args: &[&std::ffi::OsStr]| -> String {
+        let out = std::process::Command::new("bash")
+            .arg(repo().join("scripts").join(script))
+            .args(args)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+        assert!(out.status.success(), "{script} failed ({})", out.status);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let operator = std::env::var("PT_OPERATOR_STATIC").unwrap_or_else(|_| script_out("build-operator-static.sh", &[]));
+    let node_bin = e2e::node::binaries().unwrap_or_else(|e| panic!("the node binaries: {e}"));
+    let trainer = workspace_binary("trainer");
+    let coredns = node_bin.join("coredns");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--trainer".as_ref(),
+        trainer.as_os_str(),
+        "--operator".as_ref(),
+        operator.as_ref(),
+        "--coredns".as_ref(),
+        coredns.as_os_str(),
+    ];
+    PathBuf::from(script_out("setup-images.sh", &args))
+}
+
+/// A cluster of `nodes` real nodes (kubelet, containerd, runc, kube-proxy, CoreDNS) with
+/// `edit` applied to its options.
+pub async fn real_cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
+    let images = images_dir();
+    cluster_with(nodes, |o| {
+        o.real_images = Some(images);
+        edit(o);
+    })
+    .await
+}
+
+/// The chart's values that make it run this cluster's operator and trainer images.
+pub fn chart_image_values(c: &TestCluster) -> Vec<String> {
+    let split = |name: &str| {
+        let image = c.image(name).unwrap_or_else(|e| panic!("{e}"));
+        let (repo, tag) = image.rsplit_once(':').expect("an image with a tag");
+        (repo.to_string(), tag.to_string())
+    };
+    let (operator, operator_tag) = split("operator");
+    let (trainer, trainer_tag) = split("trainer");
+    vec![
+        format!("image.repository={operator}"),
+        format!("image.tag={operator_tag}"),
+        format!("trainerImage.repository={trainer}"),
+        format!("trainerImage.tag={trainer_tag}"),
+    ]
+}
+
+/// `helm install` of the chart with this cluster's images and `sets`, then waits until
+/// the operator's Deployment has rolled out (its pods Ready).
+pub fn helm_install_in_cluster(c: &TestCluster, sets: &[&str]) {
+    let images = chart_image_values(c);
+    let mut all: Vec<&str> = images.iter().map(String::as_str).collect();
+    all.extend(sets);
+    helm_install(c, &all);
+    let deployment = format!("deployment/{RELEASE}");
+    if let Err(e) = c.kubectl_out(&["-n", OPERATOR_NS, "rollout", "status", &deployment, "--timeout=180s"]) {
+        panic!(
+            "the operator's Deployment did not roll out: {e}
+{}",
+            c.dump(OPERATOR_NS)
+        );
+    }
+}
+
 /// `kubectl args...` that must succeed; its stdout.
 pub fn kubectl(c: &TestCluster, args: &[&str]) -> String {
     c.kubectl_out(args).unwrap_or_else(|e| panic!("{e}\n{}", c.dump("default")))

@@ -11,6 +11,7 @@ mod harness;
 mod scenario;
 
 mod alerts;
+mod containers;
 mod crd;
 mod datasets;
 mod datasets_storage;

@@ -1,7 +1,9 @@
-//! §3.2 and §3.3: the chart installed by Helm, the operator running as the chart's
-//! ServiceAccount (RBAC is real), and a two-node run that the real Job controller,
-//! scheduler and EndpointSlice controller carry to Succeeded; deleting it collects its
-//! children through owner references.
+//! §3.2 and §3.3 on real nodes: the chart installed by Helm, the operator running as the
+//! chart's Deployment (its image, ServiceAccount, probes and security context), and a
+//! two-node run whose ranks are containers of the trainer image under real kubelets,
+//! rendezvousing through CoreDNS's names, carried to Succeeded by the real Job
+//! controller, scheduler and EndpointSlice controller; deleting it collects its children
+//! through owner references.
 
 use std::time::Duration;
 
@@ -14,10 +16,12 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     let _slot = cluster_slot().await;
     let trainer = workspace_binary("trainer");
     assert!(trainer.exists(), "{} is missing: cargo build -p trainer", trainer.display());
-    // 1.5 CPUs a node: a 1-CPU rank fits once per node, so the scheduler must spread them.
-    let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
+    // A node offers its share of the CPUs (one of this machine's two), less the
+    // operator's and CoreDNS's requests: a rank of half a CPU fits once per node, so the
+    // scheduler must spread them.
+    let c = real_cluster_with(2, |_| {}).await;
 
-    helm_install(&c, &["networkPolicy.enabled=true", "statusPollInterval=2s", "statusWriteInterval=2s"]);
+    helm_install_in_cluster(&c, &["networkPolicy.enabled=true", "statusPollInterval=2s", "statusWriteInterval=2s"]);
     let objects = kubectl(
         &c,
         &["-n", OPERATOR_NS, "get", "serviceaccount,deployment,service,networkpolicy,role,rolebinding", "-o", "name"],
@@ -32,10 +36,12 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     }
     let cluster_roles = kubectl(&c, &["get", "clusterrole,clusterrolebinding", "-o", "name"]);
     assert!(cluster_roles.contains("clusterrole.rbac.authorization.k8s.io/trainingrun-operator"), "{cluster_roles}");
-    start_chart_operator(&mut c, "trainingrun-operator-0");
 
     namespace(&c, "ml").await;
-    let run = tiny_cluster("tiny-cluster", |d| d["spec"]["topology"]["nodes"] = Value::from(2));
+    let run = tiny_cluster("tiny-cluster", |d| {
+        d["spec"]["topology"]["nodes"] = Value::from(2);
+        d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
+    });
     apply(&c, "ml", &run);
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 

@@ -1,0 +1,142 @@
+//! A test cluster of real nodes ([`crate::node`]): the routed node network, the API
+//! server reaching the kubelets through its egress proxy, a kubelet, containerd and
+//! kube-proxy per node, and CoreDNS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::{Options, TestCluster, cpus, dns};
+use crate::control_plane::{self, ControlPlane, Error, RealNodes};
+use crate::network::ClusterNetwork;
+use crate::network::egress::EgressProxy;
+use crate::network::hosts::HostsDir;
+use crate::network::nodes::{NodeNetwork, ROUTER};
+use crate::network::relay::Relay;
+use crate::node::{self, NodeFacts, NodeStart, RealNode, Slot, images};
+
+/// The images every real cluster runs.
+pub const IMAGES: [&str; 4] = ["pause", "trainer", "operator", "coredns"];
+
+fn setup(e: impl std::fmt::Display) -> Error {
+    Error::Setup(e.to_string())
+}
+
+/// The machine's CPUs outside `share`, as a cpuset list; none when the share is all.
+pub fn reserved_cpus(host: &[usize], share: &[usize]) -> Option<String> {
+    let rest: Vec<usize> = host.iter().copied().filter(|c| !share.contains(c)).collect();
+    (!share.is_empty() && !rest.is_empty()).then(|| crate::node::cgroups::cpu_list(&rest))
+}
+
+pub(super) async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) -> Result<TestCluster, Error> {
+    let images_dir = options.real_images.clone().expect("a real cluster has images");
+    let catalogue = images::catalogue(&images_dir)?;
+    if let Some(missing) = IMAGES.iter().find(|i| !catalogue.contains_key(**i)) {
+        return Err(Error::Setup(format!("{}: no {missing} image", images_dir.display())));
+    }
+    let bin = node::binaries()?;
+    let net = ClusterNetwork::create_routed(&prefix).map_err(setup)?;
+    let mut node_nets = Vec::new();
+    for i in 0..options.nodes {
+        node_nets.push(NodeNetwork::create(&prefix, &net.netns, i as u8).map_err(setup)?);
+    }
+    // Unix sockets on a short path: a socket's is at most 108 bytes.
+    let run_dir = PathBuf::from(crate::node::SHORT_ROOT).join(&prefix);
+    std::fs::create_dir_all(&run_dir).map_err(|e| Error::io(&run_dir, e))?;
+    let egress = EgressProxy::start(&run_dir.join("egress.sock"), &net.path()).map_err(setup)?;
+    let names: Vec<String> = (0..options.nodes).map(|i| format!("node-{i}")).collect();
+    let real = RealNodes { ips: node_nets.iter().map(|n| n.ip).collect(), egress_socket: egress.socket.clone() };
+    let cp = ControlPlane::start(&dir.join("control-plane"), &names, Some(&real)).await?;
+    let client = cp.client().await?;
+    let relay = Relay::start(
+        &net.path(),
+        SocketAddr::from((ROUTER, cp.api_port)),
+        SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
+    )
+    .map_err(setup)?;
+    crate::provisioner::install(&client).await.map_err(|e| Error::Setup(format!("the StorageClass: {e}")))?;
+    let controllers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("e2e-controllers")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Setup(format!("a runtime for the cluster's controllers: {e}")))?;
+    let (kubeconfig, volumes) = (cp.kubeconfig.clone(), dir.join("volumes"));
+    controllers.spawn(async move {
+        match control_plane::client_for(&kubeconfig).await {
+            Ok(client) => crate::provisioner::run(client, volumes).await,
+            Err(e) => tracing::error!("the cluster's provisioner: {e}"),
+        }
+    });
+    let hosts = HostsDir(dir.join("hosts.d"));
+    let mut cluster = TestCluster {
+        operators: Vec::new(),
+        agents: Vec::new(),
+        nodes: Vec::new(),
+        controllers: Some(controllers),
+        _relay: relay,
+        _egress: Some(egress),
+        net,
+        cp,
+        dir,
+        hosts,
+        client,
+        options,
+        number,
+    };
+    let slots = cluster.dir.parent().expect("the clusters' root").join("node-slots");
+    let host = cpus::host_cpus();
+    for (i, net) in node_nets.into_iter().enumerate() {
+        let slot = Slot::take(&slots)?;
+        let facts = NodeFacts {
+            name: names[i].clone(),
+            index: i as u8,
+            ip: net.ip,
+            bin: bin.clone(),
+            dir: cluster.dir.join("nodes").join(&names[i]),
+            run_dir: run_dir.join(&names[i]),
+            containerd_root: slot.containerd_root.clone(),
+            cgroup_root: format!("/{prefix}/{}", names[i]),
+            pause_image: catalogue["pause"].reference.clone(),
+            reserved_cpus: None,
+        };
+        let cpus = cpus::node_share(&host, cluster.options.nodes, number, i);
+        let facts = NodeFacts { reserved_cpus: reserved_cpus(&host, &cpus), ..facts };
+        let start = NodeStart { cp: &cluster.cp, net, slot, cpus, cluster: &prefix, images: &catalogue };
+        let node = RealNode::start(facts, start).await?;
+        cluster.nodes.push(node);
+    }
+    cluster.wait_nodes_ready().await?;
+    cluster.wait_default_service_account("default").await?;
+    cluster.kubectl_in(&["apply", "-f", "-"], &dns::manifests(&catalogue["coredns"].reference)).map_err(setup)?;
+    cluster
+        .kubectl_out(&["-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s"])
+        .map_err(|e| Error::Setup(format!("cluster DNS: {e}\n{}", cluster.dump("kube-system"))))?;
+    Ok(cluster)
+}
+
+impl TestCluster {
+    /// The image of `name` (`trainer`, `operator`, ...) in a real cluster's nodes.
+    pub fn image(&self, name: &str) -> Result<String, Error> {
+        let dir = self.options.real_images.as_ref().ok_or_else(|| Error::Setup("not a real cluster".into()))?;
+        let catalogue = images::catalogue(dir)?;
+        catalogue.get(name).map(|i| i.reference.clone()).ok_or_else(|| Error::Setup(format!("no image {name}")))
+    }
+
+    /// Node `name`, of a real cluster.
+    pub fn node(&self, name: &str) -> Result<&RealNode, Error> {
+        self.nodes.iter().find(|n| n.facts.name == name).ok_or_else(|| Error::Setup(format!("no real node {name}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_reserves_the_cpus_outside_its_share() {
+        assert_eq!(reserved_cpus(&[0, 1], &[0]), Some("1".into()));
+        assert_eq!(reserved_cpus(&[0, 1, 2, 3], &[2, 3]), Some("0,1".into()));
+        assert_eq!(reserved_cpus(&[0, 1], &[0, 1]), None);
+        assert_eq!(reserved_cpus(&[0, 1], &[]), None);
+    }
+}
