@@ -14,8 +14,6 @@ use crate::harness::*;
 #[tokio::test]
 async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     let _slot = cluster_slot().await;
-    let trainer = workspace_binary("trainer");
-    assert!(trainer.exists(), "{} is missing: cargo build -p trainer", trainer.display());
     // A node offers its share of the CPUs (one of this machine's two), less the
     // operator's and CoreDNS's requests: a rank of half a CPU fits once per node, so the
     // scheduler must spread them.
