@@ -292,6 +292,11 @@ impl TestCluster {
             out.push_str(&self.kubectl_out(&args).unwrap_or_else(|e| e));
             out.push('\n');
         }
+        if !self.nodes.is_empty() {
+            // The chart's operator, when it runs as its Deployment.
+            let args = ["-n", "trainingrun-system", "logs", "deployment/trainingrun-operator", "--tail=30"];
+            out.push_str(&format!("$ kubectl {}\n{}\n", args.join(" "), self.kubectl_out(&args).unwrap_or_else(|e| e)));
+        }
         out.push_str(&self.agent_logs());
         for (i, op) in self.operators.iter().enumerate() {
             out.push_str(&format!("\n--- operator {i}:\n{}", op.daemon.log_tail(40)));

@@ -97,3 +97,43 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         if left.trim().is_empty() { Ok(()) } else { Err(left) }
     });
 }
+
+/// Issue 62's RBAC finding: the operator deletes the pods that no Job owns (a Job deleted
+/// with `--cascade=orphan` leaves its ranks running, holding their hostnames and
+/// GPUs). Under the chart's own ClusterRole, as the chart's Deployment, the orphans go
+/// and the run goes on.
+#[tokio::test]
+async fn ranks_orphaned_by_their_job_are_deleted_under_the_charts_rbac() {
+    let _slot = cluster_slot().await;
+    let c = real_cluster_with(1, |_| {}).await;
+    helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
+    namespace(&c, "ml").await;
+    let run = tiny_cluster("orphans", |d| {
+        d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
+    });
+    apply(&c, "ml", &run);
+    poll(&c, "ml", "a first step", Duration::from_secs(300), || {
+        let step = run_field(&c, "ml", "orphans", "{.status.progress.step}");
+        if step.parse::<u64>().is_ok_and(|s| s >= 1) { Ok(()) } else { Err(format!("step {step:?}")) }
+    });
+    let rank = kubectl(&c, &["-n", "ml", "get", "pods", "-l", "job-name=orphans-a1", "-o", "name"]);
+    assert_eq!(rank.lines().count(), 1, "one rank: {rank}");
+    kubectl(&c, &["-n", "ml", "delete", "job", "orphans-a1", "--cascade=orphan", "--wait=true"]);
+    // Orphaned: the pod runs on with no owner, until the operator deletes it.
+    let owners = kubectl(&c, &["-n", "ml", "get", rank.trim(), "-o", "jsonpath={.metadata.ownerReferences}"]);
+    assert!(owners.trim().is_empty(), "the Job's garbage collection left the pod its owner: {owners}");
+    poll(&c, "ml", "the orphaned rank deleted by the operator", Duration::from_secs(120), || {
+        let left = c.kubectl_out(&["-n", "ml", "get", rank.trim(), "--ignore-not-found", "-o", "name"])?;
+        let deleting = c.kubectl_out(&[
+            "-n",
+            "ml",
+            "get",
+            rank.trim(),
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ])?;
+        if left.trim().is_empty() || !deleting.trim().is_empty() { Ok(()) } else { Err(format!("{left} still there")) }
+    });
+    wait_for(&c, "ml", "trainingrun/orphans", "condition=Succeeded", Duration::from_secs(600));
+}
