@@ -147,6 +147,31 @@ impl Drop for NodeCgroup {
     }
 }
 
+/// Kills what is left in, and removes, the clusters' cgroups whose name `dead` judges
+/// stale.
+pub fn sweep(dead: impl Fn(&str) -> bool) {
+    let mut stale = Vec::new();
+    for h in hierarchies() {
+        for e in std::fs::read_dir(&h).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if e.file_type().is_ok_and(|t| t.is_dir()) && dead(&name) && !stale.contains(&name) {
+                stale.push(name);
+            }
+        }
+    }
+    for name in stale {
+        let mut pids = Vec::new();
+        collect_procs(&Path::new(CGROUPS).join("pids").join(&name), &mut pids);
+        for pid in pids {
+            // SAFETY: kill(2) on a process left in a dead test cluster's cgroup.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for h in hierarchies() {
+            remove_tree(&h.join(&name));
+        }
+    }
+}
+
 /// The CPU list a cpuset file takes, from CPU numbers: `[0, 1, 3]` → "0,1,3".
 pub fn cpu_list(cpus: &[usize]) -> String {
     cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")

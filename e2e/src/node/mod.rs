@@ -43,6 +43,22 @@ pub const KUBELET_TUNABLES: [&str; 6] = [
 /// Where the nodes' sockets and kubelet roots live: a short path, for Unix sockets.
 pub const SHORT_ROOT: &str = "/var/lib/pt-e2e";
 
+/// What test processes that died before their clean-up left of their real nodes: the
+/// short-path directories and the cgroups of clusters `pt<pid>-<n>` whose process is
+/// gone (its mount namespaces ended with it, so nothing is mounted there).
+pub fn sweep_stale() {
+    let dead = |name: &str| {
+        let pid = name.strip_prefix("pt").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    for e in std::fs::read_dir(SHORT_ROOT).into_iter().flatten().flatten() {
+        if dead(&e.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    cgroups::sweep(dead);
+}
+
 /// Where the node binaries are: `$PT_NODE_BIN` (set by `make test`), else what
 /// `scripts/setup-node.sh` prints (building them if needed).
 pub fn binaries() -> Result<PathBuf, Error> {

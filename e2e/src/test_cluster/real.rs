@@ -34,6 +34,7 @@ pub(super) async fn start(dir: PathBuf, prefix: String, number: usize, options: 
         return Err(Error::Setup(format!("{}: no {missing} image", images_dir.display())));
     }
     let bin = node::binaries()?;
+    node::sweep_stale();
     let net = ClusterNetwork::create_routed(&prefix).map_err(setup)?;
     let mut node_nets = Vec::new();
     for i in 0..options.nodes {
