@@ -17,7 +17,10 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     // A node offers its share of the CPUs (one of this machine's two), less the
     // operator's and CoreDNS's requests: a rank of half a CPU fits once per node, so the
     // scheduler must spread them.
+    let started = std::time::Instant::now();
     let c = real_cluster_with(2, |_| {}).await;
+    // Figures for docs/perf.md (printed, not asserted).
+    eprintln!("real cluster of 2 nodes started in {:.1} s", started.elapsed().as_secs_f64());
 
     helm_install_in_cluster(&c, &["networkPolicy.enabled=true", "statusPollInterval=2s", "statusWriteInterval=2s"]);
     let objects = kubectl(
@@ -40,7 +43,13 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         d["spec"]["topology"]["nodes"] = Value::from(2);
         d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
     });
+    let applied = std::time::Instant::now();
     apply(&c, "ml", &run);
+    poll(&c, "ml", "a first step", Duration::from_secs(300), || {
+        let step = run_field(&c, "ml", "tiny-cluster", "{.status.progress.step}");
+        if step.parse::<u64>().is_ok_and(|s| s >= 1) { Ok(()) } else { Err(format!("step {step:?}")) }
+    });
+    eprintln!("kubectl apply to the first step: {:.1} s", applied.elapsed().as_secs_f64());
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 
     let field = |p: &str| run_field(&c, "ml", "tiny-cluster", p);
