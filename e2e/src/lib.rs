@@ -7,6 +7,7 @@
 
 pub mod argocd;
 pub mod control_plane;
+pub mod cpus;
 pub mod fake_api;
 pub mod jobset;
 pub mod kueue;

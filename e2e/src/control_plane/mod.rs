@@ -81,12 +81,14 @@ pub async fn wait_until<T, F: std::future::Future<Output = Result<T, String>>>(
 }
 
 /// What the control plane needs to know of real nodes (kubelets): their addresses, for
-/// their serving certificates, and the socket of the egress proxy through which it
-/// reaches them ([`crate::network::egress`]).
+/// their serving certificates, the address it advertises for the `kubernetes` Service
+/// (where the nodes reach it), and the `EgressSelectorConfiguration` through which it
+/// reaches them.
 #[derive(Clone, Debug)]
 pub struct RealNodes {
     pub ips: Vec<Ipv4Addr>,
-    pub egress_socket: PathBuf,
+    pub advertise: Ipv4Addr,
+    pub egress_selector: String,
 }
 
 pub struct ControlPlane {
@@ -128,7 +130,7 @@ impl ControlPlane {
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
         let mut kubelets = Vec::new();
         if let Some(real) = real {
-            ips.push(IpAddr::V4(crate::network::nodes::ROUTER));
+            ips.push(IpAddr::V4(real.advertise));
             kubelets = nodes.iter().cloned().zip(real.ips.iter().map(|ip| IpAddr::V4(*ip))).collect();
         }
         let pki = Pki::create(&dir.join("pki"), &ips, &identities, &kubelets)?;
@@ -254,13 +256,12 @@ impl ControlPlane {
             return Ok(vec!["--endpoint-reconciler-type=none".into()]);
         };
         let selector = self.dir.join("egress-selector.yaml");
-        let config = crate::network::egress::selector_config(&real.egress_socket);
-        std::fs::write(&selector, config).map_err(|e| Error::io(&selector, e))?;
+        std::fs::write(&selector, &real.egress_selector).map_err(|e| Error::io(&selector, e))?;
         let p = &self.pki;
         Ok(vec![
-            // The `kubernetes` Service's endpoint: the router's address, which relays to
-            // this loopback port; kube-proxy on each node routes the ClusterIP to it.
-            format!("--advertise-address={}", crate::network::nodes::ROUTER),
+            // The `kubernetes` Service's endpoint, which relays to this loopback port;
+            // kube-proxy on each node routes the ClusterIP to it.
+            format!("--advertise-address={}", real.advertise),
             format!("--egress-selector-config-file={}", selector.display()),
             format!("--kubelet-client-certificate={}", p.kubelet_client.cert.display()),
             format!("--kubelet-client-key={}", p.kubelet_client.key.display()),

@@ -113,16 +113,6 @@ impl ClusterNetwork {
         Ok(net)
     }
 
-    /// Creates `<prefix>-c` as the router of a cluster of real nodes ([`nodes`]).
-    pub fn create_routed(prefix: &str) -> Result<ClusterNetwork, Error> {
-        sweep_stale();
-        let netns = format!("{prefix}-c");
-        ip(&["netns", "add", &netns])?;
-        let net = ClusterNetwork { prefix: prefix.to_string(), netns: netns.clone() };
-        nodes::create_router(&netns)?;
-        Ok(net)
-    }
-
     pub fn path(&self) -> PathBuf {
         netns_path(&self.netns)
     }
@@ -147,7 +137,7 @@ fn delete_namespaces(prefix: &str) {
 
 /// Namespaces of test clusters whose process is gone (`pt<pid>-...`): a test killed
 /// before its clean-up.
-fn sweep_stale() {
+pub(crate) fn sweep_stale() {
     let Ok(dir) = std::fs::read_dir("/run/netns") else { return };
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().to_string();

@@ -18,7 +18,7 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use super::{Error, ip, netns_path, pod_cidr};
+use super::{ClusterNetwork, Error, ip, netns_path, pod_cidr};
 
 /// The router's address on the node network: the nodes' gateway, and the address at
 /// which the API server is reached from inside the cluster.
@@ -43,15 +43,21 @@ pub fn sysctl_in(netns: &std::path::Path, key: &str, value: &str) -> Result<(), 
     super::relay::in_netns(netns, move || std::fs::write(&path, value))
 }
 
-/// Makes the cluster namespace `netns` the nodes' switch and router: the bridge with
-/// [`ROUTER`], forwarding on.
-pub fn create_router(netns: &str) -> Result<(), Error> {
+/// Creates `<prefix>-c` as the nodes' switch and router: the bridge with [`ROUTER`],
+/// forwarding on. Deleted with every namespace of the cluster when dropped.
+pub fn create_router(prefix: &str) -> Result<ClusterNetwork, Error> {
+    super::sweep_stale();
+    let netns = format!("{prefix}-c");
+    ip(&["netns", "add", &netns])?;
+    let net = ClusterNetwork { prefix: prefix.to_string(), netns: netns.clone() };
+    let netns = netns.as_str();
     let gw = format!("{ROUTER}/{NODE_PREFIX}");
     ip(&["-n", netns, "link", "set", "lo", "up"])?;
     ip(&["-n", netns, "link", "add", "br0", "type", "bridge"])?;
     ip(&["-n", netns, "addr", "add", &gw, "dev", "br0"])?;
     ip(&["-n", netns, "link", "set", "br0", "up"])?;
-    sysctl_in(&netns_path(netns), "net.ipv4.ip_forward", "1")
+    sysctl_in(&netns_path(netns), "net.ipv4.ip_forward", "1")?;
+    Ok(net)
 }
 
 /// Node `node`'s network namespace `<prefix>-n<node>`, linked to the router in

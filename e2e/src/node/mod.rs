@@ -214,7 +214,7 @@ impl RealNode {
         let holder = self.holder.as_ref().and_then(Daemon::pid).ok_or_else(|| Error::Setup("no holder".into()))?;
         let mut cmd = Command::new(self.facts.bin.join(program));
         Namespaces::open(holder, &self.net.path())?.apply(&mut cmd);
-        crate::test_cluster::cpus::pin(&mut cmd, &self.cpus);
+        crate::cpus::pin(&mut cmd, &self.cpus);
         Ok(cmd)
     }
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use crate::control_plane::process::Daemon;
 use crate::control_plane::{self, ControlPlane, Error, KUBERNETES_SERVICE_IP};
+use crate::cpus;
 use crate::network::hosts::{self, HostsDir};
 use crate::network::relay::{self, Relay};
 use crate::network::{ClusterNetwork, Enter};
 
-pub mod cpus;
 mod dns;
 mod nodes;
 mod pods;
@@ -37,7 +37,8 @@ pub struct Options {
     /// Image repository suffix → the binary it runs.
     pub images: BTreeMap<String, PathBuf>,
     /// Real nodes (the kubelet, containerd, runc, kube-proxy and CoreDNS) running the
-    /// images of this directory (`scripts/setup-images.sh`) instead of node agents.
+    /// images of this directory (`scripts/setup-images.sh`), started by
+    /// [`TestCluster::start_real`] instead of node agents.
     /// A real node offers its share of the machine's CPUs and its memory, whatever
     /// `cpu` and `memory` say.
     pub real_images: Option<PathBuf>,
@@ -92,14 +93,7 @@ impl TestCluster {
     /// Starts the cluster in a fresh directory under `root` and waits until every node is
     /// Ready and the `default` ServiceAccount exists (the controllers run).
     pub async fn start(root: &Path, options: Options) -> Result<TestCluster, Error> {
-        let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("pt{}-{n}", std::process::id());
-        let dir = root.join(&prefix);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        if options.real_images.is_some() {
-            return real::start(dir, prefix, n as usize, options).await;
-        }
+        let (dir, prefix, n) = fresh_dir(root)?;
         let node_names: Vec<String> = (0..options.nodes).map(|i| format!("node-{i}")).collect();
         let cp = ControlPlane::start(&dir.join("control-plane"), &node_names, None).await?;
         let client = cp.client().await?;
@@ -143,7 +137,7 @@ impl TestCluster {
             hosts,
             client,
             options,
-            number: n as usize,
+            number: n,
         };
         for i in 0..cluster.options.nodes {
             cluster.start_agent(i)?;
@@ -385,6 +379,17 @@ impl Drop for TestCluster {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A fresh directory for the next cluster of this process under `root`: its path, its
+/// prefix (`pt<pid>-<n>`, unique on the machine) and its number `n`.
+fn fresh_dir(root: &Path) -> Result<(PathBuf, String, usize), Error> {
+    let n = CLUSTERS.fetch_add(1, Ordering::Relaxed) as usize;
+    let prefix = format!("pt{}-{n}", std::process::id());
+    let dir = root.join(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    Ok((dir, prefix, n))
 }
 
 /// `<nodes>/*/pods/*/pid`.

@@ -5,9 +5,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::{Options, TestCluster, cpus, dns};
+use super::{Options, TestCluster, dns, fresh_dir};
 use crate::control_plane::{self, ControlPlane, Error, RealNodes};
-use crate::network::ClusterNetwork;
+use crate::cpus;
 use crate::network::egress::EgressProxy;
 use crate::network::hosts::HostsDir;
 use crate::network::nodes::{NodeNetwork, ROUTER};
@@ -27,7 +27,17 @@ pub fn reserved_cpus(host: &[usize], share: &[usize]) -> Option<String> {
     (!share.is_empty() && !rest.is_empty()).then(|| crate::node::cgroups::cpu_list(&rest))
 }
 
-pub(super) async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) -> Result<TestCluster, Error> {
+impl TestCluster {
+    /// Starts a cluster of real nodes in a fresh directory under `root`
+    /// ([`Options::real_images`] names their images), and waits until every node is
+    /// Ready and CoreDNS has rolled out.
+    pub async fn start_real(root: &std::path::Path, options: Options) -> Result<TestCluster, Error> {
+        let (dir, prefix, number) = fresh_dir(root)?;
+        start(dir, prefix, number, options).await
+    }
+}
+
+async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) -> Result<TestCluster, Error> {
     let images_dir = options.real_images.clone().expect("a real cluster has images");
     let catalogue = images::catalogue(&images_dir)?;
     if let Some(missing) = IMAGES.iter().find(|i| !catalogue.contains_key(**i)) {
@@ -35,7 +45,7 @@ pub(super) async fn start(dir: PathBuf, prefix: String, number: usize, options: 
     }
     let bin = node::binaries()?;
     node::sweep_stale();
-    let net = ClusterNetwork::create_routed(&prefix).map_err(setup)?;
+    let net = crate::network::nodes::create_router(&prefix).map_err(setup)?;
     let mut node_nets = Vec::new();
     for i in 0..options.nodes {
         node_nets.push(NodeNetwork::create(&prefix, &net.netns, i as u8).map_err(setup)?);
@@ -45,7 +55,11 @@ pub(super) async fn start(dir: PathBuf, prefix: String, number: usize, options: 
     std::fs::create_dir_all(&run_dir).map_err(|e| Error::io(&run_dir, e))?;
     let egress = EgressProxy::start(&run_dir.join("egress.sock"), &net.path()).map_err(setup)?;
     let names: Vec<String> = (0..options.nodes).map(|i| format!("node-{i}")).collect();
-    let real = RealNodes { ips: node_nets.iter().map(|n| n.ip).collect(), egress_socket: egress.socket.clone() };
+    let real = RealNodes {
+        ips: node_nets.iter().map(|n| n.ip).collect(),
+        advertise: ROUTER,
+        egress_selector: crate::network::egress::selector_config(&egress.socket),
+    };
     let cp = ControlPlane::start(&dir.join("control-plane"), &names, Some(&real)).await?;
     let client = cp.client().await?;
     let relay = Relay::start(

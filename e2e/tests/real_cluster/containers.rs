@@ -61,7 +61,7 @@ async fn a_pod_is_a_container_under_a_real_kubelet() {
     let line = |key: &str| log.lines().find_map(|l| l.strip_prefix(&format!("{key}: "))).unwrap_or_default();
     assert_eq!(line("id"), "65532:65532", "{log}");
     assert!(line("cgroup").contains("/kubepods/burstable/pod"), "{log}");
-    let share = (e2e::test_cluster::cpus::host_cpus().len() / 2).max(1);
+    let share = (e2e::cpus::host_cpus().len() / 2).max(1);
     assert_eq!(line("cpus"), share.to_string(), "a node's pods run on its share of the CPUs: {log}");
     assert_eq!(line("limit"), (128u64 << 20).to_string(), "the container's memory limit is its cgroup's: {log}");
     assert!(line("dns").starts_with("10.96.0.1 "), "cluster DNS answers the kubernetes Service: {log}");

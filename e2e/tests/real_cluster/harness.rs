@@ -55,9 +55,7 @@ pub async fn cluster(nodes: usize) -> TestCluster {
 
 /// A cluster of `nodes` nodes with `edit` applied to its options.
 pub async fn cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
-    // SAFETY: geteuid(2) has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "the real-cluster suite needs root: it creates network and mount namespaces for the pods");
+    assert_root();
     let mut options =
         Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
     edit(&mut options);
@@ -103,12 +101,15 @@ pub fn images_dir() -> PathBuf {
 /// A cluster of `nodes` real nodes (kubelet, containerd, runc, kube-proxy, CoreDNS) with
 /// `edit` applied to its options.
 pub async fn real_cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
-    let images = images_dir();
-    cluster_with(nodes, |o| {
-        o.real_images = Some(images);
-        edit(o);
-    })
-    .await
+    assert_root();
+    let mut options =
+        Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
+    options.real_images = Some(images_dir());
+    edit(&mut options);
+    match TestCluster::start_real(&clusters_root(), options).await {
+        Ok(c) => c,
+        Err(e) => panic!("the test cluster of real nodes did not start: {e}"),
+    }
 }
 
 /// The chart's values that make it run this cluster's operator and trainer images.
@@ -143,6 +144,12 @@ pub fn helm_install_in_cluster(c: &TestCluster, sets: &[&str]) {
             c.dump(OPERATOR_NS)
         );
     }
+}
+
+fn assert_root() {
+    // SAFETY: geteuid(2) has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "the real-cluster suite needs root: it creates network and mount namespaces for the pods");
 }
 
 /// `kubectl args...` that must succeed; its stdout.
