@@ -28,7 +28,7 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
     /// Trainer image for runs that set no spec.image.
-    #[arg(long, env = "TRAINER_IMAGE", default_value = "ghcr.io/puretransformer/trainer:latest")]
+    #[arg(long, env = "TRAINER_IMAGE", default_value = operator::settings::DEFAULT_TRAINER_IMAGE)]
     trainer_image: String,
     /// Watch only this namespace; all namespaces when empty.
     #[arg(long, env = "WATCH_NAMESPACE", default_value = "")]

@@ -33,12 +33,17 @@ pub struct Settings {
     pub scrape_namespace: Option<String>,
 }
 
+/// The trainer image of this operator's own release (the chart's `appVersion`): a
+/// tag, not `latest`, so that a kubelet uses the image it has and the runs of one
+/// operator version all run one trainer.
+pub const DEFAULT_TRAINER_IMAGE: &str = concat!("ghcr.io/puretransformer/trainer:", env!("CARGO_PKG_VERSION"));
+
 pub const DEFAULT_STATUS_URL: &str = "http://{job}-0.{service}.{namespace}.svc:{port}/status";
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            trainer_image: "ghcr.io/puretransformer/trainer:latest".into(),
+            trainer_image: DEFAULT_TRAINER_IMAGE.into(),
             status_url: DEFAULT_STATUS_URL.into(),
             status_poll_interval: Duration::from_secs(20),
             status_write_interval: Duration::from_secs(30),

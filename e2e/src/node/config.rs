@@ -120,6 +120,8 @@ pub fn cni_conflist(f: &NodeFacts) -> String {
 /// controllers), its own cgroup root, x509 and webhook authentication and webhook
 /// authorization like a real cluster's, its own serving certificate, cluster DNS, and
 /// no image garbage collection or eviction: the imported images cannot be pulled again.
+/// Its pods' logs are the node's own: kubelets that share `/var/log/pods` delete each
+/// other's pods' logs as orphans.
 pub fn kubelet(f: &NodeFacts, ca: &Path, serving: &crate::control_plane::pki::CertPair, resolv: &Path) -> String {
     // The none policy gives the pods' cgroup every CPU of the machine; the static one
     // leaves it the node's, and with strict reservation runs containers on the shared
@@ -155,6 +157,7 @@ authorization:
 clusterDomain: cluster.local
 clusterDNS: ["{dns}"]
 resolvConf: "{resolv}"
+podLogsDir: "{logs}"
 enforceNodeAllocatable: []
 evictionHard: {{}}
 localStorageCapacityIsolation: false
@@ -176,6 +179,7 @@ makeIPTablesUtilChains: false
         ca = p(ca),
         dns = CLUSTER_DNS,
         resolv = p(resolv),
+        logs = p(&f.dir.join("pod-logs")),
     );
     text + &cpus
 }
@@ -270,6 +274,7 @@ mod tests {
         assert_eq!(doc["reservedSystemCPUs"], "0");
         assert_eq!(doc["cpuManagerPolicyOptions"]["strict-cpu-reservation"], "true");
         assert_eq!(doc["protectKernelDefaults"], false);
+        assert_eq!(doc["podLogsDir"], "/c/nodes/node-1/pod-logs");
     }
 
     #[test]

@@ -35,9 +35,14 @@ impl TestCluster {
     }
 
     /// SIGKILLs the processes the pod's container started (the trainer's workers under
-    /// `trainer launch`); how many there were.
+    /// `trainer launch`); how many there were. On real nodes the container is found
+    /// through its node's runtime.
     pub fn kill_workers(&self, namespace: &str, name: &str) -> Result<usize, Error> {
-        let workers = children(self.container_pid(namespace, name)?);
+        let container = match self.nodes.is_empty() {
+            true => self.container_pid(namespace, name)?,
+            false => self.runtime_container_pid(namespace, name)?,
+        };
+        let workers = children(container);
         for w in &workers {
             // SAFETY: kill(2) on a worker of a container this cluster's agent started.
             unsafe { libc::kill(*w as libc::pid_t, libc::SIGKILL) };

@@ -137,6 +137,32 @@ impl TestCluster {
         catalogue.get(name).map(|i| i.reference.clone()).ok_or_else(|| Error::Setup(format!("no image {name}")))
     }
 
+    /// The host pid of pod `namespace/name`'s container (its first), as its node's
+    /// runtime reports it (`crictl inspect`).
+    pub fn runtime_container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
+        let node_name = self
+            .kubectl_out(&["-n", namespace, "get", "pod", name, "-o", "jsonpath={.spec.nodeName}"])
+            .map_err(Error::Setup)?;
+        let node = self.node(node_name.trim())?;
+        let run = |mut cmd: std::process::Command| -> Result<String, Error> {
+            let out = cmd.output().map_err(|e| Error::Spawn { program: "crictl".into(), source: e })?;
+            if !out.status.success() {
+                return Err(Error::Setup(format!("crictl: {}", String::from_utf8_lossy(&out.stderr).trim())));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        let mut ps = node.crictl();
+        ps.args(["ps", "--quiet", "--state", "running"])
+            .args(["--label", &format!("io.kubernetes.pod.name={name}")])
+            .args(["--label", &format!("io.kubernetes.pod.namespace={namespace}")]);
+        let ids = run(ps)?;
+        let id = ids.lines().next().ok_or_else(|| Error::Setup(format!("pod {name} has no running container")))?;
+        let mut inspect = node.crictl();
+        inspect.args(["inspect", "--output", "go-template", "--template", "{{.info.pid}}", id]);
+        let pid = run(inspect)?;
+        pid.parse().map_err(|_| Error::Setup(format!("crictl inspect {id}: not a pid: {pid:?}")))
+    }
+
     /// Node `name`, of a real cluster.
     pub fn node(&self, name: &str) -> Result<&RealNode, Error> {
         self.nodes.iter().find(|n| n.facts.name == name).ok_or_else(|| Error::Setup(format!("no real node {name}")))

@@ -1,4 +1,4 @@
-//! §3.4: failures the real way. A running run edited into a spec that no longer
+//! §3.4: failures the real way, on real nodes. A running run edited into a spec that no longer
 //! resolves is refused (Accepted=False naming the field) while its attempt goes on; a
 //! rank's process killed (exit 137) goes through the Job's pod failure policy and the
 //! operator's gang restart to attempt 2, which resumes from the last checkpoint. (A NaN,
@@ -19,12 +19,12 @@ fn pod_of(c: &e2e::test_cluster::TestCluster, ns: &str, job: &str, index: u32) -
 #[tokio::test]
 async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_gang_from_its_checkpoint() {
     let _slot = cluster_slot().await;
-    let mut c = cluster_with(2, |o| o.cpu = "1500m".into()).await;
-    helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
-    start_chart_operator(&mut c, "trainingrun-operator-0");
+    let c = real_cluster_with(2, |_| {}).await;
+    helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     namespace(&c, "ml").await;
     let run = tiny_cluster("restart", |d| {
         d["spec"]["topology"]["nodes"] = Value::from(2);
+        d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
         d["spec"]["tokens"] = Value::from("1M");
     });
     apply(&c, "ml", &run);
@@ -48,15 +48,8 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
     // Rank 0's trainer worker dies (SIGKILL, exit 137): the real Job controller fails
     // the Job by its pod failure policy, the operator restarts the gang.
     let pod = pod_of(&c, "ml", "restart-a1", 0);
-    let dir = c.pod_dir("ml", &pod).unwrap_or_else(|| panic!("no directory for pod {pod}"));
-    let launcher: u32 =
-        std::fs::read_to_string(dir.join("pid")).expect("the container's pid").trim().parse().expect("a pid");
-    let workers = e2e::node_agent::container::children(launcher);
-    assert!(!workers.is_empty(), "pod {pod}'s launcher has no workers");
-    for w in workers {
-        // SAFETY: kill(2) on a trainer worker of a container this test's cluster started.
-        unsafe { libc::kill(w as libc::pid_t, libc::SIGKILL) };
-    }
+    let killed = c.kill_workers("ml", &pod).unwrap_or_else(|e| panic!("{e}"));
+    assert!(killed > 0, "pod {pod}'s launcher has no workers");
     poll(&c, "ml", "attempt 2", Duration::from_secs(180), || match field(&c, "{.status.attempt}").as_str() {
         "2" => Ok(()),
         other => Err(format!("attempt {other}; {}", field(&c, "{.status.conditions}"))),
@@ -67,8 +60,7 @@ async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_
 
     // Attempt 2 resumed from a checkpoint at least as new as the one seen before the kill.
     let pod = pod_of(&c, "ml", "restart-a2", 0);
-    let dir = c.pod_dir("ml", &pod).expect("attempt 2's pod directory");
-    let log = std::fs::read_to_string(dir.join("log")).expect("attempt 2's log");
+    let log = kubectl(&c, &["-n", "ml", "logs", &pod]);
     let resumed: u64 = log
         .lines()
         .find_map(|l| l.split("resuming from ").nth(1)?.split(" at step ").nth(1)?.split(' ').next()?.parse().ok())
