@@ -4,9 +4,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{Options, TestCluster, dns, fresh_dir};
-use crate::control_plane::{self, ControlPlane, Error, RealNodes};
+use crate::control_plane::{self, ControlPlane, Error, RealNodes, wait_until};
 use crate::cpus;
 use crate::network::egress::EgressProxy;
 use crate::network::hosts::HostsDir;
@@ -126,7 +127,35 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     cluster
         .kubectl_out(&["-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s"])
         .map_err(|e| Error::Setup(format!("cluster DNS: {e}\n{}", cluster.dump("kube-system"))))?;
+    for node in &cluster.nodes {
+        wait_services_routed(node).await?;
+    }
     Ok(cluster)
+}
+
+/// The Services every pod needs, by the comments kube-proxy gives their endpoints' rules.
+const ROUTED_SERVICES: [&str; 2] = ["default/kubernetes:https -> ", "kube-system/kube-dns:dns -> "];
+
+/// Waits until kube-proxy on `node` routes the `kubernetes` and `kube-dns` Services to
+/// their endpoints: CoreDNS being Ready says nothing of a node whose kube-proxy has not
+/// yet synced, and a pod started there would find no resolver.
+async fn wait_services_routed(node: &RealNode) -> Result<(), Error> {
+    let netns = node.net.netns.clone();
+    wait_until(
+        &format!("kube-proxy on {} routing the cluster's Services", node.facts.name),
+        Duration::from_secs(60),
+        || {
+            let out =
+                std::process::Command::new("ip").args(["netns", "exec", &netns, "iptables-save", "-t", "nat"]).output();
+            async move {
+                let rules = out.map_err(|e| format!("iptables-save: {e}"))?;
+                let rules = String::from_utf8_lossy(&rules.stdout);
+                let missing: Vec<&str> = ROUTED_SERVICES.iter().copied().filter(|s| !rules.contains(s)).collect();
+                if missing.is_empty() { Ok(()) } else { Err(format!("no rules yet for {missing:?}")) }
+            }
+        },
+    )
+    .await
 }
 
 impl TestCluster {
