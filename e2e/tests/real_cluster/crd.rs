@@ -236,13 +236,7 @@ async fn the_api_server_judges_the_dataset_crd() {
     let c = cluster(0).await;
     let crd = repo().join("crds/trainingdatasets.yaml");
     kubectl(&c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
-    wait_for(
-        &c,
-        "default",
-        "crd/trainingdatasets.training.puretransformer.dev",
-        "condition=Established",
-        Duration::from_secs(60),
-    );
+    wait_established(&c, "trainingdatasets");
     poll(&c, "default", "kubectl explain prints the dataset's docs", Duration::from_secs(30), || {
         let explain = c.kubectl_out(&["explain", "trainingdataset.spec.workers"])?;
         // kubectl wraps the text; compare it with its lines joined.

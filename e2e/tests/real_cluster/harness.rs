@@ -192,9 +192,20 @@ pub fn install_crd(c: &TestCluster) {
     for plural in ["trainingruns", "trainingdatasets"] {
         let crd = repo().join(format!("crds/{plural}.yaml"));
         kubectl(c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
-        let name = format!("crd/{plural}.training.puretransformer.dev");
-        wait_for(c, "default", &name, "condition=Established", Duration::from_secs(60));
+        wait_established(c, plural);
     }
+}
+
+/// Waits until CRD `<plural>.training.puretransformer.dev` is Established. Not `kubectl
+/// wait`: on a CRD whose status the API server has not written yet it fails at once
+/// ("<nil> is of the type <nil>") instead of waiting, as it did once in CI.
+pub fn wait_established(c: &TestCluster, plural: &str) {
+    let name = format!("crd/{plural}.training.puretransformer.dev");
+    let established = "jsonpath={.status.conditions[?(@.type==\"Established\")].status}";
+    poll(c, "default", &format!("{name} Established"), Duration::from_secs(60), || {
+        let status = c.kubectl_out(&["get", &name, "-o", established])?;
+        if status.trim() == "True" { Ok(()) } else { Err(format!("Established={status:?}")) }
+    });
 }
 
 /// Polls `check` until it returns `Ok` (a condition of the cluster, not a timer), or
@@ -243,13 +254,7 @@ pub fn helm_install(c: &TestCluster, sets: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_for(
-        c,
-        "default",
-        "crd/trainingruns.training.puretransformer.dev",
-        "condition=Established",
-        Duration::from_secs(60),
-    );
+    wait_established(c, "trainingruns");
 }
 
 /// `helm template` of the chart with `sets` (`key=value`): every object it renders.
