@@ -107,12 +107,7 @@ impl TestCluster {
         let hosts = HostsDir(dir.join("hosts.d"));
         std::fs::create_dir_all(&hosts.0).map_err(|e| Error::io(&hosts.0, e))?;
         crate::provisioner::install(&client).await.map_err(|e| Error::Setup(format!("the StorageClass: {e}")))?;
-        let controllers = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("e2e-controllers")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Setup(format!("a runtime for the cluster's controllers: {e}")))?;
+        let controllers = controllers_runtime()?;
         // Their clients are made on their runtime: a client's connection tasks live on
         // the runtime that made it.
         let (kubeconfig, dns_dir, volumes) = (cp.kubeconfig.clone(), hosts.clone(), dir.join("volumes"));
@@ -379,6 +374,18 @@ impl Drop for TestCluster {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The runtime of a cluster's own controllers (cluster DNS, the provisioner): one of
+/// their own, so that a test may block its thread (on `kubectl wait`) without stopping
+/// them.
+fn controllers_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("e2e-controllers")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Setup(format!("a runtime for the cluster's controllers: {e}")))
 }
 
 /// A fresh directory for the next cluster of this process under `root`: its path, its

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Options, TestCluster, dns, fresh_dir};
+use super::{Options, TestCluster, controllers_runtime, dns, fresh_dir};
 use crate::control_plane::{self, ControlPlane, Error, RealNodes, wait_until};
 use crate::cpus;
 use crate::network::egress::EgressProxy;
@@ -70,12 +70,7 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     )
     .map_err(setup)?;
     crate::provisioner::install(&client).await.map_err(|e| Error::Setup(format!("the StorageClass: {e}")))?;
-    let controllers = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("e2e-controllers")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Setup(format!("a runtime for the cluster's controllers: {e}")))?;
+    let controllers = controllers_runtime()?;
     let (kubeconfig, volumes) = (cp.kubeconfig.clone(), dir.join("volumes"));
     controllers.spawn(async move {
         match control_plane::client_for(&kubeconfig).await {
