@@ -44,9 +44,9 @@ bench-operator: ## reconcile BENCH_RUNS (10,000) TrainingRuns against the fake A
 
 bench-control-plane: ## on the real control plane (root): apply → first step, rank death → attempt 2's first step, API requests per steady reconcile
 	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" \
-	  && cargo build -q --locked -p operator -p trainer && cargo bench -q --locked -p e2e --bench control_plane --profile dev
+	  && cargo build -q --locked -p operator -p trainer --features trainer/fault-injection && cargo bench -q --locked -p e2e --bench control_plane --profile dev
 
 bench-recovery: ## on the real control plane (root): a killed rank's recovery, TrainingRun against JobSet (built from the Go module proxy), 5 kills each
 	. scripts/env.sh && export LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" \
 	  PT_JOBSET_DIR="$$(scripts/setup-jobset.sh)" \
-	  && cargo build -q --locked -p operator -p trainer && cargo bench -q --locked -p e2e --bench recovery --profile dev
+	  && cargo build -q --locked -p operator -p trainer --features trainer/fault-injection && cargo bench -q --locked -p e2e --bench recovery --profile dev

@@ -32,7 +32,10 @@ control_plane_log="$(mktemp)"
 # trainer with, so they reuse its ~375 dependencies; built with the operator, Cargo would
 # unify their features (tokio, hyper, rustls, kube) and compile a second copy of each.
 # The static operator (operator/Dockerfile's binary) is the real nodes' operator image.
-{ cargo build --locked -p trainer && cargo test -p trainer --locked --no-run &&
+# The tests' trainer honours the TRAINER_INJECT_* drills (`fault-injection`); a release
+# build does not.
+{ cargo build --locked -p trainer --features fault-injection &&
+  cargo test -p trainer --locked --features fault-injection --no-run &&
   cargo test --workspace --exclude trainer --locked --no-run &&
   scripts/build-operator-static.sh > "$build_log.operator"; } > "$build_log" 2>&1 &
 build=$!
@@ -67,7 +70,7 @@ PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
 PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
 PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
 export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
-cargo test -p trainer --locked
+cargo test -p trainer --locked --features fault-injection
 cargo test --workspace --exclude trainer --locked
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.

@@ -1,11 +1,11 @@
 //! `cargo bench -p e2e --bench control_plane --profile dev` (run by `make
 //! bench-control-plane`): one 2-node run of `examples/tiny-cluster.yaml` (2M tokens) on
-//! the real control plane with the chart's operator as its ServiceAccount (status polled
-//! and written every 2 s), and three figures:
+//! the real control plane and real nodes, with the chart's operator as its Deployment
+//! (status polled and written every 2 s), and three figures:
 //! - **apply → first step**: from `kubectl apply` to the first step record rank 0
 //!   writes on the checkpoint claim, split at rank 0's container start into what
 //!   Kubernetes takes (the operator's children, the Job controller, the scheduler, the
-//!   node agent) and what the trainer takes alone (launch, rendezvous, data, step 1):
+//!   kubelet and containerd) and what the trainer takes alone (launch, rendezvous, data, step 1):
 //!   the second part is the peer, the same trainer without Kubernetes around it;
 //! - **rank death → the new attempt's first step**: rank 0's worker SIGKILLed, until
 //!   attempt 2's first step record (the Job's pod failure policy, the operator's gang
@@ -13,11 +13,11 @@
 //! - **API requests per steady-state reconcile**: `apiserver_request_total` (the API
 //!   server's own metrics) over a window of `RECONCILES` reconciles of the Running run
 //!   (`trainingrun_reconcile_total` from the operator's `/metrics`), by verb and
-//!   resource. The window has no other client of those resources: the node agents and
-//!   the controllers watch, and nothing changes.
+//!   resource. The window has no other writer of those resources: the kubelets and the
+//!   controllers watch, and nothing changes.
 //!
-//! The last line printed is `BENCH_JSON {...}`. Needs root and the debug `operator`
-//! and `trainer` binaries (`cargo build -p operator -p trainer`).
+//! The last line printed is `BENCH_JSON {...}`. Needs root, the node stack and the
+//! images (`scripts/setup-node.sh`, `scripts/setup-images.sh`).
 
 #[path = "common/claim.rs"]
 mod claim;
@@ -54,15 +54,10 @@ fn first_step(dir: &Path, attempt: u64) -> Result<f64, String> {
     step["time"].as_f64().ok_or_else(|| "a step record without a time".to_string())
 }
 
-/// When rank 0's container of `attempt` started (the agent's `startedAt`, to the second).
+/// When rank 0's container of `attempt` started, as its node's runtime records it.
 fn container_started(c: &TestCluster, attempt: u32) -> f64 {
     let pod = rank0_pod(c, attempt);
-    let at = kubectl(
-        c,
-        &["-n", NS, "get", "pod", &pod, "-o", "jsonpath={.status.containerStatuses[0].state.running.startedAt}"],
-    );
-    let t: jiff::Timestamp = at.parse().unwrap_or_else(|e| panic!("pod {pod}'s startedAt {at:?}: {e}"));
-    t.as_millisecond() as f64 / 1000.0
+    c.container_started_at(NS, &pod).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `apiserver_request_total` summed by "VERB resource[/subresource]" over the run's
@@ -91,7 +86,8 @@ fn requests(c: &TestCluster) -> BTreeMap<String, f64> {
 }
 
 fn reconciles(c: &TestCluster) -> u64 {
-    let text = c.operator_metrics(0).unwrap_or_else(|e| panic!("{e}"));
+    let pod = operator_pods(c).into_iter().next().expect("the operator's pod");
+    let text = operator_metrics(c, &pod).unwrap_or_else(|e| panic!("{e}"));
     text.lines()
         .filter(|l| l.starts_with("trainingrun_reconcile_total{"))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
@@ -106,9 +102,8 @@ fn rank0_pod(c: &TestCluster, attempt: u32) -> String {
 fn main() {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-    let mut c = runtime.block_on(cluster_with(2, |o| o.cpu = "1500m".into()));
-    helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
-    start_chart_operator(&mut c, "trainingrun-operator-0");
+    let c = runtime.block_on(cluster(2));
+    helm_install_in_cluster(&c, &["replicas=1", "statusPollInterval=2s", "statusWriteInterval=2s"]);
     runtime.block_on(namespace(&c, NS));
     let run = tiny_cluster(RUN, |d| {
         d["spec"]["topology"]["nodes"] = Yaml::from(2);
@@ -123,7 +118,7 @@ fn main() {
     let started = container_started(&c, 1);
     let to_first_step = stepped - applied;
     println!(
-        "apply → first step: {to_first_step:.1} s = {:.1} s until rank 0's container starts (the operator's children, the Job controller, the scheduler, the agent) + {:.1} s the trainer alone (launch, rendezvous, data, step 1): Kubernetes takes {:.2} of it",
+        "apply → first step: {to_first_step:.1} s = {:.1} s until rank 0's container starts (the operator's children, the Job controller, the scheduler, the kubelet) + {:.1} s the trainer alone (launch, rendezvous, data, step 1): Kubernetes takes {:.2} of it",
         started - applied,
         stepped - started,
         (started - applied) / to_first_step

@@ -1,5 +1,5 @@
 //! `make bench-recovery`: recovery from a dead rank, our TrainingRun against JobSet, on
-//! one real control plane with the same two node agents.
+//! one real control plane with the same two real nodes.
 //!
 //! The workload is the same for both: the trainer on 2 nodes (nano, f32, a checkpoint
 //! every 8 steps on the run's claim, each step paced to 250 ms), in the pod template our
@@ -12,10 +12,11 @@
 //! Each system, [`REPS`] times: two steps after a checkpoint, rank 1's worker process is
 //! SIGKILLed; measured from the kill to the first step record of the attempt that
 //! follows (the trainer's own clock on the claim), split where Kubernetes hands over to
-//! the trainer (rank 0's new container start: the agent's pid file), and where the trainer has loaded the checkpoint (its resume record); and the steps
+//! the trainer (rank 0's new container start, as its runtime records it), and where the
+//! trainer has loaded the checkpoint (its resume record); and the steps
 //! lost (the last step recorded before the kill less the step resumed from). Median,
-//! min and max of each. The last line printed is `BENCH_JSON {...}`. Needs root and
-//! the debug `operator` and `trainer` binaries (`cargo build -p operator -p trainer`).
+//! min and max of each. The last line printed is `BENCH_JSON {...}`. Needs root, the
+//! node stack and the images (`scripts/setup-node.sh`, `scripts/setup-images.sh`).
 
 #[path = "common/claim.rs"]
 mod claim;
@@ -24,7 +25,7 @@ mod claim;
 mod harness;
 
 use std::path::Path;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use claim::{claim_dir, records, unix_now, until};
 use e2e::jobset::JobSetController;
@@ -88,13 +89,10 @@ fn pod_by(c: &TestCluster, selector: &str) -> Option<String> {
     out.ok()?.split_whitespace().next().map(String::from)
 }
 
-/// When `pod`'s container started: its agent writes the pid file as it starts the
-/// process (the API's `startedAt` is to the second).
+/// When `pod`'s container started, as its node's runtime records it (the API's
+/// `startedAt` is to the second).
 fn container_started(c: &TestCluster, pod: &str) -> Result<f64, String> {
-    let dir = c.pod_dir(NS, pod).ok_or_else(|| format!("no directory for pod {pod} yet"))?;
-    let pid = dir.join("pid");
-    let modified = std::fs::metadata(&pid).and_then(|m| m.modified()).map_err(|e| format!("{}: {e}", pid.display()))?;
-    Ok(modified.duration_since(UNIX_EPOCH).expect("after 1970").as_secs_f64())
+    c.container_started_at(NS, pod).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -226,9 +224,8 @@ fn jobset(name: &str, job: &Value) -> Value {
 fn main() {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-    let mut c = runtime.block_on(cluster(2));
-    helm_install(&c, &[]);
-    start_chart_operator(&mut c, "trainingrun-operator-0");
+    let c = runtime.block_on(cluster(2));
+    helm_install_in_cluster(&c, &["replicas=1"]);
     let jobset_controller = runtime.block_on(JobSetController::start(&c)).unwrap_or_else(|e| panic!("JobSet: {e}"));
     runtime.block_on(namespace(&c, NS));
 

@@ -1,6 +1,6 @@
 //! End-to-end harnesses. Against the real control plane (the suite CI runs): the control
-//! plane built from source ([`control_plane`]), the pod network ([`network`]), node
-//! agents that run pods as processes ([`node_agent`]), a volume provisioner
+//! plane built from source ([`control_plane`]), the network ([`network`]), real nodes
+//! (the kubelet, containerd, runc and kube-proxy: [`node`]), a volume provisioner
 //! ([`provisioner`]), all composed by [`test_cluster`]. Against a stand-in, where the real
 //! control plane cannot do the job (an injected clock, a reconcile driven by hand): a
 //! stateful fake API server ([`fake_api`]) (see docs/testing.md).
@@ -15,7 +15,6 @@ pub mod monitoring;
 pub mod mounts;
 pub mod network;
 pub mod node;
-pub mod node_agent;
 pub mod prometheus;
 pub mod provisioner;
 pub mod test_cluster;

@@ -1,12 +1,11 @@
 //! Prometheus (built from the Go module proxy by `scripts/setup-prometheus.sh`) on a test
 //! cluster, configured from the chart's own monitoring objects ([`crate::monitoring`]):
-//! it runs in the cluster's network namespace, as a Prometheus pod would, so it reaches
-//! the pods' addresses, and discovers its targets through the real API server as its
-//! own ServiceAccount (`monitoring/prometheus`, with the read access
-//! prometheus-operator's examples give it). Its HTTP API is read from inside that
-//! namespace.
+//! it runs at the cluster's router, as a Prometheus outside the nodes that routes to the
+//! pods' addresses, and discovers its targets through the real API server as its own
+//! ServiceAccount (`monitoring/prometheus`, with the read access prometheus-operator's
+//! examples give it). Its HTTP API is read from the router's namespace.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -15,12 +14,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::control_plane::process::Daemon;
-use crate::control_plane::{Error, KUBERNETES_SERVICE_IP, wait_until};
+use crate::control_plane::{Error, wait_until};
 use crate::monitoring::{Discovery, translate};
-use crate::network::{Enter, GATEWAY, hosts, relay};
+use crate::network::nodes::ROUTER;
+use crate::network::relay;
 use crate::test_cluster::TestCluster;
 
-/// Where Prometheus serves in the cluster's network namespace.
+/// Where Prometheus serves at the router.
 pub const PORT: u16 = 19090;
 pub const NAMESPACE: &str = "monitoring";
 const ACCOUNT: &str = "prometheus";
@@ -71,7 +71,7 @@ impl Prometheus {
             c.kubectl_out(&["-n", NAMESPACE, "create", "token", ACCOUNT, "--duration=2h"]).map_err(Error::Setup)?;
         let token_file = dir.join("token");
         std::fs::write(&token_file, token.trim()).map_err(|e| Error::io(&token_file, e))?;
-        let api_server = format!("https://{KUBERNETES_SERVICE_IP}:443");
+        let api_server = crate::node::router_server(&c.cp);
         let discovery = Discovery { api_server: &api_server, ca_file: &c.cp.pki.ca_cert, token_file: &token_file };
         let rules_file = dir.join("rules.yaml");
         let (config, rules) = translate(objects, &discovery, &rules_file, evaluation_interval).map_err(Error::Setup)?;
@@ -81,17 +81,13 @@ impl Prometheus {
             std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
         }
 
-        let addr = SocketAddr::from((GATEWAY, PORT));
-        let names = c
-            .hosts
-            .register("prometheus", &format!("# Prometheus' hosts file\n{}", hosts::LOCALHOST), Some(NAMESPACE))
-            .map_err(|e| Error::Setup(e.to_string()))?;
+        let addr = SocketAddr::from((ROUTER, PORT));
         let mut cmd = Command::new(&bin);
         cmd.arg(format!("--config.file={}", config_file.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=info");
-        Enter::new(&c.net.path(), &names, None).map_err(|e| Error::Setup(e.to_string()))?.apply(&mut cmd);
+        crate::network::enter(&mut cmd, &c.net.path()).map_err(|e| Error::Setup(e.to_string()))?;
         let daemon = Daemon::spawn("prometheus", cmd, &dir.join("prometheus.log"))?;
         let p = Prometheus { daemon, addr, netns: c.net.path(), dir };
         wait_until("Prometheus ready", Duration::from_secs(60), || async {
@@ -102,21 +98,9 @@ impl Prometheus {
         Ok(p)
     }
 
-    /// `GET path` from inside the cluster's network: the body of a 200.
+    /// `GET path` from the router's namespace: the body of a 200.
     pub fn get(&self, path: &str) -> Result<String, Error> {
-        let addr = self.addr;
-        let setup = |e: std::io::Error| Error::Setup(format!("GET http://{addr}{path}: {e}"));
-        let mut stream = relay::connect_in(&self.netns, addr).map_err(|e| Error::Setup(e.to_string()))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(setup)?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").map_err(setup)?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).map_err(setup)?;
-        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
-        if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-            let status = head.lines().next().unwrap_or("no response");
-            return Err(Error::Setup(format!("GET http://{addr}{path}: {status}: {body}")));
-        }
-        Ok(body.to_string())
+        relay::http_get(&self.netns, self.addr, path).map_err(Error::Setup)
     }
 
     /// `GET /api/v1/<endpoint>`'s `data`.

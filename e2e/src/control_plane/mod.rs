@@ -97,7 +97,7 @@ pub struct ControlPlane {
     pub pki: Pki,
     pub api_port: u16,
     pub admin: Identity,
-    /// Static identities of the node agents, by node name.
+    /// Static identities of the kubelets, by node name.
     pub nodes: Vec<(String, Identity)>,
     /// kube-proxy's identity (`system:kube-proxy`, which the default `system:node-proxier`
     /// binding names).
@@ -115,9 +115,9 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler with their
-    /// state under `dir`, with static tokens for the admin and for `nodes` node agents
-    /// or, with `real`, kubelets.
-    pub async fn start(dir: &Path, nodes: &[String], real: Option<&RealNodes>) -> Result<ControlPlane, Error> {
+    /// state under `dir`, with static tokens for the admin and for the kubelets of
+    /// `nodes`, which `real` describes.
+    pub async fn start(dir: &Path, nodes: &[String], real: &RealNodes) -> Result<ControlPlane, Error> {
         let bin = binaries()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let admin = Identity::admin();
@@ -127,12 +127,9 @@ impl ControlPlane {
         let node_ids: Vec<(String, Identity)> = nodes.iter().map(|n| (n.clone(), Identity::node(n))).collect();
         let mut identities = vec![admin.clone(), controllers.clone(), scheduler.clone(), kube_proxy.clone()];
         identities.extend(node_ids.iter().map(|(_, id)| id.clone()));
-        let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
-        let mut kubelets = Vec::new();
-        if let Some(real) = real {
-            ips.push(IpAddr::V4(real.advertise));
-            kubelets = nodes.iter().cloned().zip(real.ips.iter().map(|ip| IpAddr::V4(*ip))).collect();
-        }
+        let ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP), IpAddr::V4(real.advertise)];
+        let kubelets: Vec<(String, IpAddr)> =
+            nodes.iter().cloned().zip(real.ips.iter().map(|ip| IpAddr::V4(*ip))).collect();
         let pki = Pki::create(&dir.join("pki"), &ips, &identities, &kubelets)?;
         let mut cp = ControlPlane {
             bin,
@@ -248,13 +245,8 @@ impl ControlPlane {
         Ok(client)
     }
 
-    /// The API server's flags that differ between node agents and real nodes.
-    fn node_args(&self, real: Option<&RealNodes>) -> Result<Vec<String>, Error> {
-        let Some(real) = real else {
-            // No Endpoints for the `kubernetes` Service: its only address is loopback,
-            // which an EndpointSlice may not hold. The node network relays it instead.
-            return Ok(vec!["--endpoint-reconciler-type=none".into()]);
-        };
+    /// The API server's flags for reaching, and being reached by, the nodes.
+    fn node_args(&self, real: &RealNodes) -> Result<Vec<String>, Error> {
         let selector = self.dir.join("egress-selector.yaml");
         std::fs::write(&selector, &real.egress_selector).map_err(|e| Error::io(&selector, e))?;
         let p = &self.pki;
@@ -270,7 +262,7 @@ impl ControlPlane {
         ])
     }
 
-    async fn start_apiserver(&mut self, etcd_port: u16, real: Option<&RealNodes>) -> Result<(), Error> {
+    async fn start_apiserver(&mut self, etcd_port: u16, real: &RealNodes) -> Result<(), Error> {
         let p = self.pki.clone();
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),

@@ -34,7 +34,7 @@ impl Identity {
         Identity::new("kubernetes-admin", &["system:masters"])
     }
 
-    /// A node agent, as the Node authorizer and NodeRestriction expect a kubelet.
+    /// A kubelet, as the Node authorizer and NodeRestriction expect it.
     pub fn node(name: &str) -> Identity {
         Identity::new(&format!("system:node:{name}"), &["system:nodes"])
     }

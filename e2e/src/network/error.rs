@@ -10,6 +10,4 @@ pub enum Error {
     Tc { args: String, stderr: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("no free address left for node {node}")]
-    Exhausted { node: u8 },
 }

@@ -1,6 +1,7 @@
-//! The `kubernetes` Service inside the cluster's network namespace: a TCP relay from
-//! `10.96.0.1:443` to the API server on the host's loopback, as kube-proxy would route
-//! the ClusterIP to the API server's endpoint.
+//! Sockets inside the cluster's network namespaces: the router's forwarder of the API
+//! server's port to the API server on the host's loopback (the address the nodes, and
+//! through the `kubernetes` Service the pods, reach it at), and connections and HTTP
+//! requests made from there.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -45,6 +46,24 @@ pub fn listen_in(netns: &Path, addr: SocketAddr) -> Result<TcpListener, Error> {
 /// A connection made from inside the network namespace at `netns`.
 pub fn connect_in(netns: &Path, addr: SocketAddr) -> Result<TcpStream, Error> {
     in_netns(netns, move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+}
+
+/// `GET http://<addr><path>` from inside the network namespace at `netns`: the body of
+/// a 200; an error names the request and says what came back.
+pub fn http_get(netns: &Path, addr: SocketAddr, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let failed = |e: &dyn std::fmt::Display| format!("GET http://{addr}{path}: {e}");
+    let mut stream = connect_in(netns, addr).map_err(|e| failed(&e))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| failed(&e))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| failed(&e))?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).map_err(|e| failed(&e))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        let status = head.lines().next().unwrap_or("no response");
+        return Err(failed(&format!("{status}: {body}")));
+    }
+    Ok(body.to_string())
 }
 
 impl Relay {

@@ -97,6 +97,23 @@ impl NodeCgroup {
     }
 }
 
+/// Every process of the cgroup process `pid` is in (in the `pids` hierarchy), and of the
+/// cgroups below it: a container's processes, from one of them.
+pub fn procs_beside(pid: u32) -> Result<Vec<libc::pid_t>, Error> {
+    let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+    // "7:pids:/pt1-0/node-1/kubepods/besteffort/pod…/<container>"
+    let path = text
+        .lines()
+        .filter_map(|l| l.split_once(':').and_then(|(_, rest)| rest.split_once(':')))
+        .find(|(controllers, _)| controllers.split(',').any(|c| c == "pids"))
+        .map(|(_, path)| path.trim_start_matches('/').to_string())
+        .ok_or_else(|| Error::Setup(format!("{}: no pids cgroup in {text:?}", file.display())))?;
+    let mut out = Vec::new();
+    collect_procs(&Path::new(CGROUPS).join("pids").join(path), &mut out);
+    Ok(out)
+}
+
 /// The processes of cgroup `dir` and of every cgroup below it.
 fn collect_procs(dir: &Path, out: &mut Vec<libc::pid_t>) {
     if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {

@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 
 use crate::network::{CLUSTER_DNS, POD_RANGE, pod_cidr};
 
+/// The kubelet's node Lease duration; it renews the Lease every quarter of it.
+pub const NODE_LEASE: std::time::Duration = std::time::Duration::from_secs(40);
+/// How often the kubelet renews its node's Lease.
+pub const LEASE_RENEW: std::time::Duration = std::time::Duration::from_secs(NODE_LEASE.as_secs() / 4);
+
 /// What the files of node `name` are made from.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {
@@ -165,13 +170,14 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 5s
-nodeLeaseDurationSeconds: 40
+nodeLeaseDurationSeconds: {lease}
 rotateCertificates: false
 serverTLSBootstrap: false
 protectKernelDefaults: false
 makeIPTablesUtilChains: false
 "#,
         cgroup_root = f.cgroup_root,
+        lease = NODE_LEASE.as_secs(),
         socket = p(&f.containerd_socket()),
         ip = f.ip,
         cert = p(&serving.cert),

@@ -2,7 +2,9 @@
 //! `scripts/setup-images.sh` builds (no registry is reachable here), and pinned, so that
 //! the kubelet's image garbage collection never removes them. A node slot's containerd
 //! keeps its content store between clusters: an image already there is not imported
-//! again.
+//! again. Once unpacked, an image's layer blobs go (`--discard-unpacked-layers`): its
+//! containers run from the snapshots, and the trainer's layers would double the ~1.7 GB
+//! a slot holds.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,7 +53,7 @@ pub fn import(bin: &Path, socket: &Path, images: &BTreeMap<String, Image>) -> Re
     for (name, image) in images {
         if !present.contains(&image.reference) {
             let mut cmd = ctr(bin, socket);
-            cmd.args(["images", "import"]).arg(&image.archive);
+            cmd.args(["images", "import", "--local", "--discard-unpacked-layers"]).arg(&image.archive);
             run(cmd, &format!("ctr images import {}", image.archive.display()))?;
             imported.push(name.clone());
         }

@@ -65,6 +65,19 @@ pub fn binaries() -> Result<PathBuf, Error> {
     crate::control_plane::tool_dir("PT_NODE_BIN", "setup-node.sh")
 }
 
+/// Where this machine's node slots are: `node-slots` in the project's cache
+/// (`$PT_CACHE`, else `$XDG_CACHE_HOME/puretransformer`, else
+/// `~/.cache/puretransformer`), shared by every checkout and target directory.
+pub fn slots_root() -> PathBuf {
+    let cache = std::env::var_os("PT_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+        base.join("puretransformer")
+    });
+    cache.join("node-slots")
+}
+
 /// A lock on one of this machine's node slots: the slot's containerd root (images and
 /// their unpacked layers) is kept between clusters, and only one containerd may use it.
 pub struct Slot {
@@ -253,7 +266,8 @@ impl RealNode {
         .map_err(|state| Error::NotReady { what, waited: Duration::ZERO, state })
     }
 
-    fn start_kubelet(&mut self, cp: &ControlPlane) -> Result<(), Error> {
+    /// Starts (or starts again) the node's kubelet.
+    pub fn start_kubelet(&mut self, cp: &ControlPlane) -> Result<(), Error> {
         let f = &self.facts;
         let id = &cp.nodes.iter().find(|(n, _)| n == &f.name).expect("the node's identity").1;
         let kubeconfig = f.dir.join("kubelet.kubeconfig");
@@ -285,6 +299,25 @@ impl RealNode {
         cmd.arg("--config").arg(&conf).arg("--v=1");
         self.kube_proxy = Some(Daemon::spawn("kube-proxy", cmd, &f.dir.join("kube-proxy.log"))?);
         Ok(())
+    }
+
+    /// SIGKILLs the kubelet, as a crash: the pods run on, and nothing reports them.
+    pub fn kill_kubelet(&mut self) {
+        if let Some(d) = self.kubelet.as_mut() {
+            d.kill();
+        }
+    }
+
+    /// Loses the node as a power failure does, its link already down: the kubelet,
+    /// kube-proxy and containerd SIGKILLed, then every process left in the node's cgroups
+    /// (the shims and the pods' containers).
+    pub fn power_off(&mut self) {
+        for d in [&mut self.kubelet, &mut self.kube_proxy, &mut self.containerd].into_iter().flatten() {
+            d.kill();
+        }
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill_all();
+        }
     }
 
     /// `crictl` against this node's containerd.

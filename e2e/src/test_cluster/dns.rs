@@ -2,15 +2,17 @@
 //! `kube-dns` Service at [`CLUSTER_DNS`], answering Services, headless Services' pod
 //! names and pods from the API, as kubeadm installs it (its RBAC, a non-root container
 //! with a read-only root file system and only `NET_BIND_SERVICE`, which the image's
-//! binary carries as a file capability to bind port 53, readiness on `/ready`).
+//! binary carries as a file capability to bind port 53, readiness on `/ready`; two
+//! replicas on different nodes where there are two, so that losing a node leaves DNS).
 
 use crate::network::CLUSTER_DNS;
 
 /// The port CoreDNS listens on, inside its container and as the Service.
 pub const LISTEN_PORT: u16 = 53;
 
-/// The manifests, for `kubectl apply -f -`, with CoreDNS's image `image`.
-pub fn manifests(image: &str) -> String {
+/// The manifests, for `kubectl apply -f -`, with CoreDNS's image `image`, for a cluster
+/// of `nodes` nodes.
+pub fn manifests(image: &str, nodes: usize) -> String {
     format!(
         r#"apiVersion: v1
 kind: ServiceAccount
@@ -57,11 +59,16 @@ metadata:
   namespace: kube-system
   labels: {{k8s-app: kube-dns}}
 spec:
-  replicas: 1
+  replicas: {replicas}
   selector: {{matchLabels: {{k8s-app: kube-dns}}}}
   template:
     metadata: {{labels: {{k8s-app: kube-dns}}}}
     spec:
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector: {{matchLabels: {{k8s-app: kube-dns}}}}
+            topologyKey: kubernetes.io/hostname
       serviceAccountName: coredns
       priorityClassName: system-cluster-critical
       dnsPolicy: Default
@@ -107,6 +114,7 @@ spec:
 "#,
         port = LISTEN_PORT,
         ip = CLUSTER_DNS,
+        replicas = nodes.clamp(1, 2),
     )
 }
 
@@ -116,7 +124,7 @@ mod tests {
 
     #[test]
     fn the_manifests_parse_and_the_service_is_the_kubelets_resolver() {
-        let text = super::manifests("puretransformer.local/coredns:1");
+        let text = super::manifests("puretransformer.local/coredns:1", 3);
         let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|d| serde_json::Value::deserialize(d).expect("YAML"))
             .collect();
@@ -129,5 +137,21 @@ mod tests {
         let container = &docs[4]["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(container["image"], "puretransformer.local/coredns:1");
         assert!(docs[3]["data"]["Corefile"].as_str().unwrap().contains(".:53 {"));
+    }
+
+    #[test]
+    fn two_nodes_or_more_get_two_replicas_on_different_nodes() {
+        let deployment = |nodes: usize| {
+            let text = super::manifests("coredns:1", nodes);
+            let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+                .map(|d| serde_json::Value::deserialize(d).expect("YAML"))
+                .collect();
+            docs[4]["spec"].clone()
+        };
+        assert_eq!(deployment(1)["replicas"], 1);
+        assert_eq!(deployment(2)["replicas"], 2);
+        assert_eq!(deployment(3)["replicas"], 2);
+        let anti = &deployment(3)["template"]["spec"]["affinity"]["podAntiAffinity"];
+        assert_eq!(anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"], "kubernetes.io/hostname");
     }
 }

@@ -1,78 +1,62 @@
 //! What a test does to a pod's processes, as a node's failures would: kill the
-//! trainer's workers, an OOM kill, a hung node (SIGSTOP), and reading its log.
-
-use std::path::PathBuf;
+//! trainer's workers, stop and continue a container (a hung node), read its log. Each
+//! container is found through its node's runtime; its processes through its cgroup.
 
 use super::TestCluster;
 use crate::control_plane::Error;
-use crate::node_agent::container::{children, signal_group};
+use crate::node::cgroups::procs_beside;
 
 impl TestCluster {
-    /// The directory of node `node`'s pod `namespace/name` (the newest, if several).
-    pub fn pod_dir(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
-        for (node, _) in &self.agents {
-            let pods = self.dir.join("nodes").join(node).join("pods");
-            let Ok(dir) = std::fs::read_dir(&pods) else { continue };
-            for e in dir.flatten() {
-                let file = e.file_name().to_string_lossy().to_string();
-                if file.starts_with(&format!("{namespace}_{name}_")) {
-                    let t = e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    found.push((t, e.path()));
-                }
-            }
-        }
-        found.into_iter().max().map(|(_, p)| p)
-    }
-
-    /// The pid of pod `namespace/name`'s container process (the leader of its process
-    /// group), from the pid file its node's agent writes.
+    /// The host pid of pod `namespace/name`'s running container (its first), as its
+    /// node's runtime reports it (`crictl inspect`).
     pub fn container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
-        let dir = self.pod_dir(namespace, name).ok_or_else(|| Error::Setup(format!("no directory for pod {name}")))?;
-        let file = dir.join("pid");
-        let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
-        text.trim().parse().map_err(|_| Error::Setup(format!("{}: not a pid: {text:?}", file.display())))
+        self.runtime_container_pid(namespace, name)
     }
 
     /// SIGKILLs the processes the pod's container started (the trainer's workers under
-    /// `trainer launch`); how many there were. On real nodes the container is found
-    /// through its node's runtime.
+    /// `trainer launch`); how many there were.
     pub fn kill_workers(&self, namespace: &str, name: &str) -> Result<usize, Error> {
-        let container = match self.nodes.is_empty() {
-            true => self.container_pid(namespace, name)?,
-            false => self.runtime_container_pid(namespace, name)?,
-        };
-        let workers = children(container);
+        let workers = children(self.container_pid(namespace, name)?);
         for w in &workers {
-            // SAFETY: kill(2) on a worker of a container this cluster's agent started.
+            // SAFETY: kill(2) on a worker of a container of this cluster.
             unsafe { libc::kill(*w as libc::pid_t, libc::SIGKILL) };
         }
         Ok(workers.len())
     }
 
-    /// The kernel's OOM killer on the pod's container: every process SIGKILLed, and the
-    /// agent reports `OOMKilled`, as the kubelet would.
-    pub fn oom_kill(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        let pid = self.container_pid(namespace, name)?;
-        let dir = self.pod_dir(namespace, name).expect("the pod's directory holds its pid");
-        let marker = dir.join("oom");
-        std::fs::write(&marker, b"").map_err(|e| Error::io(&marker, e))?;
-        signal_group(pid, libc::SIGKILL);
-        Ok(())
+    /// Sends `signal` to every process of the pod's container, found through its cgroup
+    /// (SIGSTOP: a hung node; SIGCONT: it continues); how many.
+    pub fn signal_pod(&self, namespace: &str, name: &str, signal: libc::c_int) -> Result<usize, Error> {
+        let procs = procs_beside(self.container_pid(namespace, name)?)?;
+        for pid in &procs {
+            // SAFETY: kill(2) on a process of a container of this cluster.
+            unsafe { libc::kill(*pid, signal) };
+        }
+        Ok(procs.len())
     }
 
-    /// Sends `signal` to every process of the pod's container (SIGSTOP: a hung node).
-    pub fn signal_pod(&self, namespace: &str, name: &str, signal: libc::c_int) -> Result<(), Error> {
-        signal_group(self.container_pid(namespace, name)?, signal);
-        Ok(())
-    }
-
-    /// The pod's container log (stdout and stderr).
+    /// The pod's container log (stdout and stderr), as `kubectl logs` reads it from its
+    /// node's kubelet.
     pub fn pod_log(&self, namespace: &str, name: &str) -> Result<String, Error> {
-        let file = self
-            .pod_dir(namespace, name)
-            .ok_or_else(|| Error::Setup(format!("no directory for pod {name}")))?
-            .join("log");
-        std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))
+        self.kubectl_out(&["-n", namespace, "logs", name]).map_err(Error::Setup)
     }
+}
+
+/// Direct children of a process, from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
 }

@@ -1,9 +1,8 @@
 //! Issue 44, part 1: the chart's alerts fire from live metrics. The chart's operator runs
-//! as its Deployment's pod (the node agent runs the operator image, with the pod's
-//! ServiceAccount token projected); Prometheus, built from the Go module proxy, scrapes
-//! it and the rank-0 trainers through the scrape jobs translated from the chart's own
-//! ServiceMonitor and PodMonitor (`e2e::monitoring`), discovering them through the real
-//! API server, and evaluates the chart's PrometheusRule every second. Each drill reads
+//! as its Deployment's pod on a real node; Prometheus, built from the Go module proxy,
+//! scrapes it and the rank-0 trainers through the scrape jobs translated from the
+//! chart's own ServiceMonitor and PodMonitor (`e2e::monitoring`), discovering them
+//! through the real API server, and evaluates the chart's PrometheusRule every second. Each drill reads
 //! the alert's state from Prometheus' `/api/v1/alerts`. Part 3: Argo CD's own Lua engine
 //! (`e2e::argocd`) judges the same live runs by `deploy/argocd/health.lua`.
 
@@ -63,14 +62,8 @@ struct Monitored {
 /// Prometheus scraping it.
 async fn monitored() -> Monitored {
     let slot = cluster_slot().await;
-    let operator = workspace_binary("operator");
-    assert!(operator.exists(), "{} is missing: cargo build -p operator", operator.display());
-    let c = cluster_with(2, |o| {
-        o.images.insert("operator".into(), operator);
-    })
-    .await;
-    helm_install(&c, &["replicas=1", "statusPollInterval=1s", "statusWriteInterval=1s"]);
-    wait_for(&c, OPERATOR_NS, &format!("deployment/{RELEASE}"), "condition=Available", MINUTES(2));
+    let c = cluster(2).await;
+    helm_install_in_cluster(&c, &["replicas=1", "statusPollInterval=1s", "statusWriteInterval=1s"]);
     namespace(&c, NS).await;
     let objects = helm_template(&c, &MONITORING);
     let prom = Prometheus::start(&c, &objects, "1s").await.unwrap_or_else(|e| panic!("Prometheus: {e}"));
@@ -134,7 +127,8 @@ impl Monitored {
 
 /// A NaN at step 5: the run fails as NaNLoss and `TrainingRunNaNLoss` fires with the
 /// run's name and namespace, from the operator's `trainingrun_condition` as Prometheus
-/// scraped it. A host OOM kill with `onOutOfMemory: fail`: `TrainingRunOutOfMemory`. A
+/// scraped it. A kernel OOM kill in a pod limited below a rank's needs:
+/// `TrainingRunOutOfMemory`. A
 /// trainer stopped (SIGSTOP) past `stallTimeout`: `TrainingRunStalled`, resolved once it
 /// continues. A healthy run beside them raises no alert over its whole life, and every
 /// query of the Grafana dashboard returns its data while it trains.
@@ -148,22 +142,17 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     assert_ne!(healthy, paced(""), "the healthy run validates every 8 steps");
     m.apply("healthy", &healthy);
     m.apply("nan", &format!("{one_node}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"5\"}}\n"));
-    m.apply(
-        "oom",
-        &format!("{one_node}  failurePolicy: {{onOutOfMemory: fail}}\n  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"250\"}}\n"),
+    let topology = "topology: {nodes: 1, gpusPerNode: 0, collectiveTimeout: 5m}";
+    let oom = one_node.replace(
+        topology,
+        "topology: {nodes: 1, gpusPerNode: 0, collectiveTimeout: 5m, resources: {limits: {memory: 64Mi}}}",
     );
+    assert_ne!(oom, one_node, "the oom run has a memory limit");
+    m.apply("oom", &oom);
     let labels = m.firing("TrainingRunNaNLoss", "nan", MINUTES(5));
     assert_eq!(labels["severity"], "critical", "{labels}");
     assert_eq!(run_field(&m.c, NS, "nan", "{.status.reason}"), "NaNLoss");
 
-    let pod = poll(&m.c, NS, "the oom run's pod running", MINUTES(5), || {
-        let selector = "job-name=oom-a1,batch.kubernetes.io/job-completion-index=0";
-        let name =
-            kubectl(&m.c, &["-n", NS, "get", "pods", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}"]);
-        let name = name.split_whitespace().next().map(String::from).ok_or("no pod yet")?;
-        m.c.container_pid(NS, &name).map(|_| name).map_err(|e| e.to_string())
-    });
-    m.c.oom_kill(NS, &pod).unwrap_or_else(|e| panic!("{e}"));
     let labels = m.firing("TrainingRunOutOfMemory", "oom", MINUTES(2));
     assert_eq!(labels["severity"], "critical", "{labels}");
     assert_eq!(run_field(&m.c, NS, "oom", "{.status.reason}"), "OutOfMemory");

@@ -48,7 +48,7 @@ spec:
 #[tokio::test]
 async fn a_pod_is_a_container_under_a_real_kubelet() {
     let _slot = cluster_slot().await;
-    let c = real_cluster_with(2, |_| {}).await;
+    let c = cluster_with(2, |_| {}).await;
     let image = c.image("trainer").unwrap_or_else(|e| panic!("{e}"));
     apply(&c, "default", &probe_pod(&image));
     wait_for(&c, "default", "pod/probe", "condition=Ready", Duration::from_secs(120));

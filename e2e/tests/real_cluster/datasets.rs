@@ -181,7 +181,7 @@ async fn a_dataset_is_prepared_in_parallel_resumed_and_trained_on() {
     assert!(waiting_message.contains("web (Preparing, "), "progress in the run's condition: {waiting_message}");
     // The operator crashes mid-preparation: what it knows is in the Jobs and the status.
     sim.kill_operator();
-    sim.start_operator();
+    sim.operator_restarted();
 
     // --- Ready: the manifest of one process over the same files.
     let ready = wait_ds(&sim, "web", "Ready", MINUTES(4), |s| s.phase == Some(DatasetPhase::Ready)).await;

@@ -1,6 +1,6 @@
 //! Issue 45 on real storage: a TrainingDataset whose raw Parquet and shards are in S3
-//! (s3s-fs on the host, reached from the pods through the cluster network as a store's
-//! endpoint would be, credentials from a Secret through `spec.env`), trained on by a run
+//! (s3s-fs on the host, behind a Service `store` whose endpoint is the router, as a
+//! store outside the cluster is; credentials from a Secret through `spec.env`), trained on by a run
 //! that reads the shards from S3; and a dataset whose output claim is a 16 KiB tmpfs,
 //! which fills: StorageFull, not retried.
 
@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crds::types::{DatasetPhase, RunPhase};
-use e2e::control_plane::KUBERNETES_SERVICE_IP;
+use e2e::network::nodes::ROUTER;
 use e2e::network::relay::Relay;
 use sha2::{Digest, Sha256};
 
@@ -23,8 +23,26 @@ use crate::scenario::{MINUTES, NS, Scenario};
 
 const KEY: &str = "AKIAE2EDATASETS00001";
 const SECRET: &str = "e2e-datasets-secret-0123456789abcdef";
-/// Where the pods reach the store: a port of the cluster's service address.
+/// The store's port, at its Service and at the router.
 const S3_PORT: u16 = 9000;
+
+/// Service `store` in front of the router's port [`S3_PORT`]: a selector-less Service
+/// with an EndpointSlice of our own, as for any endpoint outside the cluster.
+const STORE_SERVICE: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: store}
+spec:
+  ports: [{name: s3, port: 9000, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: store-router
+  labels: {kubernetes.io/service-name: store, endpointslice.kubernetes.io/managed-by: e2e.puretransformer.dev}
+addressType: IPv4
+ports: [{name: s3, port: 9000, protocol: TCP}]
+endpoints: [{addresses: ["172.18.0.1"]}]
+"#;
 
 /// s3s-fs serving `root` (a bucket a directory) on the host's loopback.
 struct S3Server {
@@ -113,7 +131,7 @@ impl Drop for Tmpfs {
     }
 }
 
-const ENV: &str = "  env:\n    - {name: AWS_ENDPOINT_URL, value: 'http://10.96.0.1:9000'}\n    - {name: AWS_REGION, value: us-east-1}\n    \
+const ENV: &str = "  env:\n    - {name: AWS_ENDPOINT_URL, value: 'http://store.ml.svc:9000'}\n    - {name: AWS_REGION, value: us-east-1}\n    \
                    - name: AWS_ACCESS_KEY_ID\n      valueFrom: {secretKeyRef: {name: store, key: AWS_ACCESS_KEY_ID}}\n    \
                    - name: AWS_SECRET_ACCESS_KEY\n      valueFrom: {secretKeyRef: {name: store, key: AWS_SECRET_ACCESS_KEY}}\n";
 
@@ -128,10 +146,12 @@ async fn an_s3_dataset_is_trained_on_and_a_full_claim_is_storage_full() {
     let store = start_s3(&sim.c.dir.join("s3"), &["raw", "prepared"]);
     let _relay = Relay::start(
         &sim.c.net.path(),
-        SocketAddr::from((KUBERNETES_SERVICE_IP, S3_PORT)),
+        SocketAddr::from((ROUTER, S3_PORT)),
         SocketAddr::from(([127, 0, 0, 1], store.port)),
     )
-    .expect("a relay to the store in the cluster network");
+    .expect("the store's port at the router");
+    assert!(STORE_SERVICE.contains(&format!("\"{ROUTER}\"")), "the store's endpoint is the router");
+    apply(&sim.c, NS, STORE_SERVICE);
     let texts = paragraphs();
     assert!(texts.len() > 300, "{} paragraphs", texts.len());
     let raw = store.root.join("raw/lake");

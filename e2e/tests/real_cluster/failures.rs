@@ -19,7 +19,7 @@ fn pod_of(c: &e2e::test_cluster::TestCluster, ns: &str, job: &str, index: u32) -
 #[tokio::test]
 async fn a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_gang_from_its_checkpoint() {
     let _slot = cluster_slot().await;
-    let c = real_cluster_with(2, |_| {}).await;
+    let c = cluster_with(2, |_| {}).await;
     helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     namespace(&c, "ml").await;
     let run = tiny_cluster("restart", |d| {

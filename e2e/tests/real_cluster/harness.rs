@@ -48,16 +48,15 @@ fn clusters_root() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target/<profile>").join("e2e-clusters")
 }
 
-/// A cluster of `nodes` nodes that run the trainer image.
+/// A cluster of `nodes` real nodes (kubelet, containerd, runc, kube-proxy, CoreDNS).
 pub async fn cluster(nodes: usize) -> TestCluster {
     cluster_with(nodes, |_| {}).await
 }
 
-/// A cluster of `nodes` nodes with `edit` applied to its options.
+/// A cluster of `nodes` real nodes with `edit` applied to its options.
 pub async fn cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
     assert_root();
-    let mut options =
-        Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
+    let mut options = Options::with_nodes(nodes, &images_dir());
     edit(&mut options);
     match TestCluster::start(&clusters_root(), options).await {
         Ok(c) => c,
@@ -65,7 +64,7 @@ pub async fn cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> Test
     }
 }
 
-/// The directory of the images real nodes run: `$PT_IMAGES_DIR` (set by `make test`),
+/// The directory of the images the nodes run: `$PT_IMAGES_DIR` (set by `make test`),
 /// else what `scripts/setup-images.sh` prints for this workspace's trainer, the static
 /// operator (`$PT_OPERATOR_STATIC`, else `scripts/build-operator-static.sh`'s) and the
 /// node stack's CoreDNS.
@@ -96,20 +95,6 @@ pub fn images_dir() -> PathBuf {
         coredns.as_os_str(),
     ];
     PathBuf::from(script_out("setup-images.sh", &args))
-}
-
-/// A cluster of `nodes` real nodes (kubelet, containerd, runc, kube-proxy, CoreDNS) with
-/// `edit` applied to its options.
-pub async fn real_cluster_with(nodes: usize, edit: impl FnOnce(&mut Options)) -> TestCluster {
-    assert_root();
-    let mut options =
-        Options::with_nodes(nodes, Path::new(env!("CARGO_BIN_EXE_node-agent")), &workspace_binary("trainer"));
-    options.real_images = Some(images_dir());
-    edit(&mut options);
-    match TestCluster::start_real(&clusters_root(), options).await {
-        Ok(c) => c,
-        Err(e) => panic!("the test cluster of real nodes did not start: {e}"),
-    }
 }
 
 /// The chart's values that make it run this cluster's operator and trainer images.
@@ -149,7 +134,7 @@ pub fn helm_install_in_cluster(c: &TestCluster, sets: &[&str]) {
 fn assert_root() {
     // SAFETY: geteuid(2) has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "the real-cluster suite needs root: it creates network and mount namespaces for the pods");
+    assert!(root, "the real-cluster suite needs root: it runs kubelets, containerd and runc in namespaces of its own");
 }
 
 /// `kubectl args...` that must succeed; its stdout.
@@ -274,43 +259,49 @@ pub fn helm_template(c: &TestCluster, sets: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The environment the chart's Deployment gives the operator container, with the
-/// downward-API fields resolved as the kubelet would for pod `pod`.
-pub fn chart_operator_env(c: &TestCluster, pod: &str) -> Vec<(String, String)> {
-    let json = kubectl(c, &["-n", OPERATOR_NS, "get", "deployment", RELEASE, "-o", "json"]);
-    let deploy: serde_json::Value = serde_json::from_str(&json).expect("the Deployment");
-    let env =
-        deploy["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("the operator's env").clone();
-    env.iter()
-        .map(|e| {
-            let name = e["name"].as_str().expect("env name").to_string();
-            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("metadata.namespace") => OPERATOR_NS.to_string(),
-                Some("metadata.name") => pod.to_string(),
-                Some(other) => panic!("the chart's env {name} reads {other}, which this test does not resolve"),
-                None => e["value"].as_str().unwrap_or_default().to_string(),
-            };
-            (name, value)
-        })
-        .collect()
+/// The chart's operator pods that run, by name.
+pub fn operator_pods(c: &TestCluster) -> Vec<String> {
+    let selector = format!("app.kubernetes.io/instance={RELEASE}");
+    let jsonpath = "jsonpath={range .items[?(@.status.phase==\"Running\")]}{.metadata.name}{'\\n'}{end}";
+    let out = c.kubectl_out(&["-n", OPERATOR_NS, "get", "pods", "-l", &selector, "-o", jsonpath]).unwrap_or_default();
+    let mut pods: Vec<String> = out.lines().map(String::from).collect();
+    pods.sort();
+    pods
 }
 
-/// Starts operator `pod` out of cluster as the chart's ServiceAccount (a token from
-/// `kubectl create token`) with the chart's environment: RBAC is the chart's.
-pub fn start_chart_operator(c: &mut TestCluster, pod: &str) {
-    start_chart_operator_with(c, pod, &[]);
+/// `/metrics` of operator pod `pod`, fetched from its address as Prometheus scrapes it.
+pub fn operator_metrics(c: &TestCluster, pod: &str) -> Result<String, String> {
+    let ip = c.pod_ip(OPERATOR_NS, pod).map_err(|e| e.to_string())?;
+    c.http_get(std::net::SocketAddr::new(ip, OPERATOR_METRICS_PORT), "/metrics").map_err(|e| e.to_string())
 }
 
-/// [`start_chart_operator`] with `extra` added to the chart's environment (settings the
-/// chart leaves at their defaults).
-pub fn start_chart_operator_with(c: &mut TestCluster, pod: &str, extra: &[(&str, &str)]) {
-    let kubeconfig = c.dir.join(format!("{pod}.kubeconfig"));
-    c.service_account_kubeconfig(OPERATOR_NS, RELEASE, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-    let mut env = chart_operator_env(c, pod);
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let operator = workspace_binary("operator");
-    assert!(operator.exists(), "{} is missing: cargo build -p operator", operator.display());
-    c.start_operator(&operator, &kubeconfig, &env).unwrap_or_else(|e| panic!("starting the operator: {e}"));
+/// The chart's metrics port (`metrics.port`).
+pub const OPERATOR_METRICS_PORT: u16 = 8080;
+
+/// The restarts of operator pod `pod`'s container.
+pub fn operator_restarts(c: &TestCluster, pod: &str) -> u32 {
+    let path = "jsonpath={.status.containerStatuses[0].restartCount}";
+    kubectl(c, &["-n", OPERATOR_NS, "get", "pod", pod, "-o", path]).trim().parse().unwrap_or(0)
+}
+
+/// SIGKILLs operator pod `pod`'s process through its node's runtime, as a crash; its
+/// kubelet restarts the container in the same pod.
+pub fn kill_operator(c: &TestCluster, pod: &str) {
+    let pid = c.container_pid(OPERATOR_NS, pod).unwrap_or_else(|e| panic!("the operator's container: {e}"));
+    // SAFETY: kill(2) on the operator's container process, found through its runtime.
+    let killed = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    assert_eq!(killed, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
+/// Waits until operator pod `pod`'s container has restarted more than `restarts` times
+/// and is Ready again.
+pub fn wait_operator_restarted(c: &TestCluster, pod: &str, restarts: u32) {
+    let ready = "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].ready}";
+    poll(c, OPERATOR_NS, &format!("{pod} restarted and Ready"), Duration::from_secs(120), || {
+        let state = c.kubectl_out(&["-n", OPERATOR_NS, "get", "pod", pod, "-o", ready])?;
+        let (count, is_ready) = state.trim().split_once(' ').unwrap_or(("0", "false"));
+        if count.parse::<u32>().is_ok_and(|n| n > restarts) && is_ready == "true" { Ok(()) } else { Err(state) }
+    });
 }
 
 /// A namespace for runs, with its default ServiceAccount (pods need it to be admitted).

@@ -1,12 +1,12 @@
-//! §2: the node agent is a node to the node-lifecycle controller. When a node's agent
-//! stops, its Lease goes stale and the real controller marks the node NotReady (Ready
-//! Unknown, the unreachable taint); started again, the node is Ready. The other node
-//! stays Ready throughout.
+//! §2: a real node to the node-lifecycle controller. When a node's kubelet crashes, its
+//! Lease goes stale and the real controller marks the node NotReady (Ready Unknown, the
+//! unreachable taint); started again, the node is Ready. The other node stays Ready
+//! throughout.
 
 use std::time::{Duration, Instant};
 
 use e2e::control_plane::NODE_MONITOR_GRACE;
-use e2e::node_agent::LEASE_RENEW;
+use e2e::node::config::LEASE_RENEW;
 
 use crate::harness::*;
 
@@ -19,13 +19,13 @@ fn taints(c: &e2e::test_cluster::TestCluster, node: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_node_whose_agent_stops_goes_not_ready_and_comes_back() {
+async fn a_node_whose_kubelet_stops_goes_not_ready_and_comes_back() {
     let _slot = cluster_slot().await;
     let mut c = cluster(2).await;
     assert_eq!((ready(&c, "node-0"), ready(&c, "node-1")), ("True".into(), "True".into()));
 
     let stopped = Instant::now();
-    c.kill_agent("node-1");
+    c.kill_kubelet("node-1").unwrap_or_else(|e| panic!("{e}"));
     let deadline = NODE_MONITOR_GRACE + Duration::from_secs(30);
     wait_for(&c, "default", "node/node-1", "condition=Ready=Unknown", deadline);
     let reason =
@@ -36,12 +36,12 @@ async fn a_node_whose_agent_stops_goes_not_ready_and_comes_back() {
         if t.contains("node.kubernetes.io/unreachable") { Ok(()) } else { Err(format!("taints: {t:?}")) }
     });
     let after = stopped.elapsed();
-    eprintln!("node-1 NotReady {:.1} s after its agent stopped (grace {NODE_MONITOR_GRACE:?})", after.as_secs_f64());
+    eprintln!("node-1 NotReady {:.1} s after its kubelet stopped (grace {NODE_MONITOR_GRACE:?})", after.as_secs_f64());
     // The grace runs from the last renewal, at most one renewal period before the stop.
     assert!(after >= NODE_MONITOR_GRACE - LEASE_RENEW, "NotReady before the grace period ran out: {after:?}");
     assert_eq!(ready(&c, "node-0"), "True", "the other node stays Ready");
 
-    c.start_agent(1).unwrap_or_else(|e| panic!("{e}"));
+    c.start_kubelet("node-1").unwrap_or_else(|e| panic!("{e}"));
     wait_for(&c, "default", "node/node-1", "condition=Ready", Duration::from_secs(60));
     poll(&c, "default", "the taint lifted", Duration::from_secs(60), || {
         let t = taints(&c, "node-1");

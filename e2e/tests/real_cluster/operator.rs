@@ -1,9 +1,9 @@
-//! §3.5 and issue 43's drill 5: the operator itself. Two replicas as the chart's
-//! ServiceAccount: one holds the real Lease; SIGKILLed with 51 runs in flight (two
-//! training, 49 suspended, one of the two just failed), the other takes over within the
-//! lease duration and goes on observing the same Jobs, with no spurious restart, no
-//! duplicate Job and the one real restart counted once; the killed replica, started
-//! again, waits as the standby.
+//! §3.5 and issue 43's drill 5: the operator itself. The chart's two replicas, as its
+//! Deployment on real nodes: one holds the real Lease; its process SIGKILLed with 51 runs
+//! in flight (two training, 49 suspended, one of the two just failed), the other takes
+//! over within the lease duration and goes on observing the same Jobs, with no spurious
+//! restart, no duplicate Job and the one real restart counted once; the killed replica,
+//! restarted by its kubelet, waits as the standby.
 
 use std::time::{Duration, Instant};
 
@@ -35,14 +35,13 @@ fn event_messages(c: &e2e::test_cluster::TestCluster, name: &str) -> Vec<String>
 #[tokio::test]
 async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     let _slot = cluster_slot().await;
-    // One CPU a pod on nodes of 1.5: "ha" on two nodes, "flaky" on the third.
-    let mut c = cluster_with(3, |o| o.cpu = "1500m".into()).await;
-    helm_install(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
-    start_chart_operator(&mut c, "trainingrun-operator-0");
-    start_chart_operator(&mut c, "trainingrun-operator-1");
+    let c = cluster(3).await;
+    helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
+    let replicas = operator_pods(&c);
+    assert_eq!(replicas.len(), 2, "the chart's two replicas: {replicas:?}");
     let leader = poll(&c, OPERATOR_NS, "a leader", Duration::from_secs(60), || {
         let h = holder(&c);
-        if h.starts_with("trainingrun-operator-") { Ok(h) } else { Err(format!("holder {h:?}")) }
+        if replicas.contains(&h) { Ok(h) } else { Err(format!("holder {h:?}")) }
     });
     namespace(&c, "ml").await;
     let run = tiny_cluster("ha", |d| {
@@ -75,11 +74,11 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
         &["-n", "ml", "get", "pods", "-l", "job-name=flaky-a1", "-o", "jsonpath={.items[0].metadata.name}"],
     );
     assert_eq!(c.kill_workers("ml", pod.trim()).unwrap_or_else(|e| panic!("{e}")), 1);
-    // SIGKILL the leader: no chance to release the Lease.
-    let index: usize = leader.rsplit('-').next().and_then(|i| i.parse().ok()).expect("the leader's index");
+    // SIGKILL the leader's process: no chance to release the Lease.
+    let restarts = operator_restarts(&c, &leader);
     let killed = Instant::now();
-    c.operators[index].daemon.kill();
-    let standby = format!("trainingrun-operator-{}", 1 - index);
+    kill_operator(&c, &leader);
+    let standby = replicas.iter().find(|r| **r != leader).expect("the other replica").clone();
     poll(&c, OPERATOR_NS, "the standby takes the Lease", LEASE + Duration::from_secs(10), || {
         let h = holder(&c);
         if h == standby { Ok(()) } else { Err(format!("holder {h:?}")) }
@@ -88,8 +87,8 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     eprintln!("lease handover after SIGKILL: {:.1} s (lease duration 15 s)", handover.as_secs_f64());
     assert!(handover <= LEASE + Duration::from_secs(2), "handover took {handover:?}");
 
-    // The killed replica comes back (as its Deployment would restart it) as the standby.
-    start_chart_operator(&mut c, &leader);
+    // The killed replica's kubelet restarts its container; it comes back as the standby.
+    wait_operator_restarted(&c, &leader, restarts);
     wait_for(&c, "ml", "trainingrun/ha", "condition=Succeeded", Duration::from_secs(600));
     assert_eq!(field(&c, "{.status.attempt}"), "1", "no spurious restart");
     assert_eq!(field(&c, "{.status.restarts}"), "0");

@@ -18,7 +18,7 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     // operator's and CoreDNS's requests: a rank of half a CPU fits once per node, so the
     // scheduler must spread them.
     let started = std::time::Instant::now();
-    let c = real_cluster_with(2, |_| {}).await;
+    let c = cluster_with(2, |_| {}).await;
     // Figures for docs/perf.md (printed, not asserted).
     eprintln!("real cluster of 2 nodes started in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -114,7 +114,7 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
 #[tokio::test]
 async fn ranks_orphaned_by_their_job_are_deleted_under_the_charts_rbac() {
     let _slot = cluster_slot().await;
-    let c = real_cluster_with(1, |_| {}).await;
+    let c = cluster_with(1, |_| {}).await;
     helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     namespace(&c, "ml").await;
     let run = tiny_cluster("orphans", |d| {

@@ -1,8 +1,9 @@
-//! A cluster with the chart's operator running in it as its ServiceAccount, and a watch
-//! that records every phase each run passes through: the harness of `scenarios.rs`. It
-//! does to runs what a user does (apply, edit, delete), to pods what a node's failures
-//! do (a killed worker, an OOM kill, a hung node), and reads what a user reads (status,
-//! conditions, events, the operator's `/metrics`, the files on the checkpoint claim).
+//! A cluster of real nodes with the chart's operator running as its Deployment, and a
+//! watch that records every phase each run passes through: the harness of
+//! `scenarios.rs`. It does to runs what a user does (apply, edit, delete), to pods and
+//! nodes what their failures do (a killed worker, a hung container, a cut or lost node),
+//! and reads what a user reads (status, conditions, events, the operator's `/metrics`,
+//! the files on the checkpoint claim).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,8 +26,6 @@ use crate::harness::*;
 
 pub const NS: &str = "ml";
 pub const TR: &str = "training.puretransformer.dev/v1alpha1";
-/// The operator's pod name (a crashed container restarts in the same pod).
-const OPERATOR_POD: &str = "trainingrun-operator-0";
 
 pub const MINUTES: fn(u64) -> Duration = |m| Duration::from_secs(60 * m);
 
@@ -38,8 +37,10 @@ fn block<F: std::future::Future>(f: F) -> F::Output {
 
 pub struct Scenario {
     pub c: TestCluster,
-    /// The index of the running operator in `c.operators`.
-    operator: Option<usize>,
+    /// The operator's pod (one replica: a crashed container restarts in the same pod),
+    /// and its container's restarts when it was last killed.
+    operator: String,
+    killed_at_restarts: Option<u32>,
     /// Every phase each run has been seen in, in order (from a watch).
     phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>>,
     recorder: tokio::task::JoinHandle<()>,
@@ -63,7 +64,11 @@ impl Scenario {
     pub async fn with_cluster(nodes: usize, edit: impl FnOnce(&mut Options)) -> Scenario {
         let slot = cluster_slot().await;
         let c = cluster_with(nodes, edit).await;
-        helm_install(&c, &["statusPollInterval=1s", "statusWriteInterval=1s"]);
+        helm_install_in_cluster(
+            &c,
+            &["replicas=1", "statusPollInterval=1s", "statusWriteInterval=1s", "requeueInterval=10s"],
+        );
+        let operator = operator_pods(&c).into_iter().next().expect("the operator's pod, rolled out");
         namespace(&c, NS).await;
         let phases: Arc<Mutex<BTreeMap<String, Vec<RunPhase>>>> = Arc::default();
         let seen = phases.clone();
@@ -83,22 +88,21 @@ impl Scenario {
                 }
             }
         });
-        let mut s = Scenario { c, operator: None, phases, recorder, claims: Mutex::default(), _slot: slot };
-        s.start_operator();
-        s
+        Scenario { c, operator, killed_at_restarts: None, phases, recorder, claims: Mutex::default(), _slot: slot }
     }
 
-    /// Starts the operator (as its container would be restarted in the same pod).
-    pub fn start_operator(&mut self) {
-        assert!(self.operator.is_none(), "one operator at a time");
-        start_chart_operator_with(&mut self.c, OPERATOR_POD, &[("REQUEUE_INTERVAL", "10s")]);
-        self.operator = Some(self.c.operators.len() - 1);
-    }
-
-    /// SIGKILLs the operator mid-flight, as a crash.
+    /// SIGKILLs the operator's process mid-flight through its node's runtime, as a crash.
     pub fn kill_operator(&mut self) {
-        let i = self.operator.take().expect("an operator is running");
-        self.c.operators[i].daemon.kill();
+        assert!(self.killed_at_restarts.is_none(), "the operator is already down");
+        self.killed_at_restarts = Some(operator_restarts(&self.c, &self.operator));
+        kill_operator(&self.c, &self.operator);
+    }
+
+    /// Waits until the kubelet has restarted the killed operator's container and it is
+    /// Ready.
+    pub fn operator_restarted(&mut self) {
+        let restarts = self.killed_at_restarts.take().expect("the operator was killed");
+        wait_operator_restarted(&self.c, &self.operator, restarts);
     }
 
     fn runs(&self) -> Api<TrainingRun> {
@@ -271,10 +275,9 @@ impl Scenario {
     }
 
     async fn expect_metric_where(&self, what: &str, found: impl Fn(&str) -> bool) {
-        let i = self.operator.expect("an operator is running");
         let start = Instant::now();
         loop {
-            let metrics = self.c.operator_metrics(i).unwrap_or_else(|e| e.to_string());
+            let metrics = operator_metrics(&self.c, &self.operator).unwrap_or_else(|e| e);
             if metrics.lines().any(&found) {
                 return;
             }
@@ -397,42 +400,58 @@ impl Scenario {
         }
     }
 
+    /// The node the operator runs on.
+    pub fn operator_node(&self) -> String {
+        let path = "jsonpath={.spec.nodeName}";
+        kubectl(&self.c, &["-n", OPERATOR_NS, "get", "pod", &self.operator, "-o", path]).trim().to_string()
+    }
+
+    /// A running rank of `job` on a node the operator does not run on, for a fault that
+    /// takes its node down without the operator: (node rank, pod, node).
+    pub async fn rank_off_operator_node(&self, job: &str, ranks: u32) -> (u32, String, String) {
+        let operator = self.operator_node();
+        for index in (0..ranks).rev() {
+            let pod = self.pod(job, index).await;
+            let node = self.node_of(&pod);
+            if node != operator {
+                return (index, pod, node);
+            }
+        }
+        panic!("every rank of {job} runs on the operator's node {operator}\n{}", self.c.dump(NS))
+    }
+
     /// SIGKILLs the trainer's worker processes in `pod`; how many.
     pub fn kill_workers(&self, pod: &str) -> usize {
         self.c.kill_workers(NS, pod).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// The kernel's OOM killer on `pod`'s container.
-    pub fn oom_kill(&self, pod: &str) {
-        self.c.oom_kill(NS, pod).unwrap_or_else(|e| panic!("{e}"));
+    /// SIGSTOP to every process of `pod`'s container (a hung node); how many.
+    pub fn pause(&self, pod: &str) -> usize {
+        self.c.signal_pod(NS, pod, libc::SIGSTOP).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// SIGSTOP to every process of `pod` (a hung node).
-    pub fn pause(&self, pod: &str) {
-        self.c.signal_pod(NS, pod, libc::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
+    /// SIGCONT to every process of `pod`'s container.
+    pub fn resume(&self, pod: &str) -> usize {
+        self.c.signal_pod(NS, pod, libc::SIGCONT).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// SIGCONT to every process of `pod`.
-    pub fn resume(&self, pod: &str) {
-        self.c.signal_pod(NS, pod, libc::SIGCONT).unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    /// Cuts node `node` off the pod network (`cut`) or heals it; the links it set.
+    /// Cuts node `node`'s link (`cut`) or heals it; the links it set.
     pub fn partition(&self, node: &str, cut: bool) -> Vec<String> {
         self.c.partition_node(node, cut).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Caps node `node`'s pod links at `rate` each way, or lifts the cap.
+    /// Caps node `node`'s link at `rate` each way, or lifts the cap.
     pub fn slow_node(&self, node: &str, rate: Option<&str>) -> Vec<String> {
         self.c.slow_node(node, rate).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Node `node`'s pod links, and whether each is up.
+    /// Node `node`'s link, and whether it is up.
     pub fn links(&self, node: &str) -> Vec<(String, bool)> {
         self.c.node_links(node).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Node `node` lost as to a power failure: silent, then its agent and pods gone.
+    /// Node `node` lost as to a power failure: silent, then its daemons and containers
+    /// gone.
     pub fn lose_node(&mut self, node: &str) {
         self.c.lose_node(node).unwrap_or_else(|e| panic!("{e}"));
     }

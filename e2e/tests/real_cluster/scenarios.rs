@@ -1,18 +1,19 @@
-//! A run's life on the real control plane, as its user sees it: the chart's operator,
-//! the real Job controller and scheduler, the trainer in the node agents' pods. Each
-//! test is one cluster; each scenario asserts status, conditions, events, the
-//! operator's metrics and the files on the checkpoint claim: a run to Succeeded across
-//! an operator crash, a killed worker, a resize and an out-of-memory (each resuming to
-//! the uninterrupted run's losses); NaN, OOM and full-disk failures; a stall and a
-//! straggler; suspend and resume; GRPO from a base run.
+//! A run's life on the real control plane and real nodes, as its user sees it: the
+//! chart's operator as its Deployment, the real Job controller and scheduler, the
+//! trainer image's containers under real kubelets. Each test is one cluster; each
+//! scenario asserts status, conditions, events, the operator's metrics and the files on
+//! the checkpoint claim: a run to Succeeded across an operator crash, a killed worker, a
+//! resize and an out-of-memory (each resuming to the uninterrupted run's losses); NaN,
+//! a kernel OOM kill and full-disk failures; a stall and a straggler; suspend and
+//! resume; GRPO from a base run.
 
 use std::time::{Duration, Instant};
 
 use crds::types::RunPhase;
 use serde_json::{Value, json};
 
-use crate::harness::workspace_binary;
-use crate::scenario::{MINUTES, Scenario, checkpoint_step, step};
+use crate::harness::{kubectl, workspace_binary};
+use crate::scenario::{MINUTES, NS, Scenario, checkpoint_step, step};
 
 /// nano on the embedded corpus, 2 nodes × 1 process, 64-token sequences:
 /// 40 steps of 1,024 tokens, a checkpoint every 8, and a final evaluation of 2K tokens
@@ -79,11 +80,11 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
         sim.checkpoints("base")
     );
 
-    // The operator dies mid-run; the Job keeps running; a new operator picks it up.
+    // The operator dies mid-run; the Job keeps running; its kubelet restarts it, and the
+    // new process picks the run up.
     sim.kill_operator();
     let before = step(&sim.status("base"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    sim.start_operator();
+    sim.operator_restarted();
     sim.wait("base", "progress after the operator restart", MINUTES(5), |s| step(s) > before).await;
     let s = sim.wait_phase("base", RunPhase::Succeeded, MINUTES(10)).await;
     assert_eq!(sim.jobs("base"), vec!["base-a1"], "no duplicate Job");
@@ -200,9 +201,10 @@ async fn a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_loss
     assert!(worst < 1e-5, "the run at the reduced micro-batch differs from the uninterrupted one by {worst:e}");
 }
 
-/// NaN loss, a host OOM and a full checkpoint claim end their runs at once with their
-/// own reasons; with `onNaN: rollback` the NaN run rolls back past the failing step's
-/// samples and succeeds as the run given that rollback from the start.
+/// NaN loss, a kernel OOM kill in a pod whose memory limit is below what a rank needs,
+/// and a full checkpoint claim end their runs at once with their own reasons; with
+/// `onNaN: rollback` the NaN run rolls back past the failing step's samples and succeeds
+/// as the run given that rollback from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     let sim = Scenario::new().await;
@@ -212,7 +214,15 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
         "{SPEC}  failurePolicy: {{onNaN: rollback}}\n  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"12\"}}\n    - {{name: TRAINER_INJECT_ATTEMPT, value: \"1\"}}\n"
     );
     sim.apply("rollback", &rollback);
-    sim.apply("oom", SPEC);
+    // A rank's worker holds about 100 MiB of its own memory (RssAnon of nano on CPU):
+    // the kernel's OOM killer ends it inside the pod's 64 MiB.
+    let topology = "topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 5m}";
+    let oom = SPEC.replace(
+        topology,
+        "topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 5m, resources: {limits: {memory: 64Mi}}}",
+    );
+    assert_ne!(oom, SPEC, "the spec sets a memory limit");
+    sim.apply("oom", &oom);
     // Rank 0, which writes the checkpoints, finds the claim full at the checkpoint of step 8.
     let full = format!(
         "{SPEC}  env:\n    - {{name: TRAINER_INJECT_DISK_FULL_AT_STEP, value: \"8\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"0\"}}\n"
@@ -238,13 +248,21 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     }
     assert_eq!(sim.job_condition("nan-a1", "Failed"), Some(("True".into(), "PodFailurePolicy".into())));
 
-    sim.wait("oom", "training", MINUTES(5), |s| s.phase == Some(RunPhase::Running) && step(s) >= 2).await;
-    let pod = sim.pod("oom-a1", 1).await;
-    sim.oom_kill(&pod);
-    let s = sim.wait_phase("oom", RunPhase::Failed, MINUTES(2)).await;
-    assert_eq!(s.reason.as_deref(), Some("OutOfMemory"));
+    let s = sim.wait_phase("oom", RunPhase::Failed, MINUTES(5)).await;
+    assert_eq!(s.reason.as_deref(), Some("OutOfMemory"), "{}", sim.diagnose("oom"));
     let (_, _, message) = sim.condition("oom", "Failed");
-    assert!(message.contains(&format!("pod {pod} (node rank 1) was OOMKilled")), "{message}");
+    assert!(
+        message.contains("was OOMKilled") && message.contains("(memory limit 64Mi)") && message.contains("oom-a1-"),
+        "{message}"
+    );
+    // What each layer saw, for the record: the kubelet's container state and the
+    // launcher's last words.
+    for pod in sim.pod_names().into_iter().filter(|p| p.starts_with("oom-a1-")) {
+        let state = kubectl(&sim.c, &["-n", NS, "get", "pod", &pod, "-o", "jsonpath={.status.containerStatuses[0]}"]);
+        let log = sim.c.pod_log(NS, &pod).unwrap_or_else(|e| e.to_string());
+        let tail: Vec<&str> = log.lines().rev().take(4).collect();
+        eprintln!("{pod}: {state}\n  log: {tail:?}");
+    }
     sim.expect_event("oom", "Warning", "OutOfMemory").await;
     sim.expect_metric(
         r#"trainingrun_condition{name="oom",namespace="ml",reason="OutOfMemory",status="True",type="Failed"} 1"#,

@@ -1,7 +1,11 @@
 //! Test-only fault injection, by environment variable: the operator's and the
 //! launcher's failure handling is tested against real NaNs, allocation failures and
 //! killed processes, and against the error a full disk gives (the real one is tested
-//! on a small tmpfs, which the simulated cluster's shared claim directories are not).
+//! on a small tmpfs).
+//!
+//! Only a trainer built with the `fault-injection` feature (the test builds and the
+//! test images) honours the `TRAINER_INJECT_*` variables: a release build ignores them
+//! with a warning, so no TrainingRun's `spec.env` can switch test code on.
 
 use tch::{Device, Kind, Tensor};
 
@@ -25,6 +29,29 @@ pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
 /// The injections above apply only to this gang attempt (default: all).
 pub const INJECT_ATTEMPT_ENV: &str = "TRAINER_INJECT_ATTEMPT";
 
+/// Whether this build honours the `TRAINER_INJECT_*` variables.
+pub const ENABLED: bool = cfg!(feature = "fault-injection");
+
+/// The value of fault variable `name` from the environment, if this build honours it.
+pub fn knob(name: &str) -> Option<String> {
+    knob_in(ENABLED, name, &|n| std::env::var(n).ok())
+}
+
+/// The value of fault variable `name` from `lookup`, if `enabled`; when not, a variable
+/// that is set is warned about (once a process for each name) and ignored.
+fn knob_in(enabled: bool, name: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let value = lookup(name)?;
+    if enabled {
+        return Some(value);
+    }
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    if WARNED.lock().map(|mut w| w.insert(name.to_string())).unwrap_or(false) {
+        tracing::warn!("{name} is set, but this trainer is built without fault injection: ignored");
+    }
+    None
+}
+
 /// The optimizer steps at which this rank injects each fault.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
@@ -37,19 +64,30 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// The faults the environment asks of `rank` in gang attempt `attempt`.
+    /// The faults the environment asks of `rank` in gang attempt `attempt` (none unless
+    /// this build has fault injection).
     pub fn from_env(rank: u32, attempt: u32) -> Faults {
-        let for_attempt = std::env::var(INJECT_ATTEMPT_ENV).ok().and_then(|a| a.parse::<u32>().ok());
+        Faults::read(rank, attempt, &knob)
+    }
+
+    /// The faults the variables `get` returns ask of `rank` in gang attempt `attempt`.
+    fn read(rank: u32, attempt: u32, get: &dyn Fn(&str) -> Option<String>) -> Faults {
+        let for_attempt = get(INJECT_ATTEMPT_ENV).and_then(|a| a.parse::<u32>().ok());
         if for_attempt.is_some_and(|a| a != attempt) {
             return Faults::default();
         }
+        let for_rank = get(INJECT_RANK_ENV).and_then(|r| r.parse::<u32>().ok());
+        let injected = |name: &str| match for_rank {
+            Some(r) if r != rank => None,
+            _ => get(name).and_then(|v| v.parse().ok()),
+        };
         Faults {
-            nan: injected(INJECT_NAN_ENV, rank),
-            oom: injected(INJECT_OOM_ENV, rank),
-            kill: injected(INJECT_KILL_ENV, rank),
-            kill_in_checkpoint: injected(INJECT_KILL_IN_CHECKPOINT_ENV, rank),
-            disk_full: injected(INJECT_DISK_FULL_ENV, rank),
-            slow_ms: injected(INJECT_SLOW_ENV, rank),
+            nan: injected(INJECT_NAN_ENV),
+            oom: injected(INJECT_OOM_ENV),
+            kill: injected(INJECT_KILL_ENV),
+            kill_in_checkpoint: injected(INJECT_KILL_IN_CHECKPOINT_ENV),
+            disk_full: injected(INJECT_DISK_FULL_ENV),
+            slow_ms: injected(INJECT_SLOW_ENV),
         }
     }
 
@@ -99,11 +137,31 @@ impl Faults {
     }
 }
 
-/// The step of a fault injection knob, if it applies to `rank`.
-fn injected(name: &str, rank: u32) -> Option<u64> {
-    let for_rank = std::env::var(INJECT_RANK_ENV).ok().and_then(|r| r.parse::<u32>().ok());
-    if for_rank.is_some_and(|r| r != rank) {
-        return None;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+
+    #[test]
+    fn a_build_without_fault_injection_ignores_every_knob() {
+        let set = env(&[(INJECT_NAN_ENV, "3"), (INJECT_SLOW_ENV, "250"), (INJECT_KILL_ENV, "2")]);
+        let off = |name: &str| knob_in(false, name, &set);
+        assert_eq!(Faults::read(0, 1, &off), Faults::default());
+        let on = |name: &str| knob_in(true, name, &set);
+        let faults = Faults::read(0, 1, &on);
+        assert_eq!((faults.nan, faults.slow_ms, faults.kill), (Some(3), Some(250), Some(2)));
+    }
+
+    #[test]
+    fn knobs_apply_to_their_rank_and_attempt_only() {
+        let set = env(&[(INJECT_NAN_ENV, "3"), (INJECT_RANK_ENV, "1"), (INJECT_ATTEMPT_ENV, "2")]);
+        let on = |name: &str| knob_in(true, name, &set);
+        assert_eq!(Faults::read(1, 2, &on).nan, Some(3));
+        assert_eq!(Faults::read(0, 2, &on), Faults::default(), "another rank");
+        assert_eq!(Faults::read(1, 1, &on), Faults::default(), "another attempt");
+    }
 }

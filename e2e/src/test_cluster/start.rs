@@ -1,6 +1,6 @@
-//! A test cluster of real nodes ([`crate::node`]): the routed node network, the API
-//! server reaching the kubelets through its egress proxy, a kubelet, containerd and
-//! kube-proxy per node, and CoreDNS.
+//! Starting a test cluster ([`crate::node`]): the routed node network, the API server
+//! reaching the kubelets through its egress proxy, a kubelet, containerd and kube-proxy
+//! per node, and CoreDNS.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +10,6 @@ use super::{Options, TestCluster, controllers_runtime, dns, fresh_dir};
 use crate::control_plane::{self, ControlPlane, Error, RealNodes, wait_until};
 use crate::cpus;
 use crate::network::egress::EgressProxy;
-use crate::network::hosts::HostsDir;
 use crate::network::nodes::{NodeNetwork, ROUTER};
 use crate::network::relay::Relay;
 use crate::node::{self, NodeFacts, NodeStart, RealNode, Slot, images};
@@ -29,17 +28,17 @@ pub fn reserved_cpus(host: &[usize], share: &[usize]) -> Option<String> {
 }
 
 impl TestCluster {
-    /// Starts a cluster of real nodes in a fresh directory under `root`
-    /// ([`Options::real_images`] names their images), and waits until every node is
-    /// Ready and CoreDNS has rolled out.
-    pub async fn start_real(root: &std::path::Path, options: Options) -> Result<TestCluster, Error> {
+    /// Starts a cluster in a fresh directory under `root`, and waits until every node is
+    /// Ready, advertises its GPUs ([`Options::gpus`]), and CoreDNS has rolled out (with
+    /// no node, the control plane alone).
+    pub async fn start(root: &std::path::Path, options: Options) -> Result<TestCluster, Error> {
         let (dir, prefix, number) = fresh_dir(root)?;
         start(dir, prefix, number, options).await
     }
 }
 
 async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) -> Result<TestCluster, Error> {
-    let images_dir = options.real_images.clone().expect("a real cluster has images");
+    let images_dir = options.images.clone();
     let catalogue = images::catalogue(&images_dir)?;
     if let Some(missing) = IMAGES.iter().find(|i| !catalogue.contains_key(**i)) {
         return Err(Error::Setup(format!("{}: no {missing} image", images_dir.display())));
@@ -61,7 +60,7 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
         advertise: ROUTER,
         egress_selector: crate::network::egress::selector_config(&egress.socket),
     };
-    let cp = ControlPlane::start(&dir.join("control-plane"), &names, Some(&real)).await?;
+    let cp = ControlPlane::start(&dir.join("control-plane"), &names, &real).await?;
     let client = cp.client().await?;
     let relay = Relay::start(
         &net.path(),
@@ -78,23 +77,18 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
             Err(e) => tracing::error!("the cluster's provisioner: {e}"),
         }
     });
-    let hosts = HostsDir(dir.join("hosts.d"));
     let mut cluster = TestCluster {
-        operators: Vec::new(),
-        agents: Vec::new(),
         nodes: Vec::new(),
         controllers: Some(controllers),
         _relay: relay,
-        _egress: Some(egress),
+        _egress: egress,
         net,
         cp,
         dir,
-        hosts,
         client,
         options,
-        number,
     };
-    let slots = cluster.dir.parent().expect("the clusters' root").join("node-slots");
+    let slots = node::slots_root();
     let host = cpus::host_cpus();
     for (i, net) in node_nets.into_iter().enumerate() {
         let slot = Slot::take(&slots)?;
@@ -118,7 +112,15 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     }
     cluster.wait_nodes_ready().await?;
     cluster.wait_default_service_account("default").await?;
-    cluster.kubectl_in(&["apply", "-f", "-"], &dns::manifests(&catalogue["coredns"].reference)).map_err(setup)?;
+    if cluster.options.nodes == 0 {
+        return Ok(cluster);
+    }
+    if cluster.options.gpus > 0 {
+        cluster.advertise_gpus().await?;
+    }
+    cluster
+        .kubectl_in(&["apply", "-f", "-"], &dns::manifests(&catalogue["coredns"].reference, cluster.options.nodes))
+        .map_err(setup)?;
     cluster
         .kubectl_out(&["-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s"])
         .map_err(|e| Error::Setup(format!("cluster DNS: {e}\n{}", cluster.dump("kube-system"))))?;
@@ -154,16 +156,71 @@ async fn wait_services_routed(node: &RealNode) -> Result<(), Error> {
 }
 
 impl TestCluster {
+    /// Advertises [`Options::gpus`] `nvidia.com/gpu` on every node: a patch of its
+    /// status' capacity, as for any extended resource no device plugin manages. The
+    /// kubelet keeps it, and the scheduler counts it.
+    async fn advertise_gpus(&self) -> Result<(), Error> {
+        use k8s_openapi::api::core::v1::Node;
+        use kube::api::{Patch, PatchParams};
+        let nodes: kube::Api<Node> = kube::Api::all(self.client.clone());
+        let gpus = self.options.gpus.to_string();
+        let patch = serde_json::json!({"status": {"capacity": {"nvidia.com/gpu": gpus}}});
+        for node in &self.nodes {
+            let name = &node.facts.name;
+            nodes
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::Setup(format!("advertising {gpus} GPUs on {name}: {e}")))?;
+        }
+        control_plane::wait_until("every node's GPUs allocatable", Duration::from_secs(60), || {
+            let nodes = nodes.clone();
+            let gpus = gpus.clone();
+            async move {
+                let list = nodes.list(&Default::default()).await.map_err(|e| e.to_string())?;
+                let allocatable: Vec<Option<String>> = list
+                    .items
+                    .iter()
+                    .map(|n| {
+                        let a = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+                        a.and_then(|a| a.get("nvidia.com/gpu")).map(|q| q.0.clone())
+                    })
+                    .collect();
+                if allocatable.iter().all(|a| a.as_deref() == Some(gpus.as_str())) {
+                    Ok(())
+                } else {
+                    Err(format!("allocatable nvidia.com/gpu: {allocatable:?}"))
+                }
+            }
+        })
+        .await
+    }
+
     /// The image of `name` (`trainer`, `operator`, ...) in a real cluster's nodes.
     pub fn image(&self, name: &str) -> Result<String, Error> {
-        let dir = self.options.real_images.as_ref().ok_or_else(|| Error::Setup("not a real cluster".into()))?;
-        let catalogue = images::catalogue(dir)?;
+        let catalogue = images::catalogue(&self.options.images)?;
         catalogue.get(name).map(|i| i.reference.clone()).ok_or_else(|| Error::Setup(format!("no image {name}")))
     }
 
-    /// The host pid of pod `namespace/name`'s container (its first), as its node's
-    /// runtime reports it (`crictl inspect`).
+    /// The host pid of pod `namespace/name`'s running container (its first), as its
+    /// node's runtime reports it (`crictl inspect`).
     pub fn runtime_container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
+        let pid = self.inspect_container(namespace, name, "{{.info.pid}}")?;
+        pid.parse().map_err(|_| Error::Setup(format!("pod {name}'s container: not a pid: {pid:?}")))
+    }
+
+    /// When pod `namespace/name`'s running container started, in seconds since the
+    /// epoch, to the nanosecond its runtime records (the API's `startedAt` is to the
+    /// second).
+    pub fn container_started_at(&self, namespace: &str, name: &str) -> Result<f64, Error> {
+        let nanos = self.inspect_container(namespace, name, "{{.status.startedAt}}")?;
+        let nanos: i128 =
+            nanos.parse().map_err(|_| Error::Setup(format!("pod {name}'s container: not a start time: {nanos:?}")))?;
+        Ok(nanos as f64 / 1e9)
+    }
+
+    /// `crictl inspect --template <template>` of pod `namespace/name`'s running
+    /// container (its first), on its node.
+    fn inspect_container(&self, namespace: &str, name: &str, template: &str) -> Result<String, Error> {
         let node_name = self
             .kubectl_out(&["-n", namespace, "get", "pod", name, "-o", "jsonpath={.spec.nodeName}"])
             .map_err(Error::Setup)?;
@@ -182,9 +239,8 @@ impl TestCluster {
         let ids = run(ps)?;
         let id = ids.lines().next().ok_or_else(|| Error::Setup(format!("pod {name} has no running container")))?;
         let mut inspect = node.crictl();
-        inspect.args(["inspect", "--output", "go-template", "--template", "{{.info.pid}}", id]);
-        let pid = run(inspect)?;
-        pid.parse().map_err(|_| Error::Setup(format!("crictl inspect {id}: not a pid: {pid:?}")))
+        inspect.args(["inspect", "--output", "go-template", "--template", template, id]);
+        run(inspect)
     }
 
     /// Node `name`, of a real cluster.
