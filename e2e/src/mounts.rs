@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Bind mounts, prepared before a fork and made in the child by [`Binds::mount`].
@@ -64,6 +64,40 @@ impl Binds {
         // SAFETY: `mount` makes only async-signal-safe system calls.
         unsafe {
             cmd.pre_exec(move || self.mount(0));
+        }
+    }
+}
+
+/// A directory bind-mounted over itself and made a shared mount on the host, until
+/// dropped: mount namespaces made later as slaves of the host's (the nodes') receive
+/// what is mounted beneath it afterwards, such as a size-limited file system over a
+/// volume's directory. Without it they would not: the host's own mounts here are private.
+pub struct SharedMount(PathBuf);
+
+impl SharedMount {
+    pub fn new(dir: &Path) -> std::io::Result<SharedMount> {
+        std::fs::create_dir_all(dir)?;
+        let c = CString::new(dir.display().to_string()).map_err(std::io::Error::other)?;
+        let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+        // SAFETY: mount(2) of a directory this harness owns, over itself.
+        unsafe {
+            check(libc::mount(c.as_ptr(), c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+            let shared = libc::MS_SHARED | libc::MS_REC;
+            if let Err(e) = check(libc::mount(std::ptr::null(), c.as_ptr(), std::ptr::null(), shared, std::ptr::null()))
+            {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+                return Err(e);
+            }
+        }
+        Ok(SharedMount(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SharedMount {
+    fn drop(&mut self) {
+        if let Ok(c) = CString::new(self.0.display().to_string()) {
+            // SAFETY: umount2(2) of the bind mount `new` made.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
     }
 }

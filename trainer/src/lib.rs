@@ -7,7 +7,7 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 1 | [`error`], [`ffi`], [`files`], [`https`], [`rng`], [`storage`], [`torch_info`] | the crate's Error and the failure reason of each, the C++ shim over ATen and c10d, atomic file writes, `https://` files, libtorch's global RNG lock, S3 |
+//! | 1 | [`error`], [`fault_injection`], [`ffi`], [`files`], [`https`], [`rng`], [`storage`], [`torch_info`] | the crate's Error and the failure reason of each, the gate of the test-only `TRAINER_INJECT_*` variables, the C++ shim over ATen and c10d, atomic file writes, `https://` files, libtorch's global RNG lock, S3 |
 //! | 2 | [`dist`] | the c10d process group, the gradient reducer, the launcher |
 //! | 3 | [`kernels`] | SDPA switches, SwiGLU, RoPE, and the timed choice between kernels |
 //! | 4 | [`model`] | LLaMA/Qwen3 and GPT-2 over `kernels` and `ffi` only, HF parameter names |
@@ -30,6 +30,7 @@ pub mod dist;
 pub mod error;
 pub mod eval;
 pub mod export;
+pub mod fault_injection;
 pub mod ffi;
 pub mod files;
 pub mod generate;

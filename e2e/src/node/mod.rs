@@ -8,8 +8,9 @@
 //! must be what containerd bind-mounts into containers) and keeps the host's kernel
 //! tunables: the kubelet sets `vm.overcommit_memory`, `kernel.panic` and others at
 //! start, and here it writes them into plain files mounted over those `/proc/sys`
-//! entries. Host mounts made later still reach the node (slave propagation); the node's
-//! own never reach the host, and all of them end with the namespace.
+//! entries. Host mounts made later beneath a shared mount (the cluster's volumes,
+//! [`crate::mounts::SharedMount`]) reach the node (slave propagation); the node's own
+//! never reach the host, and all of them end with the namespace.
 
 pub mod cgroups;
 pub mod config;

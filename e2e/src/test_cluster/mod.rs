@@ -41,11 +41,14 @@ impl Options {
 
 pub struct TestCluster {
     // Dropped in this order: the nodes (and their pods), the controllers of this
-    // harness, the API forwarder, the egress proxy, the network, the control plane.
+    // harness, the volumes' mount, the API forwarder, the egress proxy, the network, the
+    // control plane.
     pub nodes: Vec<crate::node::RealNode>,
     /// The provisioner, on a runtime of its own: a test may block its thread (on
     /// `kubectl wait`) without stopping it.
     controllers: Option<tokio::runtime::Runtime>,
+    /// The volumes' directory as a shared mount, until the cluster goes.
+    volumes_mount: Option<crate::mounts::SharedMount>,
     /// Held for its `Drop`: the API server's port at the router, for the nodes and pods.
     _relay: Relay,
     /// The API server's way to the kubelets.
@@ -188,6 +191,7 @@ impl Drop for TestCluster {
         if let Some(rt) = self.controllers.take() {
             rt.shutdown_background();
         }
+        self.volumes_mount.take();
         // A failed test's cluster stays for its logs, and every cluster with
         // `E2E_KEEP_CLUSTERS=1`; a passed one's goes (etcd alone preallocates 64 MB of WAL).
         if !std::thread::panicking() && std::env::var_os("E2E_KEEP_CLUSTERS").is_none() {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::{Options, TestCluster, controllers_runtime, dns, fresh_dir};
 use crate::control_plane::{self, ControlPlane, Error, RealNodes, wait_until};
 use crate::cpus;
+use crate::mounts::SharedMount;
 use crate::network::egress::EgressProxy;
 use crate::network::nodes::{NodeNetwork, ROUTER};
 use crate::network::relay::Relay;
@@ -71,6 +72,10 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     crate::provisioner::install(&client).await.map_err(|e| Error::Setup(format!("the StorageClass: {e}")))?;
     let controllers = controllers_runtime()?;
     let (kubeconfig, volumes) = (cp.kubeconfig.clone(), dir.join("volumes"));
+    // Before the nodes' mount namespaces: a file system a test mounts over a volume's
+    // directory later reaches the containers.
+    let shared_volumes =
+        SharedMount::new(&volumes).map_err(|e| Error::Setup(format!("{}: a shared mount: {e}", volumes.display())))?;
     controllers.spawn(async move {
         match control_plane::client_for(&kubeconfig).await {
             Ok(client) => crate::provisioner::run(client, volumes).await,
@@ -80,6 +85,7 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     let mut cluster = TestCluster {
         nodes: Vec::new(),
         controllers: Some(controllers),
+        volumes_mount: Some(shared_volumes),
         _relay: relay,
         _egress: egress,
         net,

@@ -315,11 +315,14 @@ pub fn run_field(c: &TestCluster, ns: &str, run: &str, path: &str) -> String {
     c.kubectl_out(&["-n", ns, "get", "trainingrun", run, "-o", &format!("jsonpath={path}")]).unwrap_or_default()
 }
 
-/// `examples/tiny-cluster.yaml`, named `name`, with `edit` applied to the document.
+/// `examples/tiny-cluster.yaml`, named `name`, with `edit` applied to the document. Its
+/// pods request 300m of CPU, not the example's 1: a test node offers one CPU (its
+/// share of this machine), less the operator's and CoreDNS's requests.
 pub fn tiny_cluster(name: &str, edit: impl FnOnce(&mut serde_yaml_ng::Value)) -> String {
     let text = std::fs::read_to_string(repo().join("examples/tiny-cluster.yaml")).expect("tiny-cluster.yaml");
     let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
     doc["metadata"]["name"] = serde_yaml_ng::Value::from(name);
+    doc["spec"]["topology"]["resources"]["requests"]["cpu"] = serde_yaml_ng::Value::from("300m");
     edit(&mut doc);
     serde_yaml_ng::to_string(&doc).expect("YAML")
 }
@@ -365,4 +368,32 @@ pub fn argo_cd_health(c: &TestCluster, ns: &str, name: &str) -> Result<(String, 
     let judged = e2e::argocd::health(&[run]).map_err(|e| e.to_string())?;
     let (health, message) = judged.get(name).cloned().ok_or_else(|| format!("no judgement of {name}: {judged:?}"))?;
     Ok((phase, health, message))
+}
+
+/// `kubectl port-forward -n <ns> <target> :<port>` (through the API server and the
+/// kubelet's server), running until the returned child is killed; the local port, once
+/// kubectl says it forwards.
+pub fn port_forward(c: &TestCluster, ns: &str, target: &str, port: u16) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = c
+        .kubectl()
+        .args(["-n", ns, "port-forward", target, &format!(":{port}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("kubectl port-forward");
+    let out = child.stdout.take().expect("piped");
+    let mut lines = std::io::BufReader::new(out).lines();
+    // "Forwarding from 127.0.0.1:40123 -> 8080", or its end of output if it fails.
+    let local = lines
+        .next()
+        .and_then(Result::ok)
+        .and_then(|l| l.strip_prefix("Forwarding from 127.0.0.1:").and_then(|r| r.split(' ').next()?.parse().ok()));
+    let Some(local) = local else {
+        let _ = child.kill();
+        panic!("kubectl port-forward {target} :{port} did not forward\n{}", c.dump(ns));
+    };
+    // kubectl goes on printing a line a connection: drain them.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, local)
 }

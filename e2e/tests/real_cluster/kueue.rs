@@ -203,14 +203,16 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     assert_eq!(steps, (1..=320).collect(), "every step of first trained and recorded");
     let (admitted, reason, message) = sim.condition("first", "Queued");
     assert_eq!((admitted.as_str(), reason.as_str()), ("False", "Admitted"), "{message}");
-    // A Straggler warning is a report that restarts nothing, and two CPU ranks sharing
-    // this host's cores with the control plane can drift past its factor: the detector
-    // is proved by scenarios' `slow` run, not here.
+    // A Straggler or SlowLink warning is a report that restarts nothing, and ranks on
+    // one-CPU nodes, each shared by several paced trainers, can drift past its factor
+    // (a starved node answers the operator's link probe late as well): the detectors
+    // are proved by scenarios' `slow` run and network_faults' slowed link, not here.
+    let reports = [RunReason::Straggler.as_str(), RunReason::SlowLink.as_str()];
     for run in ["first", "second", "urgent"] {
         let warnings: Vec<_> = sim
             .events(run)
             .into_iter()
-            .filter(|(t, reason, _)| t == "Warning" && reason != RunReason::Straggler.as_str())
+            .filter(|(t, reason, _)| t == "Warning" && !reports.contains(&reason.as_str()))
             .collect();
         assert!(warnings.is_empty(), "{run}: no failure, restart or stall: {warnings:?}");
     }

@@ -70,7 +70,7 @@ async fn a_node_cut_off_mid_collective_times_out_restarts_once_and_completes_onc
     assert_ne!(spec, paced(""), "the spec sets collectiveTimeout");
     sim.apply("cut", &spec);
     sim.wait("cut", "a checkpoint", MINUTES(5), |s| checkpoint_step(s) >= 16 && step(s) >= 18).await;
-    let (_, pod, node) = sim.rank_off_operator_node("cut-a1", 2).await;
+    let (_, _, node) = sim.rank_off_operator_node("cut-a1", 2).await;
     let cut = sim.partition(&node, true);
     assert_eq!(cut.len(), 1, "{node}'s one link: {cut:?}");
     let cut_at = Instant::now();

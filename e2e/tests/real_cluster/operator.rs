@@ -3,7 +3,7 @@
 //! in flight (two training, 49 suspended, one of the two just failed), the other takes
 //! over within the lease duration and goes on observing the same Jobs, with no spurious
 //! restart, no duplicate Job and the one real restart counted once; the killed replica,
-//! restarted by its kubelet, waits as the standby.
+//! restarted by its kubelet once that is back, waits as the standby.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ fn event_messages(c: &e2e::test_cluster::TestCluster, name: &str) -> Vec<String>
 #[tokio::test]
 async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     let _slot = cluster_slot().await;
-    let c = cluster(3).await;
+    let mut c = cluster(3).await;
     helm_install_in_cluster(&c, &["statusPollInterval=2s", "statusWriteInterval=2s"]);
     let replicas = operator_pods(&c);
     assert_eq!(replicas.len(), 2, "the chart's two replicas: {replicas:?}");
@@ -74,8 +74,12 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
         &["-n", "ml", "get", "pods", "-l", "job-name=flaky-a1", "-o", "jsonpath={.items[0].metadata.name}"],
     );
     assert_eq!(c.kill_workers("ml", pod.trim()).unwrap_or_else(|e| panic!("{e}")), 1);
-    // SIGKILL the leader's process: no chance to release the Lease.
+    // SIGKILL the leader's process: no chance to release the Lease. Its kubelet, down
+    // first, cannot restart it at once (a restarted process of the same pod is the same
+    // holder, and would keep the Lease).
     let restarts = operator_restarts(&c, &leader);
+    let leader_node = kubectl(&c, &["-n", OPERATOR_NS, "get", "pod", &leader, "-o", "jsonpath={.spec.nodeName}"]);
+    c.kill_kubelet(leader_node.trim()).unwrap_or_else(|e| panic!("{e}"));
     let killed = Instant::now();
     kill_operator(&c, &leader);
     let standby = replicas.iter().find(|r| **r != leader).expect("the other replica").clone();
@@ -87,7 +91,8 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     eprintln!("lease handover after SIGKILL: {:.1} s (lease duration 15 s)", handover.as_secs_f64());
     assert!(handover <= LEASE + Duration::from_secs(2), "handover took {handover:?}");
 
-    // The killed replica's kubelet restarts its container; it comes back as the standby.
+    // Its kubelet, back, restarts the container; it comes back as the standby.
+    c.start_kubelet(leader_node.trim()).unwrap_or_else(|e| panic!("{e}"));
     wait_operator_restarted(&c, &leader, restarts);
     wait_for(&c, "ml", "trainingrun/ha", "condition=Succeeded", Duration::from_secs(600));
     assert_eq!(field(&c, "{.status.attempt}"), "1", "no spurious restart");

@@ -3,7 +3,8 @@
 //! two-node run whose ranks are containers of the trainer image under real kubelets,
 //! rendezvousing through CoreDNS's names, carried to Succeeded by the real Job
 //! controller, scheduler and EndpointSlice controller; deleting it collects its children
-//! through owner references.
+//! through owner references. `kubectl port-forward` reaches the operator's metrics
+//! through the kubelet.
 
 use std::time::Duration;
 
@@ -50,6 +51,14 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         if step.parse::<u64>().is_ok_and(|s| s >= 1) { Ok(()) } else { Err(format!("step {step:?}")) }
     });
     eprintln!("kubectl apply to the first step: {:.1} s", applied.elapsed().as_secs_f64());
+
+    // `kubectl port-forward` through the kubelet reaches the operator's metrics.
+    let (mut forward, local) = port_forward(&c, OPERATOR_NS, &format!("deployment/{RELEASE}"), OPERATOR_METRICS_PORT);
+    let metrics = http_get_local(local, "/metrics");
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(metrics.contains("trainingrun_phase{"), "the operator's metrics through port-forward:\n{metrics}");
+
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 
     let field = |p: &str| run_field(&c, "ml", "tiny-cluster", p);
@@ -145,4 +154,15 @@ async fn ranks_orphaned_by_their_job_are_deleted_under_the_charts_rbac() {
         if left.trim().is_empty() || !deleting.trim().is_empty() { Ok(()) } else { Err(format!("{left} still there")) }
     });
     wait_for(&c, "ml", "trainingrun/orphans", "condition=Succeeded", Duration::from_secs(600));
+}
+
+/// `GET path` from 127.0.0.1:`port`: the whole response.
+fn http_get_local(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the forwarded port");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("a timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("the request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("the response");
+    response
 }

@@ -3,13 +3,13 @@
 //! killed processes, and against the error a full disk gives (the real one is tested
 //! on a small tmpfs).
 //!
-//! Only a trainer built with the `fault-injection` feature (the test builds and the
-//! test images) honours the `TRAINER_INJECT_*` variables: a release build ignores them
-//! with a warning, so no TrainingRun's `spec.env` can switch test code on.
+//! Only a trainer built with the `fault-injection` feature honours them
+//! ([`crate::fault_injection`]).
 
 use tch::{Device, Kind, Tensor};
 
 use crate::Error;
+use crate::fault_injection::knob;
 
 /// The loss of this optimizer step becomes NaN.
 pub const INJECT_NAN_ENV: &str = "TRAINER_INJECT_NAN_AT_STEP";
@@ -28,29 +28,6 @@ pub const INJECT_SLOW_ENV: &str = "TRAINER_INJECT_SLOW_STEP_MS";
 pub const INJECT_RANK_ENV: &str = "TRAINER_INJECT_RANK";
 /// The injections above apply only to this gang attempt (default: all).
 pub const INJECT_ATTEMPT_ENV: &str = "TRAINER_INJECT_ATTEMPT";
-
-/// Whether this build honours the `TRAINER_INJECT_*` variables.
-pub const ENABLED: bool = cfg!(feature = "fault-injection");
-
-/// The value of fault variable `name` from the environment, if this build honours it.
-pub fn knob(name: &str) -> Option<String> {
-    knob_in(ENABLED, name, &|n| std::env::var(n).ok())
-}
-
-/// The value of fault variable `name` from `lookup`, if `enabled`; when not, a variable
-/// that is set is warned about (once a process for each name) and ignored.
-fn knob_in(enabled: bool, name: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let value = lookup(name)?;
-    if enabled {
-        return Some(value);
-    }
-    static WARNED: std::sync::Mutex<std::collections::BTreeSet<String>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    if WARNED.lock().map(|mut w| w.insert(name.to_string())).unwrap_or(false) {
-        tracing::warn!("{name} is set, but this trainer is built without fault injection: ignored");
-    }
-    None
-}
 
 /// The optimizer steps at which this rank injects each fault.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -140,6 +117,7 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fault_injection::knob_in;
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

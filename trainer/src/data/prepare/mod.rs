@@ -195,11 +195,11 @@ pub fn prepare(o: &PrepareOptions) -> Result<PrepareReport, Error> {
 
 /// Fault injection for tests that act while a preparation runs (kill a worker between
 /// two files): milliseconds slept before each file prepared (a build with the
-/// `fault-injection` feature only: [`crate::train::faults`]).
+/// `fault-injection` feature only: [`crate::fault_injection`]).
 pub const INJECT_SLOW_FILE_ENV: &str = "TRAINER_INJECT_SLOW_FILE_MS";
 
 fn inject_slow_file() {
-    if let Some(ms) = crate::train::faults::knob(INJECT_SLOW_FILE_ENV).and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(ms) = crate::fault_injection::knob(INJECT_SLOW_FILE_ENV).and_then(|v| v.parse::<u64>().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
