@@ -218,10 +218,10 @@ impl TestCluster {
     /// epoch, to the nanosecond its runtime records (the API's `startedAt` is to the
     /// second).
     pub fn container_started_at(&self, namespace: &str, name: &str) -> Result<f64, Error> {
-        let nanos = self.inspect_container(namespace, name, "{{.status.startedAt}}")?;
-        let nanos: i128 =
-            nanos.parse().map_err(|_| Error::Setup(format!("pod {name}'s container: not a start time: {nanos:?}")))?;
-        Ok(nanos as f64 / 1e9)
+        let at = self.inspect_container(namespace, name, "{{.status.startedAt}}")?;
+        let t: jiff::Timestamp =
+            at.parse().map_err(|e| Error::Setup(format!("pod {name}'s container: not a start time: {at:?}: {e}")))?;
+        Ok(t.as_nanosecond() as f64 / 1e9)
     }
 
     /// `crictl inspect --template <template>` of pod `namespace/name`'s running
