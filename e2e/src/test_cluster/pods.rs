@@ -7,12 +7,6 @@ use crate::control_plane::Error;
 use crate::node::cgroups::procs_beside;
 
 impl TestCluster {
-    /// The host pid of pod `namespace/name`'s running container (its first), as its
-    /// node's runtime reports it (`crictl inspect`).
-    pub fn container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
-        self.runtime_container_pid(namespace, name)
-    }
-
     /// SIGKILLs the processes the pod's container started (the trainer's workers under
     /// `trainer launch`); how many there were.
     pub fn kill_workers(&self, namespace: &str, name: &str) -> Result<usize, Error> {

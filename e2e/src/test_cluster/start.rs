@@ -209,7 +209,7 @@ impl TestCluster {
 
     /// The host pid of pod `namespace/name`'s running container (its first), as its
     /// node's runtime reports it (`crictl inspect`).
-    pub fn runtime_container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
+    pub fn container_pid(&self, namespace: &str, name: &str) -> Result<u32, Error> {
         let pid = self.inspect_container(namespace, name, "{{.info.pid}}")?;
         pid.parse().map_err(|_| Error::Setup(format!("pod {name}'s container: not a pid: {pid:?}")))
     }

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::harness::*;
 use crate::scenario::MINUTES;
-use crate::scenarios::{SPEC, paced};
+use crate::scenarios::{SPEC, memory_limited, paced};
 
 const NS: &str = "ml";
 
@@ -142,13 +142,7 @@ async fn alerts_fire_from_live_metrics_and_the_dashboard_has_data() {
     assert_ne!(healthy, paced(""), "the healthy run validates every 8 steps");
     m.apply("healthy", &healthy);
     m.apply("nan", &format!("{one_node}  env:\n    - {{name: TRAINER_INJECT_NAN_AT_STEP, value: \"5\"}}\n"));
-    let topology = "topology: {nodes: 1, gpusPerNode: 0, collectiveTimeout: 5m}";
-    let oom = one_node.replace(
-        topology,
-        "topology: {nodes: 1, gpusPerNode: 0, collectiveTimeout: 5m, resources: {limits: {memory: 64Mi}}}",
-    );
-    assert_ne!(oom, one_node, "the oom run has a memory limit");
-    m.apply("oom", &oom);
+    m.apply("oom", &memory_limited(&one_node, "64Mi"));
     let labels = m.firing("TrainingRunNaNLoss", "nan", MINUTES(5));
     assert_eq!(labels["severity"], "critical", "{labels}");
     assert_eq!(run_field(&m.c, NS, "nan", "{.status.reason}"), "NaNLoss");

@@ -42,6 +42,13 @@ pub(crate) fn paced(extra: &str) -> String {
     format!("{SPEC}{extra}  env:\n    - {{name: TRAINER_INJECT_SLOW_STEP_MS, value: \"250\"}}\n")
 }
 
+/// `spec` (a [`SPEC`] variant) with its pods limited to `limit` of memory.
+pub(crate) fn memory_limited(spec: &str, limit: &str) -> String {
+    let timeout = "collectiveTimeout: 5m}";
+    assert!(spec.contains(timeout), "a spec whose topology ends with {timeout}: {spec}");
+    spec.replacen(timeout, &format!("collectiveTimeout: 5m, resources: {{limits: {{memory: {limit}}}}}}}"), 1)
+}
+
 /// A 2-node run from `kubectl apply` to Succeeded, with the operator killed and
 /// restarted mid-run; then the same run with one trainer process killed, which the
 /// operator gang-restarts from the last checkpoint to the same losses; then the same run
@@ -216,13 +223,7 @@ async fn nan_loss_a_host_oom_and_a_full_disk_fail_the_run_without_a_restart() {
     sim.apply("rollback", &rollback);
     // A rank's worker holds about 100 MiB of its own memory (RssAnon of nano on CPU):
     // the kernel's OOM killer ends it inside the pod's 64 MiB.
-    let topology = "topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 5m}";
-    let oom = SPEC.replace(
-        topology,
-        "topology: {nodes: 2, gpusPerNode: 0, collectiveTimeout: 5m, resources: {limits: {memory: 64Mi}}}",
-    );
-    assert_ne!(oom, SPEC, "the spec sets a memory limit");
-    sim.apply("oom", &oom);
+    sim.apply("oom", &memory_limited(SPEC, "64Mi"));
     // Rank 0, which writes the checkpoints, finds the claim full at the checkpoint of step 8.
     let full = format!(
         "{SPEC}  env:\n    - {{name: TRAINER_INJECT_DISK_FULL_AT_STEP, value: \"8\"}}\n    - {{name: TRAINER_INJECT_RANK, value: \"0\"}}\n"
