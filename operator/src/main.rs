@@ -169,7 +169,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     ready.store(true, Ordering::Relaxed);
-    let ctx = Context::new(client.clone(), settings, metrics, Arc::new(SystemClock));
+    let ctx = Context::new(client.clone(), settings, metrics.clone(), Arc::new(SystemClock));
     let both = |ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>| async move {
         tokio::join!(
             controller::run(ctx.clone(), namespace.clone(), stopped(stop.clone())),
@@ -182,6 +182,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
     }
     let identity = args.identity.unwrap_or_else(|| format!("{}-{}", operator::MANAGER, std::process::id()));
     let election = Election { lease: args.lease_name, namespace: args.lease_namespace, identity, duration: 15 };
+    metrics.set_leading(&election.lease, false);
     let (mut leading, _task) = leader::start(client, &election).await?;
     tracing::info!("waiting to lead through Lease {}/{} as {}", election.namespace, election.lease, election.identity);
     loop {
@@ -195,6 +196,7 @@ async fn main_inner(args: Args) -> Result<(), Error> {
             break;
         }
     }
+    metrics.set_leading(&election.lease, true);
     tracing::info!("leading; reconciling TrainingRuns and TrainingDatasets");
     // Losing the lease ends the process: the replacement starts as a standby.
     tokio::spawn(async move {

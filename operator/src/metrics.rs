@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use crds::types::{RunPhase, TrainingRunStatus};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Gauge, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 const PHASES: [RunPhase; 7] = [
     RunPhase::Pending,
@@ -292,6 +292,7 @@ pub struct Metrics {
     registry: Registry,
     reconciles: IntCounterVec,
     reconcile_seconds: HistogramVec,
+    leading: IntGaugeVec,
     runs: RunGauges,
 }
 
@@ -308,10 +309,16 @@ impl Metrics {
                     .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
                 &["result"],
             )?,
+            // controller-runtime's name, so dashboards built for other operators apply.
+            leading: IntGaugeVec::new(
+                Opts::new("leader_election_master_status", "1 while this replica holds the leader Lease, else 0."),
+                &["name"],
+            )?,
             runs: RunGauges::new()?,
         };
         m.registry.register(Box::new(m.reconciles.clone()))?;
         m.registry.register(Box::new(m.reconcile_seconds.clone()))?;
+        m.registry.register(Box::new(m.leading.clone()))?;
         m.registry.register(Box::new(m.runs.clone()))?;
         Ok(m)
     }
@@ -320,6 +327,12 @@ impl Metrics {
         let result = if ok { "success" } else { "error" };
         self.reconciles.with_label_values(&[result]).inc();
         self.reconcile_seconds.with_label_values(&[result]).observe(seconds);
+    }
+
+    /// Whether this replica holds Lease `lease`: a standby's `/metrics` says so rather
+    /// than being empty.
+    pub fn set_leading(&self, lease: &str, leading: bool) {
+        self.leading.with_label_values(&[lease]).set(i64::from(leading));
     }
 
     /// Sets every per-run gauge from the run's status; `checkpoint_every_tokens` comes
@@ -404,6 +417,17 @@ mod tests {
         m.forget_run("ml", "llm");
         let text = m.render();
         assert!(!text.contains(r#"name="llm""#), "{text}");
+    }
+
+    #[test]
+    fn a_standby_says_it_is_one_and_the_leader_that_it_leads() {
+        let m = Metrics::new().unwrap();
+        m.set_leading("trainingrun-operator", false);
+        let text = m.render();
+        assert!(text.contains(r#"leader_election_master_status{name="trainingrun-operator"} 0"#), "{text}");
+        m.set_leading("trainingrun-operator", true);
+        let text = m.render();
+        assert!(text.contains(r#"leader_election_master_status{name="trainingrun-operator"} 1"#), "{text}");
     }
 
     #[test]

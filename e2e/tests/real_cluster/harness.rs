@@ -269,6 +269,13 @@ pub fn operator_pods(c: &TestCluster) -> Vec<String> {
     pods
 }
 
+/// The operator pod that holds the leader Lease (its holder identity is the pod name);
+/// empty while none does.
+pub fn operator_leader(c: &TestCluster) -> String {
+    c.kubectl_out(&["-n", OPERATOR_NS, "get", "lease", RELEASE, "-o", "jsonpath={.spec.holderIdentity}"])
+        .unwrap_or_default()
+}
+
 /// `/metrics` of operator pod `pod`, fetched from its address as Prometheus scrapes it.
 pub fn operator_metrics(c: &TestCluster, pod: &str) -> Result<String, String> {
     let ip = c.pod_ip(OPERATOR_NS, pod).map_err(|e| e.to_string())?;

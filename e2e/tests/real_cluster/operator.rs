@@ -14,11 +14,6 @@ use crate::harness::*;
 /// The operator's Lease duration (`operator/src/main.rs`), plus its grace.
 const LEASE: Duration = Duration::from_secs(15 + 5);
 
-fn holder(c: &e2e::test_cluster::TestCluster) -> String {
-    c.kubectl_out(&["-n", OPERATOR_NS, "get", "lease", RELEASE, "-o", "jsonpath={.spec.holderIdentity}"])
-        .unwrap_or_default()
-}
-
 /// Runs suspended beside the two that train: 51 in flight.
 const SUSPENDED: usize = 49;
 
@@ -40,7 +35,7 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     let replicas = operator_pods(&c);
     assert_eq!(replicas.len(), 2, "the chart's two replicas: {replicas:?}");
     let leader = poll(&c, OPERATOR_NS, "a leader", Duration::from_secs(60), || {
-        let h = holder(&c);
+        let h = operator_leader(&c);
         if replicas.contains(&h) { Ok(h) } else { Err(format!("holder {h:?}")) }
     });
     namespace(&c, "ml").await;
@@ -84,7 +79,7 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     kill_operator(&c, &leader);
     let standby = replicas.iter().find(|r| **r != leader).expect("the other replica").clone();
     poll(&c, OPERATOR_NS, "the standby takes the Lease", LEASE + Duration::from_secs(10), || {
-        let h = holder(&c);
+        let h = operator_leader(&c);
         if h == standby { Ok(()) } else { Err(format!("holder {h:?}")) }
     });
     let handover = killed.elapsed();
@@ -105,7 +100,7 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
         &["-n", "ml", "get", "events", "--field-selector", "involvedObject.name=ha,reason=JobCreated", "-o", "name"],
     );
     assert_eq!(events.lines().count(), 1, "one JobCreated event: {events}");
-    assert_eq!(holder(&c), standby, "the restarted replica waits while the other leads");
+    assert_eq!(operator_leader(&c), standby, "the restarted replica waits while the other leads");
 
     // The restart that straddled the hand-over, counted once.
     wait_for(&c, "ml", "trainingrun/flaky", "condition=Succeeded", Duration::from_secs(600));

@@ -52,12 +52,21 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     });
     eprintln!("kubectl apply to the first step: {:.1} s", applied.elapsed().as_secs_f64());
 
-    // `kubectl port-forward` through the kubelet reaches the operator's metrics.
-    let (mut forward, local) = port_forward(&c, OPERATOR_NS, &format!("deployment/{RELEASE}"), OPERATOR_METRICS_PORT);
-    let metrics = http_get_local(local, "/metrics");
-    let _ = forward.kill();
-    let _ = forward.wait();
-    assert!(metrics.contains("trainingrun_phase{"), "the operator's metrics through port-forward:\n{metrics}");
+    // `kubectl port-forward` through the kubelet reaches each replica's metrics: the
+    // leader's describe the run, the standby's say that it stands by.
+    let leader = operator_leader(&c);
+    let replicas = operator_pods(&c);
+    assert!(replicas.len() == 2 && replicas.contains(&leader), "replicas {replicas:?}, leader {leader:?}");
+    for pod in replicas {
+        let (mut forward, local) = port_forward(&c, OPERATOR_NS, &format!("pod/{pod}"), OPERATOR_METRICS_PORT);
+        let metrics = http_get_local(local, "/metrics");
+        let _ = forward.kill();
+        let _ = forward.wait();
+        let leads = pod == leader;
+        let status = format!("leader_election_master_status{{name=\"{RELEASE}\"}} {}", u8::from(leads));
+        assert!(metrics.contains(&status), "{pod}'s metrics through port-forward (leader {leader}):\n{metrics}");
+        assert_eq!(metrics.contains("trainingrun_phase{"), leads, "{pod}'s metrics (leader {leader}):\n{metrics}");
+    }
 
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 
