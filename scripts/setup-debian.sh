@@ -11,6 +11,7 @@
 #   iptables     iptables, iptables-save and iptables-restore, which kube-proxy's iptables
 #                mode runs.
 #   nftables     nft, which kube-proxy's nftables mode runs, and to inspect the node's rules.
+#   ipset        ipset, which kube-router (the nodes' NetworkPolicy enforcer) runs.
 #   conntrack    conntrack, to inspect the node's connection tracking (kube-proxy itself
 #                flushes entries over netlink).
 # With --image what scripts/check-image.sh needs:
@@ -28,6 +29,7 @@ if [ "${1:-}" = --test ]; then
   command -v iptables-restore >/dev/null || [ -x /usr/sbin/iptables-restore ] || missing+=(iptables)
   command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing+=(nftables)
   command -v conntrack >/dev/null || [ -x /usr/sbin/conntrack ] || missing+=(conntrack)
+  command -v ipset >/dev/null || [ -x /usr/sbin/ipset ] || missing+=(ipset)
 fi
 if [ "${1:-}" = --image ]; then
   command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)

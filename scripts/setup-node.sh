@@ -13,12 +13,13 @@
 #                             the CNI plugins, github.com/containernetworking/plugins;
 #   crictl                    sigs.k8s.io/cri-tools;
 #   coredns                   github.com/coredns/coredns (the main package at its root);
-#   kube-network-policies     sigs.k8s.io/kube-network-policies/cmd: in v0.8.0 the module's
-#                             only main package (`go list` of its ...), the nftables/nfqueue
-#                             agent kind runs for NetworkPolicy; AdminNetworkPolicy is a flag
-#                             of it, off by default, not a command of its own.
-# The versions of all but the first two are pinned by e2e/node/go.mod, a module that only
-# names tools; every pinned version built as named.
+#   kube-router               github.com/cloudnativelabs/kube-router/v2, the NetworkPolicy
+#                             enforcer, run firewall-only (iptables and ipset; Debian's
+#                             ipset: scripts/setup-debian.sh --test). Pinned by
+#                             e2e/node-netpol/go.mod, whose note says why not
+#                             kube-network-policies.
+# The versions of the others are pinned by e2e/node/go.mod, a module that only names
+# tools; every pinned version built as named.
 #
 # Prints the directory that holds the binaries. Cached by content under
 # $PT_CACHE/node/<kubernetes version>-<hash>/bin, the hash over both modules and this script
@@ -30,6 +31,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/go-tool.sh
 k8s=e2e/node-k8s
 module=e2e/node
+netpol=e2e/node-netpol
 version="$(go_tool_version "$k8s" k8s.io/kubernetes)"
 control_plane="$(go_tool_version e2e/controlplane k8s.io/kubernetes)"
 if [ "$version" != "$control_plane" ]; then
@@ -37,10 +39,11 @@ if [ "$version" != "$control_plane" ]; then
     "$control_plane: the node must run the control plane's version" >&2
   exit 1
 fi
-hash="$(go_tool_hash "$k8s/go.mod" "$k8s/go.sum" "$module/go.mod" "$module/go.sum" scripts/setup-node.sh)"
+hash="$(go_tool_hash "$k8s/go.mod" "$k8s/go.sum" "$module/go.mod" "$module/go.sum" \
+  "$netpol/go.mod" "$netpol/go.sum" scripts/setup-node.sh)"
 bin="$PT_CACHE/node/$version-$hash/bin"
 tools=(kubelet kube-proxy containerd ctr containerd-shim-runc-v2 runc
-  bridge host-local loopback portmap crictl coredns kube-network-policies)
+  bridge host-local loopback portmap crictl coredns kube-router)
 complete=1
 for tool in "${tools[@]}"; do
   [ -x "$bin/$tool" ] || complete=0
@@ -65,6 +68,7 @@ done
 containerd="$(go_tool_version "$module" github.com/containerd/containerd/v2)"
 cni="$(go_tool_version "$module" github.com/containernetworking/plugins)"
 crictl="$(go_tool_version "$module" sigs.k8s.io/cri-tools)"
+router="$(go_tool_version "$netpol" github.com/cloudnativelabs/kube-router/v2)"
 echo "building the node's binaries (Kubernetes $version) into $bin" \
   "(minutes on 2 cores, once per version)" >&2
 go_tool_stage "$bin"
@@ -107,8 +111,12 @@ build() {
     -o "$staging/" sigs.k8s.io/cri-tools/cmd/crictl
   # CoreDNS's version is a constant of its source.
   CGO_ENABLED=0 build coredns -ldflags "-s -w" -o "$staging/" github.com/coredns/coredns
-  CGO_ENABLED=0 build kube-network-policies -ldflags "-s -w" \
-    -o "$staging/kube-network-policies" sigs.k8s.io/kube-network-policies/cmd
+)
+(
+  cd "$netpol"
+  CGO_ENABLED=0 build "kube-router $router" \
+    -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$router" \
+    -o "$staging/" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
 )
 for tool in "${tools[@]}"; do
   if [ ! -x "$staging/$tool" ]; then

@@ -102,6 +102,9 @@ pub struct ControlPlane {
     /// kube-proxy's identity (`system:kube-proxy`, which the default `system:node-proxier`
     /// binding names).
     pub kube_proxy: Identity,
+    /// kube-router's identity (`system:kube-router`), bound to a read-only ClusterRole by
+    /// `crate::test_cluster::netpol`.
+    pub kube_router: Identity,
     /// The admin's kubeconfig (what `kubectl` and the tests use).
     pub kubeconfig: PathBuf,
     /// Dropped last to first: the scheduler and the controllers before the API server,
@@ -124,8 +127,10 @@ impl ControlPlane {
         let controllers = Identity::new("system:kube-controller-manager", &[]);
         let scheduler = Identity::new("system:kube-scheduler", &[]);
         let kube_proxy = Identity::new("system:kube-proxy", &[]);
+        let kube_router = Identity::new("system:kube-router", &[]);
         let node_ids: Vec<(String, Identity)> = nodes.iter().map(|n| (n.clone(), Identity::node(n))).collect();
-        let mut identities = vec![admin.clone(), controllers.clone(), scheduler.clone(), kube_proxy.clone()];
+        let mut identities =
+            vec![admin.clone(), controllers.clone(), scheduler.clone(), kube_proxy.clone(), kube_router.clone()];
         identities.extend(node_ids.iter().map(|(_, id)| id.clone()));
         let ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP), IpAddr::V4(real.advertise)];
         let kubelets: Vec<(String, IpAddr)> =
@@ -139,6 +144,7 @@ impl ControlPlane {
             admin,
             nodes: node_ids,
             kube_proxy,
+            kube_router,
             kubeconfig: dir.join("admin.kubeconfig"),
             daemons: Vec::new(),
             args: Default::default(),

@@ -218,6 +218,32 @@ conntrack:
     )
 }
 
+/// kube-router's arguments: the NetworkPolicy firewall alone (iptables and ipsets in the
+/// node's network namespace). Its BGP router and IPVS service proxy stay off: the CNI
+/// bridge and the router route pods, kube-proxy serves Services, and both parts carry
+/// v2.1.0's published advisories (GHSA-v5mh-h5hx-7v92, GHSA-phqm-jgc3-qf8g). Policies
+/// apply on events; the periodic full sync is a backstop.
+pub fn kube_router_args(f: &NodeFacts, kubeconfig: &Path) -> Vec<String> {
+    [
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--run-loadbalancer=false",
+        "--enable-ipv6=false",
+        "--metrics-port=0",
+        "--iptables-sync-period=1m",
+        "--v=1",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([
+        format!("--kubeconfig={}", p(kubeconfig)),
+        format!("--hostname-override={}", f.name),
+        format!("--service-cluster-ip-range={}", crate::control_plane::SERVICE_RANGE),
+    ])
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +307,17 @@ mod tests {
         assert_eq!(doc["cpuManagerPolicyOptions"]["strict-cpu-reservation"], "true");
         assert_eq!(doc["protectKernelDefaults"], false);
         assert_eq!(doc["podLogsDir"], "/c/nodes/node-1/pod-logs");
+    }
+
+    #[test]
+    fn kube_router_runs_only_its_firewall() {
+        let args = kube_router_args(&facts(), Path::new("/kr"));
+        for off in ["--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false"] {
+            assert!(args.iter().any(|a| a == off), "{off} missing from {args:?}");
+        }
+        assert!(args.iter().any(|a| a == "--run-firewall=true"));
+        assert!(args.iter().any(|a| a == "--hostname-override=node-1"), "{args:?}");
+        assert!(args.iter().any(|a| a == "--kubeconfig=/kr"), "{args:?}");
     }
 
     #[test]

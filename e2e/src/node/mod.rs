@@ -169,8 +169,9 @@ pub struct RealNode {
     pub facts: NodeFacts,
     pub net: NodeNetwork,
     pub cpus: Vec<usize>,
-    // Dropped by `Drop` in order: kube-proxy, the kubelet, the pods, containerd, the
-    // mount namespace, the cgroup.
+    // Dropped by `Drop` in order: kube-router, kube-proxy, the kubelet, the pods,
+    // containerd, the mount namespace, the cgroup.
+    pub kube_router: Option<Daemon>,
     pub kube_proxy: Option<Daemon>,
     pub kubelet: Option<Daemon>,
     pub containerd: Option<Daemon>,
@@ -202,6 +203,7 @@ impl RealNode {
             facts,
             net: s.net,
             cpus: s.cpus,
+            kube_router: None,
             kube_proxy: None,
             kubelet: None,
             containerd: None,
@@ -302,6 +304,18 @@ impl RealNode {
         Ok(())
     }
 
+    /// Starts kube-router, the node's NetworkPolicy enforcer; it reads its Node, so after
+    /// the kubelet registered it.
+    pub fn start_kube_router(&mut self, cp: &ControlPlane) -> Result<(), Error> {
+        let f = &self.facts;
+        let kubeconfig = f.dir.join("kube-router.kubeconfig");
+        cp.write_kubeconfig(&kubeconfig, &router_server(cp), &cp.kube_router.user, &cp.kube_router.token)?;
+        let mut cmd = self.daemon_command("kube-router")?;
+        cmd.args(config::kube_router_args(f, &kubeconfig));
+        self.kube_router = Some(Daemon::spawn("kube-router", cmd, &f.dir.join("kube-router.log"))?);
+        Ok(())
+    }
+
     /// SIGKILLs the kubelet, as a crash: the pods run on, and nothing reports them.
     pub fn kill_kubelet(&mut self) {
         if let Some(d) = self.kubelet.as_mut() {
@@ -310,10 +324,11 @@ impl RealNode {
     }
 
     /// Loses the node as a power failure does, its link already down: the kubelet,
-    /// kube-proxy and containerd SIGKILLed, then every process left in the node's cgroups
+    /// kube-proxy, kube-router and containerd SIGKILLed, then every process left in the node's cgroups
     /// (the shims and the pods' containers).
     pub fn power_off(&mut self) {
-        for d in [&mut self.kubelet, &mut self.kube_proxy, &mut self.containerd].into_iter().flatten() {
+        let daemons = [&mut self.kubelet, &mut self.kube_proxy, &mut self.kube_router, &mut self.containerd];
+        for d in daemons.into_iter().flatten() {
             d.kill();
         }
         if let Some(cgroup) = &self.cgroup {
@@ -337,7 +352,7 @@ impl RealNode {
 
     /// The ends of the node's daemons' logs, for failure messages.
     pub fn log_tails(&self, lines: usize) -> String {
-        [&self.kubelet, &self.containerd, &self.kube_proxy]
+        [&self.kubelet, &self.containerd, &self.kube_proxy, &self.kube_router]
             .into_iter()
             .flatten()
             .map(|d| format!("--- {} {}:\n{}", self.facts.name, d.name, d.log_tail(lines)))
@@ -353,6 +368,7 @@ pub fn router_server(cp: &ControlPlane) -> String {
 
 impl Drop for RealNode {
     fn drop(&mut self) {
+        self.kube_router.take();
         self.kube_proxy.take();
         self.kubelet.take();
         if self.containerd.as_mut().is_some_and(|d| d.exited().is_none()) {

@@ -1,7 +1,7 @@
 //! A whole test cluster on this machine: the real control plane, real nodes (the
-//! kubelet, containerd, runc, kube-proxy) on a routed network, CoreDNS, and the volume
-//! provisioner. Dropping it stops everything and deletes its network namespaces, and
-//! its directory unless the test failed.
+//! kubelet, containerd, runc, kube-proxy, kube-router) on a routed network, CoreDNS, and
+//! the volume provisioner. Dropping it stops everything and deletes its network
+//! namespaces, and its directory unless the test failed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +13,7 @@ use crate::network::ClusterNetwork;
 use crate::network::relay::{self, Relay};
 
 mod dns;
+mod netpol;
 mod nodes;
 mod pods;
 mod start;

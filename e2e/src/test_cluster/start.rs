@@ -1,12 +1,12 @@
 //! Starting a test cluster ([`crate::node`]): the routed node network, the API server
-//! reaching the kubelets through its egress proxy, a kubelet, containerd and kube-proxy
-//! per node, and CoreDNS.
+//! reaching the kubelets through its egress proxy, a kubelet, containerd, kube-proxy and
+//! kube-router (NetworkPolicy) per node, and CoreDNS.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Options, TestCluster, controllers_runtime, dns, fresh_dir};
+use super::{Options, TestCluster, controllers_runtime, dns, fresh_dir, netpol};
 use crate::control_plane::{self, ControlPlane, Error, RealNodes, wait_until};
 use crate::cpus;
 use crate::mounts::SharedMount;
@@ -123,6 +123,13 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
     }
     if cluster.options.gpus > 0 {
         cluster.advertise_gpus().await?;
+    }
+    cluster.kubectl_in(&["apply", "-f", "-"], netpol::RBAC).map_err(setup)?;
+    for node in &mut cluster.nodes {
+        node.start_kube_router(&cluster.cp)?;
+    }
+    for node in &cluster.nodes {
+        netpol::wait_enforcing(node).await?;
     }
     cluster
         .kubectl_in(&["apply", "-f", "-"], &dns::manifests(&catalogue["coredns"].reference, cluster.options.nodes))

@@ -1,14 +1,15 @@
 //! The operator against the real control plane: kube-apiserver, etcd, the controller
 //! manager (job, garbage collector, endpointslice, PV binder, node lifecycle, ...) and the
 //! scheduler, built from source (scripts/setup-control-plane.sh), and real nodes (the
-//! kubelet, containerd, runc, kube-proxy and CoreDNS: scripts/setup-node.sh) running our
-//! images (scripts/setup-images.sh). Needs root (namespaces, cgroups, the kubelet);
-//! fails loudly without it.
+//! kubelet, containerd, runc, kube-proxy, kube-router and CoreDNS:
+//! scripts/setup-node.sh) running our images (scripts/setup-images.sh). Needs root
+//! (namespaces, cgroups, the kubelet); fails loudly without it.
 //!
 //! Each test starts its own cluster; two run at a time (`PT_REAL_CLUSTERS`): most of a
 //! test is waiting for controllers, leases and grace periods, which the other overlaps.
 
 mod harness;
+mod probe;
 mod scenario;
 
 mod alerts;

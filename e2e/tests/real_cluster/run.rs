@@ -4,13 +4,16 @@
 //! rendezvousing through CoreDNS's names, carried to Succeeded by the real Job
 //! controller, scheduler and EndpointSlice controller; deleting it collects its children
 //! through owner references. `kubectl port-forward` reaches the operator's metrics
-//! through the kubelet.
+//! through the kubelet, and the chart's NetworkPolicies are enforced.
 
 use std::time::Duration;
 
+use crds::contract::{RENDEZVOUS_PORT, STATUS_PORT};
+use e2e::test_cluster::TestCluster;
 use serde_yaml_ng::Value;
 
 use crate::harness::*;
+use crate::probe::{self, Probe};
 
 #[tokio::test]
 async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
@@ -68,6 +71,8 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         assert_eq!(metrics.contains("trainingrun_phase{"), leads, "{pod}'s metrics (leader {leader}):\n{metrics}");
     }
 
+    network_policies_hold(&c, &leader);
+
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 
     let field = |p: &str| run_field(&c, "ml", "tiny-cluster", p);
@@ -122,6 +127,41 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     poll(&c, "ml", "the run's pods collected", Duration::from_secs(60), || {
         let left = c.kubectl_out(&["-n", "ml", "get", "pods", "-o", "name"])?;
         if left.trim().is_empty() { Ok(()) } else { Err(left) }
+    });
+}
+
+/// The chart's NetworkPolicy and the run's, enforced by kube-router on each node, both
+/// ways: a pod of the run's namespace that is not one of its ranks reaches neither rank
+/// 0's rendezvous port nor its status port, but does reach the operator's metrics
+/// (open to scrapers); rank 1 reaches both of rank 0's ports, and the operator, from
+/// its own namespace, goes on reading rank 0's `/status`.
+fn network_policies_hold(c: &TestCluster, leader: &str) {
+    let rank = |index: u32| {
+        let selector = format!("job-name=tiny-cluster-a1,batch.kubernetes.io/job-completion-index={index}");
+        let name =
+            kubectl(c, &["-n", "ml", "get", "pods", "-l", &selector, "-o", "jsonpath={.items[0].metadata.name}"]);
+        let ip = c.pod_ip("ml", &name).unwrap_or_else(|e| panic!("rank {index}'s address: {e}"));
+        (name, ip)
+    };
+    let ((_, rank0), (rank1, _)) = (rank(0), rank(1));
+    let operator = c.pod_ip(OPERATOR_NS, leader).expect("the operator's address");
+    let outsider = Probe::start(c, "ml", "outsider");
+    // The policy applies once kube-router has seen the run's pods: wait for that event
+    // in the data path itself.
+    poll(c, "ml", "rank 0's rendezvous port closed to a pod outside the run", Duration::from_secs(60), || {
+        if outsider.reaches(rank0, RENDEZVOUS_PORT) { Err("the outsider connects".into()) } else { Ok(()) }
+    });
+    assert!(!outsider.reaches(rank0, STATUS_PORT), "a pod outside the run reached rank 0's status port");
+    assert!(outsider.reaches(operator, OPERATOR_METRICS_PORT), "the outsider could not reach the operator's metrics");
+    for port in [RENDEZVOUS_PORT, STATUS_PORT] {
+        assert!(probe::reaches(c, "ml", &rank1, rank0, port), "rank 1 could not reach rank 0 on {port}");
+    }
+    drop(outsider);
+    let step = || run_field(c, "ml", "tiny-cluster", "{.status.progress.step}").parse::<u64>().unwrap_or(0);
+    let seen = step();
+    poll(c, "ml", "the operator reading rank 0's /status", Duration::from_secs(120), || {
+        let now = step();
+        if now > seen { Ok(()) } else { Err(format!("step {now}, {seen} before the probes")) }
     });
 }
 
