@@ -43,9 +43,14 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
     assert!(cluster_roles.contains("clusterrole.rbac.authorization.k8s.io/trainingrun-operator"), "{cluster_roles}");
 
     namespace(&c, "ml").await;
+    // A pod of the run's namespace that is none of its ranks, ready before the run starts.
+    let outsider = Probe::start(&c, "ml", "outsider");
     let run = tiny_cluster("tiny-cluster", |d| {
         d["spec"]["topology"]["nodes"] = Value::from(2);
         d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
+        // At least 30 s of steps (122 of them): the ranks still listen while the
+        // NetworkPolicy probes below run.
+        d["spec"]["env"] = serde_yaml_ng::from_str("[{name: TRAINER_INJECT_SLOW_STEP_MS, value: '250'}]").unwrap();
     });
     let applied = std::time::Instant::now();
     apply(&c, "ml", &run);
@@ -71,7 +76,7 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         assert_eq!(metrics.contains("trainingrun_phase{"), leads, "{pod}'s metrics (leader {leader}):\n{metrics}");
     }
 
-    network_policies_hold(&c, &leader);
+    network_policies_hold(&c, &leader, outsider);
 
     wait_for(&c, "ml", "trainingrun/tiny-cluster", "condition=Succeeded", Duration::from_secs(600));
 
@@ -131,11 +136,12 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
 }
 
 /// The chart's NetworkPolicy and the run's, enforced by kube-router on each node, both
-/// ways: a pod of the run's namespace that is not one of its ranks reaches neither rank
-/// 0's rendezvous port nor its status port, but does reach the operator's metrics
-/// (open to scrapers); rank 1 reaches both of rank 0's ports, and the operator, from
-/// its own namespace, goes on reading rank 0's `/status`.
-fn network_policies_hold(c: &TestCluster, leader: &str) {
+/// ways: `outsider`, a pod of the run's namespace that is none of its ranks, reaches
+/// neither rank 0's rendezvous port nor its status port, but does reach the operator's
+/// metrics (open to scrapers); rank 1 reaches both of rank 0's ports before and after
+/// (they are listening all along), and the operator, from its own namespace, goes on
+/// reading rank 0's `/status`.
+fn network_policies_hold(c: &TestCluster, leader: &str, outsider: Probe) {
     let rank = |index: u32| {
         let selector = format!("job-name=tiny-cluster-a1,batch.kubernetes.io/job-completion-index={index}");
         let name =
@@ -145,7 +151,12 @@ fn network_policies_hold(c: &TestCluster, leader: &str) {
     };
     let ((_, rank0), (rank1, _)) = (rank(0), rank(1));
     let operator = c.pod_ip(OPERATOR_NS, leader).expect("the operator's address");
-    let outsider = Probe::start(c, "ml", "outsider");
+    let peers_connect = |when: &str| {
+        for port in [RENDEZVOUS_PORT, STATUS_PORT] {
+            assert!(probe::reaches(c, "ml", &rank1, rank0, port), "{when}: rank 1 could not reach rank 0 on {port}");
+        }
+    };
+    peers_connect("before the probes");
     // The policy applies once kube-router has seen the run's pods: wait for that event
     // in the data path itself.
     poll(c, "ml", "rank 0's rendezvous port closed to a pod outside the run", Duration::from_secs(60), || {
@@ -153,9 +164,7 @@ fn network_policies_hold(c: &TestCluster, leader: &str) {
     });
     assert!(!outsider.reaches(rank0, STATUS_PORT), "a pod outside the run reached rank 0's status port");
     assert!(outsider.reaches(operator, OPERATOR_METRICS_PORT), "the outsider could not reach the operator's metrics");
-    for port in [RENDEZVOUS_PORT, STATUS_PORT] {
-        assert!(probe::reaches(c, "ml", &rank1, rank0, port), "rank 1 could not reach rank 0 on {port}");
-    }
+    peers_connect("after the probes");
     drop(outsider);
     let step = || run_field(c, "ml", "tiny-cluster", "{.status.progress.step}").parse::<u64>().unwrap_or(0);
     let seen = step();
