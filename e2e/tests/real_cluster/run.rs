@@ -186,6 +186,9 @@ async fn ranks_orphaned_by_their_job_are_deleted_under_the_charts_rbac() {
     namespace(&c, "ml").await;
     let run = tiny_cluster("orphans", |d| {
         d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
+        // About 49 steps on one rank: time to orphan it mid-run, without a million tokens
+        // more after (the example's budget took this test 4 minutes).
+        d["spec"]["tokens"] = Value::from("400K");
     });
     apply(&c, "ml", &run);
     poll(&c, "ml", "a first step", Duration::from_secs(300), || {
