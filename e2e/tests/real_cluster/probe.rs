@@ -28,8 +28,8 @@ pub fn reaches(c: &TestCluster, ns: &str, pod: &str, ip: IpAddr, port: u16) -> b
 /// A pod of the trainer image in `ns` that belongs to no run: it idles until deleted.
 pub struct Probe<'a> {
     c: &'a TestCluster,
-    pub ns: String,
-    pub name: String,
+    ns: String,
+    name: String,
 }
 
 impl<'a> Probe<'a> {
