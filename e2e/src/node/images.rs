@@ -73,6 +73,18 @@ pub fn import(bin: &Path, socket: &Path, images: &BTreeMap<String, Image>) -> Re
     Ok(imported)
 }
 
+/// A synchronous garbage collection (through a lease deleted with `--sync`): the layer
+/// blobs an import let go (`--discard-unpacked-layers`) are deleted now, not at the
+/// store's next start.
+pub fn collect_garbage(bin: &Path, socket: &Path) -> Result<(), Error> {
+    let mut create = ctr(bin, socket);
+    create.args(["leases", "create"]);
+    let lease = run(create, "ctr leases create")?;
+    let mut delete = ctr(bin, socket);
+    delete.args(["leases", "delete", "--sync", lease.trim()]);
+    run(delete, "ctr leases delete --sync").map(|_| ())
+}
+
 /// The repository of `repo:tag` (a registry's port is not a tag).
 fn repository(reference: &str) -> &str {
     match reference.rsplit_once(':') {

@@ -15,6 +15,7 @@
 pub mod cgroups;
 pub mod config;
 pub mod images;
+pub mod seed;
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -188,16 +189,22 @@ pub struct NodeStart<'a> {
     pub cpus: Vec<usize>,
     pub cluster: &'a str,
     pub images: &'a BTreeMap<String, images::Image>,
+    /// The store the slot is a copy of ([`seed::seed`]).
+    pub seed: &'a Path,
 }
 
 impl RealNode {
-    /// Starts containerd, imports the images, then the kubelet and kube-proxy.
+    /// Fills its slot from the seed, starts containerd, pins the images (importing any
+    /// the store lacks), then starts the kubelet and kube-proxy.
     pub async fn start(facts: NodeFacts, s: NodeStart<'_>) -> Result<RealNode, Error> {
         for dir in [&facts.dir, &facts.run_dir] {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let cpus = (!s.cpus.is_empty()).then(|| cgroups::cpu_list(&s.cpus));
         let cgroup = NodeCgroup::create(s.cluster, &facts.name, cpus.as_deref())?;
+        if seed::fill_slot(&facts.containerd_root, s.seed)? {
+            tracing::info!("{}: slot {} copied from {}", facts.name, s.slot.number, s.seed.display());
+        }
         let holder = start_holder(&facts.dir)?;
         let mut node = RealNode {
             facts,

@@ -94,6 +94,7 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
         client,
         options,
     };
+    let seed = node::seed::seed(&bin, &images_dir, &catalogue)?;
     let slots = node::slots_root();
     let host = cpus::host_cpus();
     for (i, net) in node_nets.into_iter().enumerate() {
@@ -112,7 +113,7 @@ async fn start(dir: PathBuf, prefix: String, number: usize, options: Options) ->
         };
         let cpus = cpus::node_share(&host, cluster.options.nodes, number, i);
         let facts = NodeFacts { reserved_cpus: reserved_cpus(&host, &cpus), ..facts };
-        let start = NodeStart { cp: &cluster.cp, net, slot, cpus, cluster: &prefix, images: &catalogue };
+        let start = NodeStart { cp: &cluster.cp, net, slot, cpus, cluster: &prefix, images: &catalogue, seed: &seed };
         let node = RealNode::start(facts, start).await?;
         cluster.nodes.push(node);
     }
