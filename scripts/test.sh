@@ -28,15 +28,17 @@ export LIBTORCH
 # trainer binaries, so they are built first.
 build_log="$(mktemp)"
 control_plane_log="$(mktemp)"
-# The trainer's tests are built on their own, with the feature set `make demo` builds the
-# trainer with, so they reuse its ~375 dependencies; built with the operator, Cargo would
-# unify their features (tokio, hyper, rustls, kube) and compile a second copy of each.
+# Every test build has one feature resolution: Cargo resolves features per invocation,
+# from the packages it selects, so each invocation below selects the whole workspace
+# with the same features (`tests`) and every dependency is built once. (Built apart, the
+# trainer's tests and the operator's would unify tokio, hyper, serde and the rest
+# differently and compile ~220 of them twice.) Building the trainer's integration tests
+# builds its binary (target/debug/trainer), which the real-cluster suite's image runs;
+# it honours the TRAINER_INJECT_* drills (`fault-injection`), a release build does not.
 # The static operator (operator/Dockerfile's binary) is the real nodes' operator image.
-# The tests' trainer honours the TRAINER_INJECT_* drills (`fault-injection`); a release
-# build does not.
-{ cargo build --locked -p trainer --features fault-injection &&
-  cargo test -p trainer --locked --features fault-injection --no-run &&
-  cargo test --workspace --exclude trainer --locked --no-run &&
+tests=(--workspace --locked --features trainer/fault-injection)
+{ cargo test "${tests[@]}" --no-run &&
+  cargo test "${tests[@]}" --test real_cluster --no-run &&
   scripts/build-operator-static.sh > "$build_log.operator"; } > "$build_log" 2>&1 &
 build=$!
 { scripts/setup-control-plane.sh > "$control_plane_log.bin" &&
@@ -70,8 +72,17 @@ PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
 PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
 PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
 export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
-cargo test -p trainer --locked --features fault-injection
-cargo test --workspace --exclude trainer --locked
+# The real-cluster suite (about 14 minutes, three clusters at a time, much of it spent
+# waiting on controllers, leases, grace periods and paced steps) runs beside every other
+# test and the checks below, which take the cores the clusters leave idle. Cargo holds
+# the target directory only while it builds, so the two runs do not wait for each other.
+suite_log="$(mktemp)"
+clusters="${PT_REAL_CLUSTERS:-3}"
+PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS="$clusters" \
+  cargo test "${tests[@]}" --test real_cluster > "$suite_log" 2>&1 &
+suite=$!
+trap 'kill "$build" "$control_plane" "$suite" 2>/dev/null || true; rm -f "$build_log" "$build_log".* "$control_plane_log" "$control_plane_log".* "$suite_log"' EXIT
+cargo test "${tests[@]}"
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
@@ -80,7 +91,7 @@ cargo test --workspace --exclude trainer --locked
 # make bench at toy sizes: every row still runs against its peer, the compile peer
 # compiles, and the sampler's greedy outputs still equal Hugging Face's.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" \
-  OPERATOR_BENCH="OPERATOR_BIN=$CARGO_TARGET_DIR/debug/operator cargo test -q --locked --workspace --exclude trainer --bench operator" \
+  OPERATOR_BENCH="OPERATOR_BIN=$CARGO_TARGET_DIR/debug/operator cargo test -q ${tests[*]} --bench operator" \
   bench/suite.sh --smoke >/dev/null
 # bench/gpu.sh (issue 10's GPU job) on CPU: a dry run and its micro-batch search and failures.
 TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gpu-test.sh
@@ -89,3 +100,10 @@ TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gp
 "$PT_VENV_CPU/bin/python" scripts/check-chart.py
 promtool check rules charts/trainingrun-operator/files/alerts.yaml
 promtool test rules charts/trainingrun-operator/files/alerts_test.yaml
+echo "waiting for the real-cluster suite" >&2
+if ! wait "$suite"; then
+  cat "$suite_log"
+  echo "the real-cluster suite (cargo test ${tests[*]} --test real_cluster) failed (above)" >&2
+  exit 1
+fi
+cat "$suite_log"

@@ -76,6 +76,8 @@ fn request_error(url: &str, e: reqwest::Error) -> Error {
 
 impl Https {
     pub fn new() -> Result<Https, Error> {
+        // reqwest's rustls has no crypto of its own here: ring, the process's default.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::blocking::Client::builder()
             .user_agent(concat!("puretransformer-trainer/", env!("CARGO_PKG_VERSION")))
             .https_only(true)

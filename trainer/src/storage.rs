@@ -17,6 +17,7 @@ use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumVal
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_smithy_http_client::tls;
 use crds::config::{ResolvedS3, RunConfig};
 
 use crate::{Error, io_err};
@@ -145,7 +146,10 @@ impl S3 {
             .thread_name("s3")
             .build()
             .map_err(|e| Error::Io { path: "S3 runtime".into(), source: e })?;
-        let shared = rt.block_on(aws_config::defaults(aws_config::BehaviorVersion::latest()).load());
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        let shared = rt.block_on(aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).load());
         let custom_endpoint = o.endpoint.is_some()
             || ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].iter().any(|v| std::env::var_os(v).is_some());
         let mut config = aws_sdk_s3::config::Builder::from(&shared)

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use e2e::test_cluster::{Options, TestCluster};
 
-/// How many clusters may run at once: `PT_REAL_CLUSTERS`, 2 unless set. A test spends
-/// most of its time waiting for controllers, leases and grace periods, which two
-/// clusters overlap; the training in them shares the cores.
+/// How many clusters may run at once: `PT_REAL_CLUSTERS`, 3 unless set (libtest runs
+/// as many tests at once as it has threads, the machine's CPUs unless
+/// `--test-threads` or `RUST_TEST_THREADS` says more). A test spends most of its time
+/// waiting for controllers, leases and grace periods, which three clusters overlap;
+/// the training in them shares the cores.
 pub const CLUSTERS_ENV: &str = "PT_REAL_CLUSTERS";
 
 /// A place for one cluster, held for the whole test (see [`CLUSTERS_ENV`]).
@@ -22,7 +24,7 @@ pub async fn cluster_slot() -> tokio::sync::SemaphorePermit<'static> {
                 .ok()
                 .filter(|&n| n > 0)
                 .unwrap_or_else(|| panic!("{CLUSTERS_ENV}={v:?}: expected a number of clusters, 1 or more")),
-            Err(_) => 2,
+            Err(_) => 3,
         };
         tokio::sync::Semaphore::new(n)
     });

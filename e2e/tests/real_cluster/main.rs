@@ -5,8 +5,9 @@
 //! scripts/setup-node.sh) running our images (scripts/setup-images.sh). Needs root
 //! (namespaces, cgroups, the kubelet); fails loudly without it.
 //!
-//! Each test starts its own cluster; two run at a time (`PT_REAL_CLUSTERS`): most of a
-//! test is waiting for controllers, leases and grace periods, which the other overlaps.
+//! Each test starts its own cluster; three run at a time (`PT_REAL_CLUSTERS`, with as
+//! many test threads: `-- --test-threads 3`): most of a test is waiting for
+//! controllers, leases and grace periods, which the others overlap.
 
 mod harness;
 mod probe;

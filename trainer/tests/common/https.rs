@@ -40,7 +40,7 @@ pub fn serve(root: &Path, pki: &Path) -> Server {
     let key = KeyPair::generate().unwrap();
     let cert =
         CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap().signed_by(&key, &ca).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
