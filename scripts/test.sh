@@ -72,21 +72,11 @@ PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
 PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
 PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
 export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
-# The real-cluster suite (about 14 minutes, three clusters at a time, much of it spent
-# waiting on controllers, leases, grace periods and paced steps) runs beside every other
-# test and the checks below, which take the cores the clusters leave idle: they run at
-# the lowest priority (nice 19), so the suite's kubelets, API servers and trainers keep
-# the cores they need (run at the same priority, the load reached 25 and timed drills
-# failed). Cargo holds the target directory only while it builds, so the two runs do not
-# wait for each other.
-suite_log="$(mktemp)"
-clusters="${PT_REAL_CLUSTERS:-3}"
-PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS="$clusters" \
-  cargo test "${tests[@]}" --test real_cluster > "$suite_log" 2>&1 &
-suite=$!
-trap 'kill "$build" "$control_plane" "$suite" 2>/dev/null || true; rm -f "$build_log" "$build_log".* "$control_plane_log" "$control_plane_log".* "$suite_log"' EXIT
-renice -n 19 -p $$ > /dev/null
 cargo test "${tests[@]}"
+# The real-cluster suite: three clusters at a time (about 14 minutes, much of it spent
+# waiting on controllers, leases, grace periods and paced steps).
+clusters="${PT_REAL_CLUSTERS:-3}"
+PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS="$clusters" cargo test "${tests[@]}" --test real_cluster
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py
@@ -104,10 +94,3 @@ TRAINER="$CARGO_TARGET_DIR/debug/trainer" PYTHON="$TRAINER_TEST_PYTHON" bench/gp
 "$PT_VENV_CPU/bin/python" scripts/check-chart.py
 promtool check rules charts/trainingrun-operator/files/alerts.yaml
 promtool test rules charts/trainingrun-operator/files/alerts_test.yaml
-echo "waiting for the real-cluster suite" >&2
-if ! wait "$suite"; then
-  cat "$suite_log"
-  echo "the real-cluster suite (cargo test ${tests[*]} --test real_cluster) failed (above)" >&2
-  exit 1
-fi
-cat "$suite_log"
