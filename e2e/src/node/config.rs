@@ -13,6 +13,9 @@ pub const NODE_LEASE: std::time::Duration = std::time::Duration::from_secs(40);
 /// How often the kubelet renews its node's Lease.
 pub const LEASE_RENEW: std::time::Duration = std::time::Duration::from_secs(NODE_LEASE.as_secs() / 4);
 
+/// Where the nodes' sockets and kubelet roots live: a short path, for Unix sockets.
+pub const SHORT_ROOT: &str = "/var/lib/pt-e2e";
+
 /// What the files of node `name` are made from.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {

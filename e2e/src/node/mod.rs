@@ -29,7 +29,7 @@ use crate::control_plane::process::Daemon;
 use crate::control_plane::{ControlPlane, Error, wait_until};
 use crate::network::nodes::NodeNetwork;
 use cgroups::NodeCgroup;
-pub use config::NodeFacts;
+pub use config::{NodeFacts, SHORT_ROOT};
 
 /// The kernel tunables the kubelet sets at start (`setupKernelTunables`), which the
 /// node's mount namespace turns into plain files.
@@ -41,9 +41,6 @@ pub const KUBELET_TUNABLES: [&str; 6] = [
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 ];
-
-/// Where the nodes' sockets and kubelet roots live: a short path, for Unix sockets.
-pub const SHORT_ROOT: &str = "/var/lib/pt-e2e";
 
 /// What test processes that died before their clean-up left of their real nodes: the
 /// short-path directories and the cgroups of clusters `pt<pid>-<n>` whose process is

@@ -94,7 +94,7 @@ fn newest_other_seed(images_dir: &Path) -> Option<PathBuf> {
 /// Runs a containerd on store `root` (its state under `work`) just long enough to import
 /// the images, in a mount namespace of its own so that no unpacking mount outlives it.
 fn import_into(bin: &Path, work: &Path, root: &Path, catalogue: &BTreeMap<String, Image>) -> Result<(), Error> {
-    let run_dir = PathBuf::from(super::SHORT_ROOT).join(format!("pt{}-seed", std::process::id()));
+    let run_dir = PathBuf::from(config::SHORT_ROOT).join(format!("pt{}-seed", std::process::id()));
     let facts = NodeFacts {
         name: "seed".into(),
         index: 0,
