@@ -1,11 +1,14 @@
 # The two set-up commands of the README; both install what they need.
-.PHONY: demo test crds cuda-build check-image fuzz ci bench bench-operator bench-control-plane bench-recovery e2e-kind
+.PHONY: demo test lint crds cuda-build check-image fuzz ci bench bench-operator bench-control-plane bench-recovery e2e-kind
 
 demo: ## the main job: local pretraining then GRPO on the embedded corpus
 	scripts/demo.sh
 
 test: ## every test: Rust unit/integration tests, CRD freshness, schema validation
 	scripts/test.sh
+
+lint: ## clippy on every target, warnings denied, as CI runs it (its own target directory)
+	scripts/lint.sh
 
 FUZZ_CASES ?= 20000
 fuzz: ## the property tests of every parser, with FUZZ_CASES cases each (make test runs a few hundred)

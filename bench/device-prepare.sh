@@ -30,12 +30,13 @@ if [ ! -f .device/prepare-corpus.tar.xz ] || [ ! -f .device/prepare-tokenizer.js
 fi
 # The library's unit tests built with --features cuda, for the GPU-only ones
 # (ffi::varlen's varlen flash attention against SDPA per document).
-scripts/cargo-cuda.sh test -p trainer --features cuda --release --locked --lib --no-run \
+# The workspace, as scripts/build-cuda.sh selects it, so the two share one feature resolution.
+scripts/cargo-cuda.sh test --workspace --features trainer/cuda --release --locked --lib --no-run \
   --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"] and m["target"]["name"] == "trainer":
         print(m["executable"])' > /tmp/trainer-tests-path
 strip -o /tmp/trainer-tests "$(cat /tmp/trainer-tests-path)"
 xz -T2 -6 -c /tmp/trainer-tests > .device/trainer-tests.xz

@@ -6,9 +6,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
 scripts/setup-debian.sh
-# The same target directory as the CPU build: the ~400 dependencies are shared, and
-# torch-sys, tch and the trainer have a CUDA copy of their own (scripts/cargo-cuda.sh).
-scripts/cargo-cuda.sh build -p trainer --features cuda --locked "$@" >&2
+# The same target directory and the same feature resolution as `make test`'s build
+# (scripts/test.sh): the ~400 dependencies are shared, and torch-sys, tch and the
+# trainer have a CUDA copy of their own (scripts/cargo-cuda.sh). Cargo resolves features
+# from the packages an invocation selects, with dev-dependencies only when it builds a
+# test target: `-p trainer`, or the binary alone, would enable different features in ~20
+# shared packages (chrono, kube, ...) and compile their ~200 dependents again (~5 min on
+# 2 cores). So this selects the workspace and one small test target of the trainer's.
+scripts/cargo-cuda.sh build --workspace --features trainer/cuda --bin trainer --test libtorch --locked "$@" >&2
 profile=debug
 for a in "$@"; do [ "$a" = --release ] && profile=release; done
 bin="$CARGO_TARGET_DIR/$profile/trainer"

@@ -7,7 +7,7 @@
 # torch-sys's own gives the CUDA builds their own torch-sys unit (cargo keys a unit by its
 # profile), so both stay compiled and switching costs a relink. The value itself does not
 # matter; it only has to differ from the CPU builds'.
-#   scripts/cargo-cuda.sh build -p trainer --features cuda
+#   scripts/cargo-cuda.sh test --workspace --features trainer/cuda --lib
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh

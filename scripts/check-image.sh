@@ -287,7 +287,7 @@ if [ -z "$binary" ]; then
   else
     # One target directory for both builds: this relinks the trainer against the CPU
     # libtorch (and the next --features cuda build relinks it back).
-    LIBTORCH="$(scripts/setup-libtorch.sh cpu)" cargo build -q -p trainer --locked >&2
+    LIBTORCH="$(scripts/setup-libtorch.sh cpu)" cargo build -q --workspace --bin trainer --test libtorch --locked >&2
     binary="$CARGO_TARGET_DIR/debug/trainer"
   fi
 fi

@@ -55,7 +55,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
 struct Monitored {
     c: TestCluster,
     prom: Prometheus,
-    _slot: tokio::sync::SemaphorePermit<'static>,
+    _slot: ClusterSlot,
 }
 
 /// A 2-node cluster, the chart installed with its operator running as its pod, and

@@ -1,4 +1,4 @@
-//! What every real-cluster test shares: a slot for its cluster, the binaries, waits that
+//! What every real-cluster test shares: a place for its cluster (`slots`), the binaries, waits that
 //! print the cluster when they time out.
 
 use std::path::{Path, PathBuf};
@@ -7,29 +7,7 @@ use std::time::Duration;
 
 use e2e::test_cluster::{Options, TestCluster};
 
-/// How many clusters may run at once: `PT_REAL_CLUSTERS`, 3 unless set (libtest runs
-/// as many tests at once as it has threads, the machine's CPUs unless
-/// `--test-threads` or `RUST_TEST_THREADS` says more). A test spends most of its time
-/// waiting for controllers, leases and grace periods, which three clusters overlap;
-/// the training in them shares the cores.
-pub const CLUSTERS_ENV: &str = "PT_REAL_CLUSTERS";
-
-/// A place for one cluster, held for the whole test (see [`CLUSTERS_ENV`]).
-pub async fn cluster_slot() -> tokio::sync::SemaphorePermit<'static> {
-    static SLOTS: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
-    let slots = SLOTS.get_or_init(|| {
-        let n = match std::env::var(CLUSTERS_ENV) {
-            Ok(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .unwrap_or_else(|| panic!("{CLUSTERS_ENV}={v:?}: expected a number of clusters, 1 or more")),
-            Err(_) => 3,
-        };
-        tokio::sync::Semaphore::new(n)
-    });
-    slots.acquire().await.expect("the cluster slots are never closed")
-}
+pub use crate::slots::{ClusterSlot, cluster_slot};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -5,13 +5,15 @@
 //! scripts/setup-node.sh) running our images (scripts/setup-images.sh). Needs root
 //! (namespaces, cgroups, the kubelet); fails loudly without it.
 //!
-//! Each test starts its own cluster; three run at a time (`PT_REAL_CLUSTERS`, with as
-//! many test threads: `-- --test-threads 3`): most of a test is waiting for
-//! controllers, leases and grace periods, which the others overlap.
+//! Each test starts its own cluster; three run at a time (`PT_REAL_CLUSTERS`), the
+//! longest first when libtest starts every test at once (`make test` gives it a thread
+//! for each: `slots`): most of a test is waiting for controllers, leases and grace
+//! periods, which the others overlap.
 
 mod harness;
 mod probe;
 mod scenario;
+mod slots;
 
 mod alerts;
 mod containers;

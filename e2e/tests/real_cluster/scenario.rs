@@ -46,7 +46,7 @@ pub struct Scenario {
     recorder: tokio::task::JoinHandle<()>,
     /// Each run's checkpoint claim's directory, once bound (it outlives the claim).
     claims: Mutex<BTreeMap<String, PathBuf>>,
-    _slot: tokio::sync::SemaphorePermit<'static>,
+    _slot: ClusterSlot,
 }
 
 impl Scenario {

@@ -1,0 +1,146 @@
+//! The clusters' places: at most `PT_REAL_CLUSTERS` clusters at once, the longest test
+//! first.
+//!
+//! libtest starts tests in the order of their names, as many at once as it has threads.
+//! Were it given one thread a cluster, a long test whose name sorts late would start
+//! last and run alone at the end while the other places stood idle. `make test` gives it
+//! a thread for every test instead, so every test asks for a place at once, and a place
+//! that frees goes to the waiting test expected to take longest ([`LONGEST_FIRST`]).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+/// How many clusters may run at once: `PT_REAL_CLUSTERS`, 3 unless set. A test spends
+/// most of its time waiting for controllers, leases and grace periods, which three
+/// clusters overlap; the training in them shares the cores.
+pub const CLUSTERS_ENV: &str = "PT_REAL_CLUSTERS";
+
+/// The tests that take longest, longest first, as `make test`'s log gives their times
+/// (`real-cluster: <test> passed after holding a cluster <n> s`). The others follow in
+/// the order they asked.
+pub const LONGEST_FIRST: &[&str] = &[];
+
+/// A test's place for its cluster, held for the whole test. When the test ends it says
+/// how long the test held it and waited for it, on stderr past libtest's capture, so
+/// that `make test`'s log shows where the suite's time went.
+pub struct ClusterSlot {
+    test: String,
+    waited: Duration,
+    held: Instant,
+}
+
+/// A place for one cluster, held for the whole test (see the module's documentation).
+pub async fn cluster_slot() -> ClusterSlot {
+    let asked = Instant::now();
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let granted = places().lock().expect("the places' lock").ask(rank(&test));
+    if let Err(turn) = granted {
+        turn.await.expect("a waiting test's turn is never dropped");
+    }
+    ClusterSlot { test, waited: asked.elapsed(), held: Instant::now() }
+}
+
+impl Drop for ClusterSlot {
+    fn drop(&mut self) {
+        places().lock().unwrap_or_else(|poisoned| poisoned.into_inner()).give_back();
+        let outcome = if std::thread::panicking() { "failed" } else { "passed" };
+        let line = format!(
+            "real-cluster: {} {outcome} after holding a cluster {} s (it waited {} s for one)\n",
+            self.test,
+            self.held.elapsed().as_secs(),
+            self.waited.as_secs()
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+}
+
+/// Where `test` stands in [`LONGEST_FIRST`]; after all of it when not there.
+fn rank(test: &str) -> usize {
+    LONGEST_FIRST.iter().position(|t| *t == test).unwrap_or(LONGEST_FIRST.len())
+}
+
+fn places() -> &'static Mutex<Places> {
+    static PLACES: OnceLock<Mutex<Places>> = OnceLock::new();
+    PLACES.get_or_init(|| {
+        let free = match std::env::var(CLUSTERS_ENV) {
+            Ok(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| panic!("{CLUSTERS_ENV}={v:?}: expected a number of clusters, 1 or more")),
+            Err(_) => 3,
+        };
+        Mutex::new(Places::new(free))
+    })
+}
+
+/// The free places and the tests waiting for one, by rank and then by arrival.
+struct Places {
+    free: usize,
+    arrivals: u64,
+    waiting: BTreeMap<(usize, u64), oneshot::Sender<()>>,
+}
+
+impl Places {
+    fn new(free: usize) -> Places {
+        Places { free, arrivals: 0, waiting: BTreeMap::new() }
+    }
+
+    /// A place now, or the turn to wait for.
+    fn ask(&mut self, rank: usize) -> Result<(), oneshot::Receiver<()>> {
+        if self.free > 0 {
+            self.free -= 1;
+            return Ok(());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.arrivals += 1;
+        self.waiting.insert((rank, self.arrivals), tx);
+        Err(rx)
+    }
+
+    /// Hands a place to the first waiting test, or frees it.
+    fn give_back(&mut self) {
+        while let Some((_, turn)) = self.waiting.pop_first() {
+            if turn.send(()).is_ok() {
+                return;
+            }
+        }
+        self.free += 1;
+    }
+}
+
+#[test]
+fn a_freed_place_goes_to_the_longest_waiting_test_then_to_the_first_to_ask() {
+    let mut places = Places::new(1);
+    assert!(places.ask(5).is_ok(), "a free place is taken at once");
+    let mut short_first = places.ask(5).unwrap_err();
+    let mut long = places.ask(0).unwrap_err();
+    let mut short_second = places.ask(5).unwrap_err();
+    places.give_back();
+    assert!(long.try_recv().is_ok(), "the longest test goes first");
+    assert!(short_first.try_recv().is_err());
+    places.give_back();
+    assert!(short_first.try_recv().is_ok(), "then the first of the rest to ask");
+    assert!(short_second.try_recv().is_err());
+    drop(short_second);
+    places.give_back();
+    assert_eq!(places.free, 1, "a place nobody waits for any more is free again");
+}
+
+#[test]
+fn the_longest_first_are_tests_of_this_suite() {
+    let exe = std::env::current_exe().expect("the suite's path");
+    let out = std::process::Command::new(&exe)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .expect("the suite lists its tests");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let tests: Vec<&str> = listed.lines().filter_map(|l| l.strip_suffix(": test")).collect();
+    for name in LONGEST_FIRST {
+        assert!(tests.contains(name), "LONGEST_FIRST names {name}, which is not a test of this suite: {tests:?}");
+    }
+}
