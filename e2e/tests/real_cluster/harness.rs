@@ -2,7 +2,6 @@
 //! print the cluster when they time out.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::test_cluster::{Options, TestCluster};

@@ -22,7 +22,18 @@ pub const CLUSTERS_ENV: &str = "PT_REAL_CLUSTERS";
 /// The tests that take longest, longest first, as `make test`'s log gives their times
 /// (`real-cluster: <test> passed after holding a cluster <n> s`). The others follow in
 /// the order they asked.
-pub const LONGEST_FIRST: &[&str] = &[];
+pub const LONGEST_FIRST: &[&str] = &[
+    "operator::a_killed_leader_hands_over_without_a_spurious_restart",
+    "kueue::kueue_admits_queues_and_preempts_our_runs",
+    "run::the_chart_installs_and_a_two_node_run_trains_end_to_end",
+    "run::ranks_orphaned_by_their_job_are_deleted_under_the_charts_rbac",
+    "scenarios::a_run_rides_out_the_api_server_and_etcd_going_away",
+    "network_faults::a_lost_node_is_a_disruption_and_the_gang_restarts_on_the_other_nodes",
+    "failures::a_refused_edit_leaves_the_attempt_alone_and_a_killed_rank_restarts_the_gang_from_its_checkpoint",
+    "alerts::alerts_fire_from_live_metrics_and_the_dashboard_has_data",
+    "scenarios::a_run_trains_to_succeeded_and_a_killed_trainer_resumes_to_the_same_losses",
+    "scenarios::a_paused_trainer_is_reported_stalled_until_it_continues",
+];
 
 /// A test's place for its cluster, held for the whole test. When the test ends it says
 /// how long the test held it and waited for it, on stderr past libtest's capture, so
