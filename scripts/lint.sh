@@ -1,9 +1,6 @@
 #!/usr/bin/env bash
-# Clippy on every target of the workspace and of tools/modcycles, warnings denied.
-#
-# Its own target directory: a check build shares only build scripts and proc-macros with
-# `make test`'s build, and Cargo locks a target directory for as long as it builds, so
-# .ci/run runs this beside `make test` without either waiting for the other.
+# Clippy on every target of the workspace and of tools/modcycles, warnings denied, as
+# .ci/run runs it. Prints how long it took.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/env.sh
@@ -11,8 +8,7 @@ start=$SECONDS
 LIBTORCH="$(scripts/setup-libtorch.sh cpu)"
 export LIBTORCH
 # `--all-targets` leaves out test targets with `test = false` (e2e's real_cluster).
-CARGO_TARGET_DIR="$PT_CACHE/target-clippy" \
-  cargo clippy --workspace --all-targets --test real_cluster --locked -- -D warnings
+cargo clippy --workspace --all-targets --test real_cluster --locked -- -D warnings
 (cd tools/modcycles && cargo fmt --check &&
   CARGO_TARGET_DIR="$PT_CACHE/target-tools" cargo clippy --all-targets --locked -q -- -D warnings)
 echo "lint: clippy clean in $((SECONDS - start)) s" >&2

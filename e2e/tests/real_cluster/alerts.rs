@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::harness::*;
 use crate::scenario::MINUTES;
 use crate::scenarios::{SPEC, memory_limited, paced};
+use crate::slots::{ClusterSlot, cluster_slot};
 
 const NS: &str = "ml";
 

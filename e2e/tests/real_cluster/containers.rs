@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::harness::*;
+use crate::slots::cluster_slot;
 
 /// What the probe pod runs: each line of its output is checked below.
 const PROBE: &str = r#"set -u

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_yaml_ng::Value;
 
 use crate::harness::*;
+use crate::slots::cluster_slot;
 
 fn set(doc: &mut Value, path: &str, value: Value) {
     let mut at = &mut doc["spec"];

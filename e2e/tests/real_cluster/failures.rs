@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_yaml_ng::Value;
 
 use crate::harness::*;
+use crate::slots::cluster_slot;
 
 /// The pod of `job`'s completion index `index`.
 fn pod_of(c: &e2e::test_cluster::TestCluster, ns: &str, job: &str, index: u32) -> String {

@@ -1,12 +1,10 @@
-//! What every real-cluster test shares: a place for its cluster (`slots`), the binaries, waits that
+//! What every real-cluster test shares: the binaries, the images, waits that
 //! print the cluster when they time out.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e::test_cluster::{Options, TestCluster};
-
-pub use crate::slots::{ClusterSlot, cluster_slot};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -9,6 +9,7 @@ use e2e::control_plane::NODE_MONITOR_GRACE;
 use e2e::node::config::LEASE_RENEW;
 
 use crate::harness::*;
+use crate::slots::cluster_slot;
 
 fn ready(c: &e2e::test_cluster::TestCluster, node: &str) -> String {
     kubectl(c, &["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])

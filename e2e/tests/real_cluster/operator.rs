@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_yaml_ng::Value;
 
 use crate::harness::*;
+use crate::slots::cluster_slot;
 
 /// The operator's Lease duration (`operator/src/main.rs`), plus its grace.
 const LEASE: Duration = Duration::from_secs(15 + 5);

@@ -14,6 +14,7 @@ use serde_yaml_ng::Value;
 
 use crate::harness::*;
 use crate::probe::{self, Probe};
+use crate::slots::cluster_slot;
 
 #[tokio::test]
 async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {

@@ -23,6 +23,7 @@ use operator::resources::{RUN_LABEL, pvc_name};
 use serde_json::{Value, json};
 
 use crate::harness::*;
+use crate::slots::{ClusterSlot, cluster_slot};
 
 pub const NS: &str = "ml";
 pub const TR: &str = "training.puretransformer.dev/v1alpha1";
