@@ -75,8 +75,9 @@ export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
 cargo test "${tests[@]}"
 # The real-cluster suite: three clusters at a time (about 14 minutes, much of it spent
 # waiting on controllers, leases, grace periods and paced steps), started in the order of
-# their names. (With a thread for every test the longest go first, e2e/tests/real_cluster/
-# slots.rs, but grouping the heaviest at the start made two load-sensitive drills fail.)
+# their names. Not longest first (a thread for every test: e2e/tests/real_cluster/
+# slots.rs): that groups the heaviest tests at the start, where the load trips the alerts
+# drill's straggler check and the etcd outage drill.
 clusters="${PT_REAL_CLUSTERS:-3}"
 PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS="$clusters" cargo test "${tests[@]}" --test real_cluster
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
