@@ -3,38 +3,13 @@
 //! failure contract's exit codes.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use crds::config::RunConfig;
 use crds::contract::{FailureReason, TerminationMessage};
-use trainer::telemetry;
-use trainer::telemetry::server::SharedStatus;
-use trainer::train::{Outcome, RunOptions, Trainer};
+use trainer::train::Outcome;
 
 mod common;
-use common::{config, run_until_step, scratch, sigterm, trainer_bin};
-
-/// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
-const MANIFEST: &str = r#"
-apiVersion: training.puretransformer.dev/v1alpha1
-kind: TrainingRun
-metadata: {name: resume-test}
-spec:
-  model: {preset: nano, tokenizer: embedded}
-  tokens: "6144"
-  data:
-    mix:
-      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
-      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
-      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
-    validation: {everySteps: 4, tokens: "1K"}
-  topology: {nodes: 1, gpusPerNode: 0}
-  batch: {globalTokens: 512, microBatch: 4, seqLength: 64}
-  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
-  precision: f32
-  checkpoint: {everySteps: 4, keepLast: 3}
-"#;
+use common::{SMALL_RUN, config, run_options, run_until_step, scratch, sigterm, train_outcome, trainer_bin};
 
 fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
     train_syncing(cfg, dir, stop_after, None)
@@ -42,22 +17,12 @@ fn train(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>) -> Outcome {
 
 /// [`train`], reading losses back from the device every `sync_every` steps.
 fn train_syncing(cfg: &RunConfig, dir: &Path, stop_after: Option<u64>, sync_every: Option<u64>) -> Outcome {
-    let opts = RunOptions {
-        output_dir: dir.to_path_buf(),
-        stop_after_steps: stop_after,
-        tty: Some(false),
-        sample: false,
-        init_dir: dir.parent().unwrap().to_path_buf(),
-        placement: trainer::dist::Placement::single(),
-        sync_every,
-    };
-    telemetry::run(Trainer::new(cfg, opts).unwrap(), &SharedStatus::from_config(cfg), Arc::new(AtomicBool::new(false)))
-        .unwrap()
+    train_outcome(cfg, run_options(dir, stop_after, sync_every)).unwrap()
 }
 
 #[test]
 fn resume_reproduces_the_uninterrupted_loss_sequence_and_skips_a_corrupt_checkpoint() {
-    let cfg = config(MANIFEST);
+    let cfg = config(SMALL_RUN);
     assert_eq!((cfg.schedule.total_steps, cfg.batch.grad_accum), (12, 2));
 
     let full = train(&cfg, &scratch("full"), None);
@@ -84,50 +49,9 @@ fn resume_reproduces_the_uninterrupted_loss_sequence_and_skips_a_corrupt_checkpo
     assert_eq!(after.losses, full.losses[4..]);
 }
 
-/// What an out-of-memory failure's hint asks for: a smaller micro-batch (the same global
-/// batch in more micro-steps), gradient checkpointing, another attention kernel. The
-/// recreated run resumes from the last checkpoint and trains on as before; a change to
-/// what is trained is still refused, naming the checkpoint.
-#[test]
-fn a_run_resumes_after_the_out_of_memory_remedies() {
-    let cfg = config(MANIFEST);
-    let full = train(&cfg, &scratch("oom-full"), None);
-    let dir = scratch("oom-remedied");
-    train(&cfg, &dir, Some(6));
-
-    let lr_changed = config(&MANIFEST.replace("lr: 3.0e-3", "lr: 1.0e-3"));
-    let opts = RunOptions {
-        output_dir: dir.clone(),
-        stop_after_steps: None,
-        tty: Some(false),
-        sample: false,
-        init_dir: dir.parent().unwrap().to_path_buf(),
-        placement: trainer::dist::Placement::single(),
-        sync_every: None,
-    };
-    let refused = Trainer::new(&lr_changed, opts)
-        .and_then(|t| telemetry::run(t, &SharedStatus::from_config(&lr_changed), Arc::new(AtomicBool::new(false))));
-    let err = refused.expect_err("a different learning rate must not resume").to_string();
-    assert!(err.contains("step 6") && err.contains("schedule.lr: 0.003 → 0.001"), "{err}");
-
-    let remedied = config(&MANIFEST.replace("microBatch: 4", "microBatch: 2").replace(
-        "precision: f32",
-        "precision: f32\n  gradientCheckpointing: true\n  checkpointedBlocks: 1\n  attention: math",
-    ));
-    assert_eq!((remedied.batch.grad_accum, remedied.recomputed_blocks(), remedied.model.n_layer), (4, 1, 2));
-    let second = train(&remedied, &dir, None);
-    assert_eq!(second.resumed_from, Some(6));
-    assert_eq!(second.losses.len(), 6);
-    for ((step, a), (s, b)) in second.losses.iter().zip(&full.losses[6..]) {
-        assert_eq!(step, s);
-        // Only the summation order differs.
-        assert!((a - b).abs() < 1e-4, "step {step}: {a} after the remedies, {b} uninterrupted");
-    }
-}
-
 #[test]
 fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
-    let cfg = config(MANIFEST);
+    let cfg = config(SMALL_RUN);
     let every = train(&cfg, &scratch("sync1"), None);
     // 5 divides neither the checkpoint nor the evaluation interval (4), nor the 12 steps.
     let dir = scratch("sync5");
@@ -161,13 +85,13 @@ fn reading_losses_back_every_few_steps_trains_exactly_as_every_step() {
 /// on each document alone: tests/hf_parity.rs.)
 #[test]
 fn document_packing_trains_each_document_on_its_own() {
-    let yaml = MANIFEST.replace(
+    let yaml = SMALL_RUN.replace(
         "    validation: {everySteps: 4, tokens: \"1K\"}",
         "    validation: {everySteps: 4, tokens: \"1K\"}\n    packing: documents",
     );
     assert!(yaml.contains("packing: documents"));
     let cfg = config(&yaml);
-    let concat = train(&config(MANIFEST), &scratch("packing-concat"), None);
+    let concat = train(&config(SMALL_RUN), &scratch("packing-concat"), None);
     let dir = scratch("packing-documents");
     let documents = train(&cfg, &dir, None);
     assert_eq!(documents.losses.len(), 12);
@@ -184,7 +108,7 @@ fn document_packing_trains_each_document_on_its_own() {
 /// event files each show steps 1-12 once, and agree value for value.
 #[test]
 fn the_metrics_log_and_tensorboard_are_continuous_across_a_resume() {
-    let cfg = config(MANIFEST);
+    let cfg = config(SMALL_RUN);
     let dir = scratch("log");
     train(&cfg, &dir, Some(5));
     train(&cfg, &dir, None);
@@ -218,18 +142,18 @@ type FailureCase<'a> = (&'a str, String, &'a [(&'a str, &'a str)], FailureReason
 #[test]
 fn failures_exit_with_the_contract_code_and_termination_message() {
     let cases: [FailureCase; 5] = [
-        ("nan", MANIFEST.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
+        ("nan", SMALL_RUN.to_string(), &[("TRAINER_INJECT_NAN_AT_STEP", "3")], FailureReason::NaNLoss, Some(3)),
         // Read back at step 3: the failure names the step the NaN came from.
         (
             "nan-deferred",
-            MANIFEST.to_string(),
+            SMALL_RUN.to_string(),
             &[("TRAINER_INJECT_NAN_AT_STEP", "1"), ("TRAINER_SYNC_EVERY", "3")],
             FailureReason::NaNLoss,
             Some(1),
         ),
-        ("oom", MANIFEST.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
-        ("config", MANIFEST.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
-        ("data", MANIFEST.replace("\"embedded:mcq\"", "/no/such/shards"), &[], FailureReason::DataError, None),
+        ("oom", SMALL_RUN.to_string(), &[("TRAINER_INJECT_OOM_AT_STEP", "2")], FailureReason::OutOfMemory, Some(2)),
+        ("config", SMALL_RUN.replace("preset: nano", "preset: nanoo"), &[], FailureReason::InvalidConfig, None),
+        ("data", SMALL_RUN.replace("\"embedded:mcq\"", "/no/such/shards"), &[], FailureReason::DataError, None),
     ];
     for (name, yaml, env, reason, step) in cases {
         let (code, msg, stderr) = run_bin(name, &yaml, env);
@@ -242,7 +166,7 @@ fn failures_exit_with_the_contract_code_and_termination_message() {
 
 #[test]
 fn success_leaves_the_final_status_as_termination_message() {
-    let (code, msg, stderr) = run_bin("success", MANIFEST, &[]);
+    let (code, msg, stderr) = run_bin("success", SMALL_RUN, &[]);
     assert_eq!((code, msg), (0, None), "{stderr}");
     let text = std::fs::read_to_string(
         std::env::temp_dir().join(format!("trainer-test-success-{}", std::process::id())).join("termination-log"),
@@ -272,7 +196,7 @@ fn http_get(port: u16, path: &str) -> String {
 fn sigterm_saves_a_checkpoint_and_exits_143() {
     let dir = scratch("sigterm");
     let manifest = dir.join("run.yaml");
-    std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"200K\"")).unwrap();
+    std::fs::write(&manifest, SMALL_RUN.replace("\"6144\"", "\"200K\"")).unwrap();
     let out = dir.join("out");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = run_until_step(&manifest, &out, &["--status-addr", &format!("127.0.0.1:{port}")], 2, "sigterm");
@@ -336,7 +260,7 @@ fn the_model_overfits_one_batch() {
 fn eval_generate_export_and_plot_read_a_run_directory() {
     let dir = scratch("commands");
     let manifest = dir.join("run.yaml");
-    std::fs::write(&manifest, MANIFEST.replace("\"6144\"", "\"2048\"")).unwrap();
+    std::fs::write(&manifest, SMALL_RUN.replace("\"6144\"", "\"2048\"")).unwrap();
     let out = dir.join("out");
     let run = trainer_bin().args(["run", "--no-sample", "-o"]).arg(&out).arg(&manifest).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
@@ -381,7 +305,7 @@ fn eval_generate_export_and_plot_read_a_run_directory() {
 #[test]
 fn keep_best_is_reported_and_exported() {
     let dir = scratch("best");
-    let yaml = MANIFEST
+    let yaml = SMALL_RUN
         .replace("checkpoint: {everySteps: 4, keepLast: 3}", "checkpoint: {everySteps: 4, keepLast: 1, keepBest: 1}");
     let (run, log) = common::run_logged(&dir, &yaml, &[]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
@@ -427,7 +351,7 @@ fn keep_best_is_reported_and_exported() {
 
     // A run without keepBest has no best to export, and says how to get one.
     let plain = scratch("no-best");
-    let (run, _) = common::run_logged(&plain, &MANIFEST.replace("\"6144\"", "\"1024\""), &[]);
+    let (run, _) = common::run_logged(&plain, &SMALL_RUN.replace("\"6144\"", "\"1024\""), &[]);
     assert!(run.status.success());
     let export =
         trainer_bin().arg("export").arg(plain.join("out")).arg("--best").arg("--hf").arg(&hf).output().unwrap();

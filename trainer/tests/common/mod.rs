@@ -141,22 +141,56 @@ pub fn config(yaml: &str) -> crds::RunConfig {
     crds::resolve(&crds::manifest::from_yaml(yaml, "test manifest").unwrap()).unwrap()
 }
 
-/// Trains `cfg` as one process in this one into `dir` (resuming what is there), to
-/// its end or `stop_after` steps.
-pub fn train_in_process(cfg: &crds::RunConfig, dir: &Path, stop_after: Option<u64>) -> Result<(), trainer::Error> {
-    let opts = trainer::train::RunOptions {
+/// A small run: nano preset, 64-token sequences, 4 × 2 accumulation, 12 steps.
+pub const SMALL_RUN: &str = r#"
+apiVersion: training.puretransformer.dev/v1alpha1
+kind: TrainingRun
+metadata: {name: resume-test}
+spec:
+  model: {preset: nano, tokenizer: embedded}
+  tokens: "6144"
+  data:
+    mix:
+      - {name: textbook, weight: 0.5, uri: "embedded:textbook"}
+      - {name: arithmetic, weight: 0.3, uri: "embedded:arithmetic"}
+      - {name: mcq, weight: 0.2, uri: "embedded:mcq"}
+    validation: {everySteps: 4, tokens: "1K"}
+  topology: {nodes: 1, gpusPerNode: 0}
+  batch: {globalTokens: 512, microBatch: 4, seqLength: 64}
+  optimizer: {lr: 3.0e-3, warmupTokens: "1K"}
+  precision: f32
+  checkpoint: {everySteps: 4, keepLast: 3}
+"#;
+
+/// Options to train in this process into `dir` (resuming what is there), to its end or
+/// `stop_after` steps, reading losses back every `sync_every` steps (default: each).
+pub fn run_options(dir: &Path, stop_after: Option<u64>, sync_every: Option<u64>) -> trainer::train::RunOptions {
+    trainer::train::RunOptions {
         output_dir: dir.to_path_buf(),
         stop_after_steps: stop_after,
         tty: Some(false),
         sample: false,
-        init_dir: dir.to_path_buf(),
+        init_dir: dir.parent().unwrap().to_path_buf(),
         placement: trainer::dist::Placement::single(),
-        sync_every: None,
-    };
+        sync_every,
+    }
+}
+
+/// Trains `cfg` as one process in this one, with `opts`.
+pub fn train_outcome(
+    cfg: &crds::RunConfig,
+    opts: trainer::train::RunOptions,
+) -> Result<trainer::train::Outcome, trainer::Error> {
     let trainer = trainer::train::Trainer::new(cfg, opts)?;
     let status = trainer::telemetry::server::SharedStatus::from_config(cfg);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    trainer::telemetry::run(trainer, &status, stop).map(|_| ())
+    trainer::telemetry::run(trainer, &status, stop)
+}
+
+/// Trains `cfg` as one process in this one into `dir` (resuming what is there), to
+/// its end or `stop_after` steps.
+pub fn train_in_process(cfg: &crds::RunConfig, dir: &Path, stop_after: Option<u64>) -> Result<(), trainer::Error> {
+    train_outcome(cfg, run_options(dir, stop_after, None)).map(|_| ())
 }
 
 /// (step, loss, lr) of every step in `dir`'s metrics.jsonl.
