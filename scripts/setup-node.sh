@@ -12,7 +12,9 @@
 #   bridge, host-local, loopback, portmap
 #                             the CNI plugins, github.com/containernetworking/plugins;
 #   crictl                    sigs.k8s.io/cri-tools;
-#   coredns                   github.com/coredns/coredns (the main package at its root);
+#   coredns                   github.com/coredns/coredns with only the plugins the test
+#                             clusters' Corefile uses: e2e/node-dns, a main package of ours
+#                             as CoreDNS documents for a build of chosen plugins;
 #   kube-router               github.com/cloudnativelabs/kube-router/v2, the NetworkPolicy
 #                             enforcer, run firewall-only (iptables and ipset; Debian's
 #                             ipset: scripts/setup-debian.sh --test). Pinned by
@@ -32,6 +34,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 k8s=e2e/node-k8s
 module=e2e/node
 netpol=e2e/node-netpol
+dns=e2e/node-dns
 version="$(go_tool_version "$k8s" k8s.io/kubernetes)"
 control_plane="$(go_tool_version e2e/controlplane k8s.io/kubernetes)"
 if [ "$version" != "$control_plane" ]; then
@@ -40,7 +43,7 @@ if [ "$version" != "$control_plane" ]; then
   exit 1
 fi
 hash="$(go_tool_hash "$k8s/go.mod" "$k8s/go.sum" "$module/go.mod" "$module/go.sum" \
-  "$netpol/go.mod" "$netpol/go.sum" scripts/setup-node.sh)"
+  "$netpol/go.mod" "$netpol/go.sum" "$dns/go.mod" "$dns/go.sum" "$dns/main.go" scripts/setup-node.sh)"
 bin="$PT_CACHE/node/$version-$hash/bin"
 tools=(kubelet kube-proxy containerd ctr containerd-shim-runc-v2 runc
   bridge host-local loopback portmap crictl coredns kube-router)
@@ -109,8 +112,12 @@ build() {
   CGO_ENABLED=0 build "crictl $crictl" \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl" \
     -o "$staging/" sigs.k8s.io/cri-tools/cmd/crictl
+)
+(
+  cd "$dns"
   # CoreDNS's version is a constant of its source.
-  CGO_ENABLED=0 build coredns -ldflags "-s -w" -o "$staging/" github.com/coredns/coredns
+  CGO_ENABLED=0 build "coredns $(go_tool_version "$dns" github.com/coredns/coredns)" -ldflags "-s -w" \
+    -o "$staging/coredns" .
 )
 (
   cd "$netpol"

@@ -74,12 +74,11 @@ PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
 export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
 cargo test "${tests[@]}"
 # The real-cluster suite: three clusters at a time (about 14 minutes, much of it spent
-# waiting on controllers, leases, grace periods and paced steps), started in the order of
-# their names. Not longest first (a thread for every test: e2e/tests/real_cluster/
-# slots.rs): that groups the heaviest tests at the start, where the load trips the alerts
-# drill's straggler check and the etcd outage drill.
+# waiting on controllers, leases, grace periods and paced steps), the longest tests first:
+# libtest gets a thread for every test, and a cluster's place that frees goes to the
+# waiting test expected to take longest (e2e/tests/real_cluster/slots.rs).
 clusters="${PT_REAL_CLUSTERS:-3}"
-PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS="$clusters" cargo test "${tests[@]}" --test real_cluster
+PT_REAL_CLUSTERS="$clusters" RUST_TEST_THREADS=64 cargo test "${tests[@]}" --test real_cluster
 "$TRAINER_TEST_PYTHON" scripts/goldens/adamw.py --check
 # The fused SwiGLU kernels' source, compiled by NVRTC as libtorch's jiterator will on a GPU.
 "$TRAINER_TEST_PYTHON" scripts/check-jiterator.py

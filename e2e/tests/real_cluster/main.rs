@@ -5,9 +5,9 @@
 //! scripts/setup-node.sh) running our images (scripts/setup-images.sh). Needs root
 //! (namespaces, cgroups, the kubelet); fails loudly without it.
 //!
-//! Each test starts its own cluster; three run at a time (`PT_REAL_CLUSTERS`, with as
-//! many test threads, as `make test` runs it; with a thread for every test the longest
-//! go first: `slots`): most of a test is waiting for controllers, leases and grace
+//! Each test starts its own cluster; three run at a time (`PT_REAL_CLUSTERS`), the
+//! longest first when libtest starts every test at once (`make test` gives it a thread
+//! for each: `slots`): most of a test is waiting for controllers, leases and grace
 //! periods, which the others overlap.
 
 mod harness;
