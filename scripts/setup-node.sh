@@ -72,6 +72,7 @@ containerd="$(go_tool_version "$module" github.com/containerd/containerd/v2)"
 cni="$(go_tool_version "$module" github.com/containernetworking/plugins)"
 crictl="$(go_tool_version "$module" sigs.k8s.io/cri-tools)"
 router="$(go_tool_version "$netpol" github.com/cloudnativelabs/kube-router/v2)"
+coredns="$(go_tool_version "$dns" github.com/coredns/coredns)"
 echo "building the node's binaries (Kubernetes $version) into $bin" \
   "(minutes on 2 cores, once per version)" >&2
 go_tool_stage "$bin"
@@ -116,7 +117,7 @@ build() {
 (
   cd "$dns"
   # CoreDNS's version is a constant of its source.
-  CGO_ENABLED=0 build "coredns $(go_tool_version "$dns" github.com/coredns/coredns)" -ldflags "-s -w" \
+  CGO_ENABLED=0 build "coredns $coredns" -ldflags "-s -w" \
     -o "$staging/coredns" .
 )
 (
