@@ -1,5 +1,6 @@
-//! Step 3: server-side apply with one field manager. A child whose desired state
-//! has not changed since the last apply is not written at all.
+//! Server-side apply with one field manager, and deletion. Each child carries the hash
+//! of what was last applied to it ([`APPLIED_HASH`]), so a child whose desired state
+//! has not changed is not written at all.
 
 use std::fmt::Debug;
 
@@ -8,18 +9,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
-use crate::resources::{APPLIED_HASH, applied_hash};
+use crate::resources::{APPLIED_HASH, applied_hash, hash_of};
 use crate::{Error, MANAGER, Verb};
 
 pub fn params() -> PatchParams {
     PatchParams::apply(MANAGER).force()
-}
-
-fn hash<K: Serialize>(obj: &K) -> String {
-    let json = serde_json::to_vec(obj).expect("Kubernetes objects serialize");
-    Sha256::digest(&json).iter().take(12).map(|b| format!("{b:02x}")).collect()
 }
 
 /// Applies `obj` unless the live object carries the same applied-hash. Returns
@@ -42,7 +37,7 @@ where
     K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
     K::DynamicType: Default,
 {
-    if live_hash.as_deref() == Some(hash(&obj).as_str()) {
+    if live_hash.as_deref() == Some(hash_of(&obj).as_str()) {
         return Ok(false);
     }
     write(api, obj).await?;
@@ -58,7 +53,7 @@ where
 {
     let name = obj.name_any();
     let ns = obj.namespace().unwrap_or_default();
-    let digest = hash(&obj);
+    let digest = hash_of(&obj);
     obj.annotations_mut().insert(APPLIED_HASH.into(), digest);
     api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
         Verb::Apply,

@@ -1,9 +1,11 @@
-//! The TrainingRun operator (and its TrainingDataset controller, [`dataset`]): reconcile is a pipeline of
-//! validate (pure) → build (pure) → apply (SSA) → observe → decide (pure) → status (SSA).
+//! The TrainingRun operator (and its TrainingDataset controller, [`dataset`]): a
+//! reconcile gathers what it reads ([`reconcile`]), plans its writes purely
+//! ([`decide::plan`]) and executes them in the plan's order.
 
 pub mod apply;
 pub mod change;
 pub mod clock;
+pub mod context;
 pub mod controller;
 pub mod dataset;
 pub mod decide;
@@ -16,14 +18,10 @@ pub mod metrics;
 pub mod mix_datasets;
 pub mod observe;
 pub mod observed;
-pub mod outlier;
-pub mod plausible;
+pub mod reconcile;
 pub mod resources;
 pub mod settings;
-pub mod slow_link;
-pub mod stall;
 pub mod status;
-pub mod straggler;
 pub mod validate;
 
 /// Field manager of every server-side apply, and the event reporter.

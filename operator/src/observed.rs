@@ -1,16 +1,133 @@
-//! What a reconcile observed of a run's world, as plain data: the observe step fills it
-//! in (the I/O, in `observe`), and the pure decision reads it.
+//! What a reconcile observed of a run's world, as plain data: `reconcile::gather` fills
+//! it in (the I/O), and the pure plan (`decide::plan`) reads it.
 
 use std::net::IpAddr;
 
 use crds::contract::TrainerStatus;
 use crds::types::RunPhase;
+use crds::{InvalidSpec, RunConfig, TrainingRun};
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use crate::change::Change;
 use crate::failure::completion_index;
 use crate::resources::{ATTEMPT_LABEL, QueuedWorkload};
+
+/// Everything one reconcile of a run read, in one place.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The live run (the reflector's copy may lag the operator's own status writes),
+    /// with its TrainingDatasets' URIs in place of their names, or placeholders while
+    /// it waits for them.
+    pub run: TrainingRun,
+    pub datasets: Datasets,
+    /// What its attempts run under; not read for a run that failed.
+    pub accepted: Accepted,
+    /// What the config its attempts run under is, from the spec, `accepted` and
+    /// `datasets` (`decide::admission`): what else is read depends on it.
+    pub admission: Admission,
+    /// The applied-hashes of the run's Service and NetworkPolicy (`None`: absent, or
+    /// not read because the run has ended).
+    pub service_hash: Option<String>,
+    pub network_policy_hash: Option<String>,
+    /// Its Jobs and pods, and what rank 0 said (empty once the run has ended).
+    pub attempts: Attempts,
+    /// What the operator remembered of the run, with this reconcile's poll.
+    pub memory: Memory,
+    /// What this reconcile's poll of rank 0 came to.
+    pub poll: Poll,
+}
+
+/// The TrainingDatasets a run's mix names.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Datasets {
+    /// It names none.
+    Unnamed,
+    /// Every one has a manifest, or the run has ended and waits for nothing.
+    Ready,
+    /// Why it waits for them.
+    Waiting(String),
+}
+
+impl Datasets {
+    pub fn waiting(&self) -> Option<&str> {
+        match self {
+            Datasets::Waiting(message) => Some(message),
+            _ => None,
+        }
+    }
+}
+
+/// What the run's attempts run under: its ConfigMap's config, and its checkpoint
+/// claim's access modes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Accepted {
+    /// `None` before the ConfigMap exists (or when it does not parse, logged).
+    pub config: Option<RunConfig>,
+    /// `None` before the claim exists.
+    pub claim: Option<Vec<String>>,
+    /// The applied-hashes of the live ConfigMap and claim.
+    pub configmap_hash: Option<String>,
+    pub claim_hash: Option<String>,
+}
+
+/// The config a reconcile works under.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    /// The run waits for its TrainingDatasets (its spec resolves otherwise).
+    Waiting(String),
+    /// The spec does not resolve, and no accepted config runs.
+    Invalid(InvalidSpec),
+    /// `cfg`: the spec's config, or the accepted one when `change` is refused, with
+    /// the current attempt; `change`: from the accepted config to the spec's.
+    Admitted { cfg: Box<RunConfig>, change: Change },
+}
+
+/// What the operator remembers of a run between reconciles, in its memory only.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Memory {
+    pub last_poll: Option<Timestamp>,
+    pub last_write: Option<Timestamp>,
+    /// The last Warning event about a refused answer of rank 0's.
+    pub last_refusal_event: Option<Timestamp>,
+}
+
+/// Why a poll of rank 0 brought no document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PollError {
+    /// No answer in time, or an HTTP error: usual while rank 0 starts or restarts.
+    Unanswered(String),
+    /// An answer the operator will not use: too large, not a status document, or one
+    /// no trainer of the run could give.
+    Refused(String),
+}
+
+impl std::fmt::Display for PollError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollError::Unanswered(m) | PollError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+/// What a poll of rank 0 came to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Poll {
+    /// Not due, or rank 0 of the attempt is not running: nothing asked.
+    #[default]
+    NotAsked,
+    /// The document is in `Attempts::trainer`.
+    Answered,
+    Failed(PollError),
+}
+
+impl Poll {
+    pub fn asked(&self) -> bool {
+        *self != Poll::NotAsked
+    }
+}
 
 /// State of the run named by `initFrom.trainingRun`.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,9 +136,9 @@ pub enum InitRun {
     Phase(Option<RunPhase>),
 }
 
-/// What the observe step saw.
+/// The run's attempts as the cluster has them, and what rank 0 of the current one said.
 #[derive(Clone, Debug, Default)]
-pub struct Observed {
+pub struct Attempts {
     /// Every Job of the run, all attempts.
     pub jobs: Vec<Job>,
     /// Every pod of the run, all attempts.
@@ -50,7 +167,7 @@ pub struct LinkProbe {
 
 /// The current attempt's running pods with an address, by node rank: whose links are
 /// timed.
-pub fn link_targets(obs: &Observed, attempt: u32) -> Vec<(u32, &Pod, IpAddr)> {
+pub fn link_targets(obs: &Attempts, attempt: u32) -> Vec<(u32, &Pod, IpAddr)> {
     let mut targets: Vec<_> = obs
         .pods
         .iter()
@@ -69,7 +186,7 @@ pub fn link_targets(obs: &Observed, attempt: u32) -> Vec<(u32, &Pod, IpAddr)> {
 }
 
 /// Whether rank 0 of `attempt` is running, so that its `/status` can answer.
-pub fn rank0_running(obs: &Observed, attempt: u32) -> bool {
+pub fn rank0_running(obs: &Attempts, attempt: u32) -> bool {
     obs.pods.iter().any(|p| {
         p.labels().get(ATTEMPT_LABEL) == Some(&attempt.to_string())
             && completion_index(p) == Some(0)

@@ -11,7 +11,7 @@ use crds::RunConfig;
 use crds::contract::{LINK_PROBE_BYTES, TrainerPhase, TrainerStatus};
 use crds::types::{CheckpointRef, RunMetrics};
 use k8s_openapi::api::core::v1::Pod;
-use operator::observe::{Observed, Poll, PollError, STATUS_BODY_LIMIT, StatusClient, poll_rank0};
+use operator::observe::{Attempts, Poll, PollError, STATUS_BODY_LIMIT, StatusClient, poll_rank0};
 use operator::resources::ATTEMPT_LABEL;
 use serde_json::json;
 use tokio::net::{TcpSocket, TcpStream};
@@ -63,7 +63,7 @@ fn report(cfg: &RunConfig) -> TrainerStatus {
 }
 
 /// Rank 0 of attempt 1, running.
-fn observed() -> Observed {
+fn observed() -> Attempts {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "llm-a1-0-abcde", "labels": {
             ATTEMPT_LABEL: "1", "batch.kubernetes.io/job-completion-index": "0"
@@ -71,7 +71,7 @@ fn observed() -> Observed {
         "status": {"phase": "Running"},
     }))
     .unwrap();
-    Observed { pods: vec![pod], ..Default::default() }
+    Attempts { pods: vec![pod], ..Default::default() }
 }
 
 async fn write_all(s: &TcpStream, mut buf: &[u8]) -> io::Result<()> {

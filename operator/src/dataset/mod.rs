@@ -1,36 +1,36 @@
-//! The TrainingDataset controller: validate (pure) → build (pure) → observe → decide
-//! (pure) → apply and status. A dataset is prepared by `trainer prepare` in Jobs of its
+//! The TrainingDataset controller, with the TrainingRun controller's skeleton: gather
+//! (reads only) → plan (pure: validate, decide, build) → execute (the plan's writes, in
+//! its order). A dataset is prepared by `trainer prepare` in Jobs of its
 //! generation (tokenizer, work, merge); everything it knows lives in those Jobs, their
 //! pods' termination messages and its status, so an operator restart loses nothing.
 //! A finalizer keeps a dataset that live runs name until they end.
 
 pub mod build;
 pub mod decide;
+mod execute;
+mod gather;
+pub mod plan;
 pub mod validate;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crds::TrainingRun;
-use crds::contract::STATUS_PORT;
-use crds::contract::prepare::{DatasetReason, PrepareReport};
-use crds::types::{DatasetPhase, RunPhase, TrainingDataset};
+use crds::contract::prepare::DatasetReason;
+use crds::types::TrainingDataset;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch};
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use self::build::DATASET_LABEL;
-use self::decide::{Decision, Observed};
-use crate::controller::Context;
-use crate::{Error, Verb, apply};
+use crate::Error;
+use crate::context::Context;
 
 /// Finalizer on every TrainingDataset: deletion waits for the runs that use it.
 pub const FINALIZER: &str = "training.puretransformer.dev/dataset-in-use";
@@ -56,9 +56,9 @@ pub async fn reconcile(ds: Arc<TrainingDataset>, ctx: Arc<Context>) -> Result<Ac
 /// name the dataset.
 async fn cleanup(ds: Arc<TrainingDataset>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = ds.namespace().unwrap_or_default();
-    let users = users(&ctx, &ns, &ds.name_any()).await?;
+    let users = gather::users(&ctx, &ns, &ds.name_any()).await?;
     if users.is_empty() {
-        publish(&ctx, &ds, false, "Deleted", "deleted with its preparation Jobs; the prepared shards are kept").await;
+        ctx.publish(&*ds, false, "Deleted", "deleted with its preparation Jobs; the prepared shards are kept").await;
         return Ok(Action::await_change());
     }
     let message = format!(
@@ -67,139 +67,21 @@ async fn cleanup(ds: Arc<TrainingDataset>, ctx: Arc<Context>) -> Result<Action, 
     );
     let told = ds.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some(DatasetReason::InUse.as_str()));
     if !told {
-        publish(&ctx, &ds, true, DatasetReason::InUse.as_str(), &message).await;
+        ctx.publish(&*ds, true, DatasetReason::InUse.as_str(), &message).await;
         let mut status = ds.status.clone().unwrap_or_default();
         status.reason = Some(DatasetReason::InUse.into());
         status.used_by = users.clone();
-        write_status(&ctx, &ds, &status).await?;
+        execute::write_status(&ctx, &ds, &status).await?;
     }
     Err(Error::InUse { name: ds.name_any(), runs: users })
 }
 
 async fn pipeline(cached: Arc<TrainingDataset>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = cached.namespace().unwrap_or_default();
-    let name = cached.name_any();
-    let api: Api<TrainingDataset> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(ds) = api.get_opt(&name).await.map_err(Error::kube(Verb::Get, "TrainingDataset", &ns, &name))? else {
+    let Some((ds, observed)) = gather::gather(&ctx, &cached).await? else {
         return Ok(Action::await_change());
     };
-    // 1. validate
-    let plan = validate::validate(&ds);
-    // 2. observe
-    let obs = observe(&ctx, &ds).await?;
-    // 3. decide
-    let now = ctx.clock.now();
-    let d: Decision = decide::decide(&ds, &plan, &obs, now);
-    // 4. status first, so the Job it names is never created unrecorded; then act.
-    let old = ds.status.clone().unwrap_or_default();
-    if old != d.status {
-        write_status(&ctx, &ds, &d.status).await?;
-    }
-    for note in &d.notes {
-        publish(&ctx, &ds, note.warning, &note.reason, &note.message).await;
-    }
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    for stale in &d.delete_jobs {
-        apply::delete(&jobs, &ns, stale).await?;
-    }
-    if let (Some(step), Ok(plan)) = (d.create, &plan) {
-        apply::ensure(&jobs, build::job(&ds, plan, step, &ctx.settings.trainer_image)).await?;
-    }
-    let every = ctx.settings.status_poll_interval;
-    Ok(match d.status.phase {
-        Some(DatasetPhase::Preparing) => Action::requeue(every),
-        _ => Action::requeue(ctx.settings.requeue_interval),
-    })
-}
-
-/// Jobs and pods of the dataset, running pods' `/status`, and the runs that use it.
-async fn observe(ctx: &Context, ds: &TrainingDataset) -> Result<Observed, Error> {
-    let ns = ds.namespace().unwrap_or_default();
-    let name = ds.name_any();
-    let selector = ListParams::default().labels(&format!("{DATASET_LABEL}={name}"));
-    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
-        .list(&selector)
-        .await
-        .map_err(Error::kube(Verb::List, "Job", &ns, &name))?
-        .items;
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .list(&selector)
-        .await
-        .map_err(Error::kube(Verb::List, "Pod", &ns, &name))?
-        .items;
-    let running: Vec<(String, String)> = pods
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.clone()?)))
-        .collect();
-    let polls = futures::stream::iter(running)
-        .map(|(pod, ip)| async move {
-            let url = format!("http://{}/status", std::net::SocketAddr::new(ip.parse().ok()?, STATUS_PORT));
-            match ctx.status_client.get_json::<PrepareReport>(&url, "prepare report").await {
-                Ok(r) => Some((pod, r)),
-                Err(e) => {
-                    tracing::debug!(dataset = %ds.name_any(), "{e}");
-                    None
-                }
-            }
-        })
-        .buffer_unordered(16)
-        .filter_map(|p| async { p })
-        .collect()
-        .await;
-    Ok(Observed { jobs, pods, live: polls, users: users(ctx, &ns, &name).await? })
-}
-
-/// The live (not Succeeded or Failed) runs in `ns` whose mix names dataset `name`.
-async fn users(ctx: &Context, ns: &str, name: &str) -> Result<Vec<String>, Error> {
-    let runs = Api::<TrainingRun>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube(Verb::List, "TrainingRun", ns, name))?;
-    let mut users: Vec<String> = runs
-        .items
-        .iter()
-        .filter(|r| crds::resolve::named_datasets(r).iter().any(|d| d == name))
-        .filter(|r| {
-            let phase = r.status.as_ref().and_then(|s| s.phase);
-            !matches!(phase, Some(RunPhase::Succeeded | RunPhase::Failed)) && r.meta().deletion_timestamp.is_none()
-        })
-        .map(|r| r.name_any())
-        .collect();
-    users.sort();
-    Ok(users)
-}
-
-async fn write_status(
-    ctx: &Context,
-    ds: &TrainingDataset,
-    status: &crds::types::TrainingDatasetStatus,
-) -> Result<(), Error> {
-    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-    let patch = json!({
-        "apiVersion": TrainingDataset::api_version(&()),
-        "kind": TrainingDataset::kind(&()),
-        "metadata": {"name": name, "resourceVersion": ds.resource_version()},
-        "status": status,
-    });
-    Api::<TrainingDataset>::namespaced(ctx.client.clone(), &ns)
-        .patch_status(&name, &apply::params(), &Patch::Apply(&patch))
-        .await
-        .map_err(Error::kube(Verb::ApplyStatus, "TrainingDataset", &ns, &name))?;
-    Ok(())
-}
-
-async fn publish(ctx: &Context, ds: &TrainingDataset, warning: bool, reason: &str, note: &str) {
-    let event = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &ds.object_ref(&()), ctx.clock.now()).await {
-        tracing::warn!(dataset = %ds.name_any(), "publishing event {reason}: {e}");
-    }
+    let plan = plan::plan(&ds, &observed, &ctx.settings, ctx.clock.now());
+    execute::execute(&ctx, &ds, &plan).await
 }
 
 /// Retries with backoff; a refused deletion waits quietly for its runs (the event was
@@ -210,7 +92,7 @@ pub fn error_policy(ds: Arc<TrainingDataset>, err: &Error, ctx: Arc<Context>) ->
     }
     tracing::warn!(dataset = %ds.name_any(), reason = err.reason(), "reconcile failed: {err}");
     let (reason, message) = (err.reason(), err.to_string());
-    tokio::spawn(async move { publish(&ctx, &ds, true, reason, &message).await });
+    tokio::spawn(async move { ctx.publish(&*ds, true, reason, &message).await });
     Action::requeue(Duration::from_secs(5))
 }
 

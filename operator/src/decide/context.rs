@@ -10,12 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::outcome::{Decision, Outcome};
+use super::stall::Stall;
 use crate::change::Change;
 use crate::failure;
-use crate::observed::Observed;
+use crate::observed::Attempts;
 use crate::resources::{ATTEMPT_LABEL, job_name};
 use crate::settings::Settings;
-use crate::stall::Stall;
 use crate::status;
 
 /// Everything a decision is made from.
@@ -25,7 +25,7 @@ pub struct Situation<'a> {
     /// The config the run's attempts run under: the spec's, or the accepted one when
     /// `change` is refused.
     pub cfg: &'a RunConfig,
-    pub obs: &'a Observed,
+    pub obs: &'a Attempts,
     pub now: Timestamp,
     pub settings: &'a Settings,
     /// From the accepted config to the spec's.
@@ -68,7 +68,7 @@ pub(super) struct Frame<'a> {
 pub(super) struct Ctx<'a> {
     pub(super) run: &'a TrainingRun,
     pub(super) cfg: &'a RunConfig,
-    pub(super) obs: &'a Observed,
+    pub(super) obs: &'a Attempts,
     pub(super) now: Timestamp,
     pub(super) settings: &'a Settings,
     pub(super) change: &'a Change,

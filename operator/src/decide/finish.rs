@@ -7,11 +7,11 @@ use kube::ResourceExt;
 
 use super::context::{Draft, Frame};
 use super::outcome::{Decision, Note, Outcome};
+use super::stall::Stall;
+use super::straggler;
 use super::{learning_signal, rollback};
 use crate::resources::job_name;
-use crate::stall::Stall;
 use crate::status::{self, Cond};
-use crate::straggler;
 
 /// The decision: `o` and `accepted` written into the draft's status with every
 /// condition, and the events for what changed.

@@ -3,8 +3,10 @@
 //! resume it) plus the events to emit. Idempotent: deciding again on the result
 //! asks for nothing new.
 //!
-//! One handler per situation, tried in order; the first that applies decides the
-//! outcome, and `finish` turns it into status and events.
+//! [`admission()`] says which config a reconcile works under; [`decide`] tries one
+//! handler per situation in order, the first that applies decides the outcome, and
+//! `finish` turns it into status and events; [`plan()`] turns the decision into the
+//! reconcile's writes, in the order they are made.
 
 use crds::contract::RunReason;
 use crds::types::RunPhase;
@@ -13,25 +15,50 @@ use jiff::Timestamp;
 
 use crate::status::Cond;
 
+mod admission;
 mod change;
 mod context;
 mod finish;
 mod learning_signal;
+#[cfg(test)]
+mod learning_signal_tests;
+#[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
+mod nan_rollback_tests;
 mod no_job;
 mod out_of_memory;
 mod outcome;
+pub mod outlier;
+mod plan;
+pub mod plausible;
+mod poll;
 mod restart;
+#[cfg(test)]
+mod restart_budget_tests;
 mod rollback;
+#[cfg(test)]
+mod run_changes_tests;
 mod running;
+pub mod slow_link;
+pub mod stall;
+pub mod straggler;
+#[cfg(test)]
+mod straggler_run_tests;
 mod suspension;
 mod sweep;
 mod terminal;
 #[cfg(test)]
 mod testing;
 mod verdict;
+#[cfg(test)]
+mod world;
 
+pub use admission::{admission, reads_accepted};
 pub use context::Situation;
 pub use outcome::{Decision, Note};
+pub use plan::{Child, Plan, Step, plan};
+pub use poll::{REFUSAL_EVENT_INTERVAL, STATUS_REFUSED, poll_due, refusal_event_due};
 
 use context::{Ctx, Draft, Frame, Policies};
 use outcome::Outcome;

@@ -9,7 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::context::{Ctx, Draft};
 use super::outcome::Outcome;
 use super::restart::{Failure, restart};
-use crate::{slow_link, stall, status, straggler};
+use super::{slow_link, stall, straggler};
+use crate::status;
 
 pub(super) fn outcome(ctx: &Ctx, draft: &mut Draft) -> Outcome {
     let (old, cfg) = (&ctx.old, ctx.cfg);

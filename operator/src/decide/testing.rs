@@ -11,7 +11,7 @@ use serde_json::json;
 use super::context::{Ctx, Situation};
 use crate::change::Change;
 use crate::failure::tests::job;
-use crate::observed::{InitRun, Observed};
+use crate::observed::{Attempts, InitRun};
 use crate::resources::ATTEMPT_LABEL;
 use crate::resources::testing::run;
 use crate::settings::Settings;
@@ -20,7 +20,7 @@ use crate::settings::Settings;
 pub(super) struct Scene {
     pub(super) run: TrainingRun,
     pub(super) cfg: RunConfig,
-    pub(super) obs: Observed,
+    pub(super) obs: Attempts,
     pub(super) settings: Settings,
     pub(super) change: Change,
     pub(super) now: Timestamp,
@@ -34,7 +34,7 @@ impl Scene {
         Scene {
             run,
             cfg,
-            obs: Observed::default(),
+            obs: Attempts::default(),
             settings: Settings::default(),
             change: Change::Unchanged,
             now: "2026-01-01T01:00:00Z".parse().expect("a timestamp"),

@@ -1,6 +1,6 @@
 use super::*;
 use crate::change::Change;
-use crate::observed::{InitRun, LinkProbe, Observed};
+use crate::observed::{Attempts, InitRun, LinkProbe};
 use crate::resources::{ATTEMPT_LABEL, SUSPENDED_BY_OPERATOR};
 use crate::settings::Settings;
 use crate::status;
@@ -17,7 +17,7 @@ fn t(s: &str) -> Timestamp {
 }
 
 /// Decides for `r`, then stores the decided status on it, as the API would.
-fn step(r: &mut TrainingRun, obs: &Observed, now: Timestamp) -> Decision {
+fn step(r: &mut TrainingRun, obs: &Attempts, now: Timestamp) -> Decision {
     let cfg = crate::validate::validate(r, r.status.as_ref().map_or(0, |s| s.attempt)).unwrap();
     let d =
         decide(&Situation { run: r, cfg: &cfg, obs, now, settings: &Settings::default(), change: &Change::Unchanged });
@@ -65,7 +65,7 @@ fn cond(r: &TrainingRun, type_: &str) -> (String, String) {
 #[test]
 fn first_decision_creates_the_job_and_writes_every_condition() {
     let mut r = run(GPU_SPEC);
-    let d = step(&mut r, &Observed::default(), t("00:00:00"));
+    let d = step(&mut r, &Attempts::default(), t("00:00:00"));
     assert!(d.create_job);
     let reasons: Vec<&str> = d.notes.iter().map(|n| n.reason.as_str()).collect();
     assert_eq!(reasons, ["JobCreated"], "one event for the new Job");
@@ -80,7 +80,7 @@ fn first_decision_creates_the_job_and_writes_every_condition() {
     assert_eq!(cond(&r, "Accepted"), ("True".into(), "Accepted".into()));
     // Once the Job exists, deciding again on the same world asks for nothing
     // new and changes nothing.
-    let obs = Observed { jobs: vec![attempt_job(1, json!([]))], ..Default::default() };
+    let obs = Attempts { jobs: vec![attempt_job(1, json!([]))], ..Default::default() };
     let d = step(&mut r, &obs, t("00:00:05"));
     assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Pending), Some("PodsPending")));
     let before = r.status.clone().unwrap();
@@ -92,15 +92,15 @@ fn first_decision_creates_the_job_and_writes_every_condition() {
 #[test]
 fn running_then_succeeded() {
     let mut r = run(GPU_SPEC);
-    step(&mut r, &Observed::default(), t("00:00:00"));
+    step(&mut r, &Attempts::default(), t("00:00:00"));
     let pods = vec![labelled(running(0), 1), labelled(running(1), 1)];
-    let obs = Observed { jobs: vec![attempt_job(1, json!([]))], pods, ..Default::default() };
+    let obs = Attempts { jobs: vec![attempt_job(1, json!([]))], pods, ..Default::default() };
     let d = step(&mut r, &obs, t("00:01:00"));
     assert_eq!(d.status.phase, Some(RunPhase::Running));
     assert_eq!(d.notes.last().unwrap().reason, "Training");
     assert_eq!(cond(&r, "Running"), ("True".into(), "Training".into()));
     let obs =
-        Observed { jobs: vec![attempt_job(1, json!([{"type": "Complete", "status": "True"}]))], ..Default::default() };
+        Attempts { jobs: vec![attempt_job(1, json!([{"type": "Complete", "status": "True"}]))], ..Default::default() };
     let d = step(&mut r, &obs, t("05:00:00"));
     assert_eq!(d.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(d.status.progress.as_ref().unwrap().percent, 100.0);
@@ -108,18 +108,18 @@ fn running_then_succeeded() {
     assert_eq!(cond(&r, "Succeeded").0, "True");
     assert_eq!(cond(&r, "Running"), ("False".into(), "Completed".into()));
     // Terminal: nothing more happens, even with the Job gone.
-    let d = step(&mut r, &Observed::default(), t("06:00:00"));
+    let d = step(&mut r, &Attempts::default(), t("06:00:00"));
     assert!(!d.create_job && d.notes.is_empty());
 }
 
 #[test]
 fn nan_fails_without_a_new_attempt() {
     let mut r = run(GPU_SPEC);
-    step(&mut r, &Observed::default(), t("00:00:00"));
+    step(&mut r, &Attempts::default(), t("00:00:00"));
     let nan =
         TerminationMessage { reason: FailureReason::NaNLoss, step: Some(7), detail: "loss=nan".into(), samples: None }
             .to_json();
-    let obs = Observed {
+    let obs = Attempts {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(exited(1, 86, "Error", &nan), 1)],
         ..Default::default()
@@ -137,8 +137,8 @@ fn nan_fails_without_a_new_attempt() {
 #[test]
 fn transient_failures_restart_until_max_restarts() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{maxRestarts: 1}}\n"));
-    step(&mut r, &Observed::default(), t("00:00:00"));
-    let crash = |a| Observed {
+    step(&mut r, &Attempts::default(), t("00:00:00"));
+    let crash = |a| Attempts {
         jobs: vec![attempt_job(a, json!([]))],
         pods: vec![labelled(exited(0, 1, "Error", "boom"), a)],
         ..Default::default()
@@ -149,16 +149,16 @@ fn transient_failures_restart_until_max_restarts() {
     assert_eq!(d.status.job_name.as_deref(), Some("llm-a2"));
     assert_eq!(cond(&r, "Restarting"), ("True".into(), "PodFailed".into()));
     // While attempt 1's pods terminate, attempt 2 waits.
-    let old = Observed { jobs: vec![], pods: vec![labelled(running(0), 1)], ..Default::default() };
+    let old = Attempts { jobs: vec![], pods: vec![labelled(running(0), 1)], ..Default::default() };
     let d = step(&mut r, &old, t("00:10:05"));
     assert!(!d.create_job);
     assert_eq!(d.status.phase, Some(RunPhase::Restarting));
-    let d = step(&mut r, &Observed::default(), t("00:10:30"));
+    let d = step(&mut r, &Attempts::default(), t("00:10:30"));
     assert!(d.create_job);
     // Attempt 2 runs, then fails too: no restarts left.
     let pods = vec![labelled(running(0), 2), labelled(running(1), 2)];
     let d =
-        step(&mut r, &Observed { jobs: vec![attempt_job(2, json!([]))], pods, ..Default::default() }, t("00:11:00"));
+        step(&mut r, &Attempts { jobs: vec![attempt_job(2, json!([]))], pods, ..Default::default() }, t("00:11:00"));
     assert_eq!(d.status.phase, Some(RunPhase::Running));
     assert_eq!(cond(&r, "Restarting"), ("False".into(), "Resumed".into()));
     let d = step(&mut r, &crash(2), t("00:20:00"));
@@ -169,13 +169,13 @@ fn transient_failures_restart_until_max_restarts() {
 #[test]
 fn disruptions_do_not_count() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{maxRestarts: 0}}\n"));
-    step(&mut r, &Observed::default(), t("00:00:00"));
+    step(&mut r, &Attempts::default(), t("00:00:00"));
     let evicted = crate::failure::tests::pod(
         0,
         json!({"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}),
     );
     let obs =
-        Observed { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(evicted, 1)], ..Default::default() };
+        Attempts { jobs: vec![attempt_job(1, json!([]))], pods: vec![labelled(evicted, 1)], ..Default::default() };
     let d = step(&mut r, &obs, t("00:10:00"));
     assert_eq!((d.status.phase, d.status.attempt, d.status.restarts), (Some(RunPhase::Restarting), 2, 0));
 }
@@ -183,20 +183,20 @@ fn disruptions_do_not_count() {
 #[test]
 fn suspend_and_resume_never_unsuspending_kueue() {
     let mut r = run(&format!("{GPU_SPEC}  suspend: true\n"));
-    let d = step(&mut r, &Observed::default(), t("00:00:00"));
+    let d = step(&mut r, &Attempts::default(), t("00:00:00"));
     assert!(d.create_job);
     assert_eq!(d.status.phase, Some(RunPhase::Suspended));
     let mut job = attempt_job(1, json!([]));
     job.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
     job.metadata.annotations = Some([(SUSPENDED_BY_OPERATOR.to_string(), "true".to_string())].into());
     r.spec.suspend = false;
-    let d = step(&mut r, &Observed { jobs: vec![job.clone()], ..Default::default() }, t("00:01:00"));
+    let d = step(&mut r, &Attempts { jobs: vec![job.clone()], ..Default::default() }, t("00:01:00"));
     assert_eq!(d.suspend_job, Some(false));
     assert_eq!(cond(&r, "Suspended").0, "False");
     // Suspended by someone else (Kueue): left alone.
     job.metadata.annotations = None;
     r.spec.queue_name = Some("team".into());
-    let d = step(&mut r, &Observed { jobs: vec![job.clone()], ..Default::default() }, t("00:02:00"));
+    let d = step(&mut r, &Attempts { jobs: vec![job.clone()], ..Default::default() }, t("00:02:00"));
     assert_eq!(d.suspend_job, None);
     assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Pending), Some("WaitingForQueue")));
     // A running Job is suspended when the run is (a queued run's, through its Kueue
@@ -204,7 +204,7 @@ fn suspend_and_resume_never_unsuspending_kueue() {
     r.spec.queue_name = None;
     r.spec.suspend = true;
     job.spec = None;
-    let d = step(&mut r, &Observed { jobs: vec![job], ..Default::default() }, t("00:03:00"));
+    let d = step(&mut r, &Attempts { jobs: vec![job], ..Default::default() }, t("00:03:00"));
     assert_eq!(d.suspend_job, Some(true));
     assert_eq!(cond(&r, "Suspended"), ("True".into(), "Suspended".into()));
 }
@@ -213,40 +213,40 @@ fn suspend_and_resume_never_unsuspending_kueue() {
 fn a_queued_run_is_queued_until_kueue_admits_it_and_again_when_evicted() {
     let mut r = run(&format!("{GPU_SPEC}  queueName: team\n"));
     let queued = |r: &TrainingRun| status::condition(r.status.as_ref().unwrap(), status::QUEUED).cloned().unwrap();
-    let d = step(&mut r, &Observed::default(), t("00:00:00"));
+    let d = step(&mut r, &Attempts::default(), t("00:00:00"));
     assert!(d.create_job);
     let q = queued(&r);
     assert_eq!((q.status.as_str(), q.reason.as_str()), ("True", "WaitingForQueue"));
     assert!(q.message.contains("LocalQueue team"), "{}", q.message);
     let mut job = attempt_job(1, json!([]));
     job.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
-    step(&mut r, &Observed { jobs: vec![job.clone()], ..Default::default() }, t("00:00:05"));
+    step(&mut r, &Attempts { jobs: vec![job.clone()], ..Default::default() }, t("00:00:05"));
     assert_eq!(queued(&r).status, "True", "held by Kueue");
     // Admitted: Kueue un-suspends the Job and its pods run.
     job.spec = None;
     let pods = vec![labelled(running(0), 1), labelled(running(1), 1)];
-    let d = step(&mut r, &Observed { jobs: vec![job.clone()], pods, ..Default::default() }, t("00:01:00"));
+    let d = step(&mut r, &Attempts { jobs: vec![job.clone()], pods, ..Default::default() }, t("00:01:00"));
     assert_eq!(d.status.phase, Some(RunPhase::Running));
     let q = queued(&r);
     assert_eq!((q.status.as_str(), q.reason.as_str()), ("False", "Admitted"));
     assert!(q.message.contains("LocalQueue team"), "{}", q.message);
     // Evicted (preempted): Kueue suspends it again; a wait, not a failure.
     job.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
-    let d = step(&mut r, &Observed { jobs: vec![job], ..Default::default() }, t("00:02:00"));
+    let d = step(&mut r, &Attempts { jobs: vec![job], ..Default::default() }, t("00:02:00"));
     assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Pending), Some("WaitingForQueue")));
     assert_eq!((d.status.attempt, d.status.restarts), (1, 0));
     assert_eq!(queued(&r).status, "True");
     // A run without a queue has no Queued condition.
     let mut plain = run(GPU_SPEC);
-    step(&mut plain, &Observed::default(), t("00:00:00"));
+    step(&mut plain, &Attempts::default(), t("00:00:00"));
     assert!(status::condition(plain.status.as_ref().unwrap(), status::QUEUED).is_none());
 }
 
 #[test]
 fn stall_is_reported_once_then_clears() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{stallTimeout: 10m}}\n"));
-    step(&mut r, &Observed::default(), t("00:00:00"));
-    let obs = |step| Observed {
+    step(&mut r, &Attempts::default(), t("00:00:00"));
+    let obs = |step| Attempts {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
         trainer: Some(report(step)),
@@ -270,14 +270,14 @@ fn stall_is_reported_once_then_clears() {
 #[test]
 fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
     let mut r = run(GPU_SPEC);
-    step(&mut r, &Observed::default(), t("00:00:00"));
+    step(&mut r, &Attempts::default(), t("00:00:00"));
     let probe = |node_rank: u32, seconds| LinkProbe {
         node_rank,
         pod: format!("llm-a1-{node_rank}-x"),
         node: Some(format!("n{node_rank}")),
         seconds,
     };
-    let obs = |links: Option<Vec<LinkProbe>>| Observed {
+    let obs = |links: Option<Vec<LinkProbe>>| Attempts {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
         trainer: Some(report(5)),
@@ -307,8 +307,8 @@ fn a_slow_link_is_a_straggler_after_its_readings_and_clears_when_healed() {
 #[test]
 fn stall_can_restart_the_gang() {
     let mut r = run(&format!("{GPU_SPEC}  failurePolicy: {{stallTimeout: 10m, onStall: restart}}\n"));
-    step(&mut r, &Observed::default(), t("00:00:00"));
-    let obs = Observed {
+    step(&mut r, &Attempts::default(), t("00:00:00"));
+    let obs = Attempts {
         jobs: vec![attempt_job(1, json!([]))],
         pods: vec![labelled(running(0), 1), labelled(running(1), 1)],
         ..Default::default()
@@ -325,7 +325,7 @@ fn stall_can_restart_the_gang() {
 #[test]
 fn waits_for_the_init_run() {
     let mut r = run(GRPO_SPEC);
-    let waiting = |state| Observed { init_run: Some(state), ..Default::default() };
+    let waiting = |state| Attempts { init_run: Some(state), ..Default::default() };
     let d = step(&mut r, &waiting(InitRun::Phase(Some(RunPhase::Running))), t("00:00:00"));
     assert!(!d.create_job);
     assert_eq!((d.status.phase, d.status.reason.as_deref()), (Some(RunPhase::Waiting), Some("WaitingForInitRun")));

@@ -17,6 +17,13 @@ pub fn applied_hash<K: Resource>(live: &K) -> Option<String> {
     live.annotations().get(APPLIED_HASH).cloned()
 }
 
+/// The applied-hash of a desired child: what it carries once applied.
+pub fn hash_of<K: serde::Serialize>(obj: &K) -> String {
+    use sha2::{Digest, Sha256};
+    let json = serde_json::to_vec(obj).expect("Kubernetes objects serialize");
+    Sha256::digest(&json).iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
 /// On a Job the operator suspended for `spec.suspend`; a Job suspended without it
 /// (by Kueue) is never un-suspended by the operator.
 pub const SUSPENDED_BY_OPERATOR: &str = "training.puretransformer.dev/suspended-by-operator";

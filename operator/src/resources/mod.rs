@@ -15,7 +15,7 @@ pub use configmap::configmap;
 pub use job::{job, suspension};
 pub use meta::{
     APPLIED_HASH, ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, RUN_LABEL, SUSPENDED_BY_OPERATOR, applied_hash,
-    configmap_name, job_name, labels, owned_by, pvc_name, run_selector, service_name,
+    configmap_name, hash_of, job_name, labels, owned_by, pvc_name, run_selector, service_name,
 };
 pub use networkpolicy::network_policy;
 pub use pvc::{access_mode, pvc};

@@ -8,9 +8,9 @@ use crds::contract::{RankTiming, RunReason};
 use crds::types::{SlowLink, Straggler};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::{outlier, slow_link};
 use crate::failure::completion_index;
 use crate::status::{Cond, STRAGGLER};
-use crate::{outlier, slow_link};
 
 /// The slowest rank, with the median of the others' compute seconds per step.
 #[derive(Clone, Copy, Debug, PartialEq)]

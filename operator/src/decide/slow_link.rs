@@ -8,8 +8,8 @@
 use crds::contract::{LINK_PROBE_BYTES, LINK_PROBE_FLOOR_SECONDS};
 use crds::types::SlowLink;
 
+use super::outlier;
 use crate::observed::LinkProbe;
-use crate::outlier;
 
 /// The slowest link when it is over `factor` × the median of the others' and over the
 /// floor. Needs two pods or more.

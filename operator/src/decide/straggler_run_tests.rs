@@ -1,4 +1,4 @@
-//! Stragglers through the operator's real reconcile against the fake API: rank 0
+//! Stragglers, reconcile after reconcile on plans ([`World`]): rank 0
 //! reports every rank's work per step, and a rank over `failurePolicy.stragglerFactor`
 //! × the others' median for `stragglerReadings` readings in a row (each at a new step)
 //! sets `Straggler=True` naming the rank, its pod and its node, with a Warning event and
@@ -9,54 +9,54 @@ use std::time::Duration;
 use crds::contract::RankTiming;
 use crds::types::RunPhase;
 
-mod common;
-use common::harness::{Harness, SPEC};
+use super::lifecycle_tests::SPEC;
+use super::world::World;
 
 /// Rank 0's status at `step` with each rank's compute seconds per step.
-fn report(h: &Harness, step: u64, compute: &[f64]) {
-    h.rank0.report(step, 3.0);
+fn report(w: &mut World, step: u64, compute: &[f64]) {
+    w.report(step, 3.0);
     let ranks = compute
         .iter()
         .enumerate()
         .map(|(r, &c)| RankTiming { rank: r as u32, compute_seconds: c, data_wait_seconds: 0.002 })
         .collect();
-    h.rank0.doc.lock().unwrap().as_mut().unwrap().ranks = ranks;
+    w.rank0.as_mut().unwrap().ranks = ranks;
 }
 
 /// The next poll of rank 0 reads the new report.
-async fn poll(h: &Harness) {
-    h.clock.advance(Duration::from_secs(31));
-    h.settle("llm").await;
+fn poll(w: &mut World) {
+    w.advance(Duration::from_secs(31));
+    w.settle();
 }
 
-#[tokio::test]
-async fn a_slow_rank_is_flagged_after_three_readings_and_cleared_when_it_recovers() {
-    let h = Harness::new();
-    h.apply("llm", SPEC);
-    h.settle("llm").await;
-    h.start_pods("llm-a1", "Running");
+#[test]
+fn a_slow_rank_is_flagged_after_three_readings_and_cleared_when_it_recovers() {
+    let mut w = World::empty();
+    w.apply("llm", SPEC);
+    w.settle();
+    w.start_pods("llm-a1", "Running");
     for step in [5, 13, 21] {
-        report(&h, step, &[0.40, 0.43]);
-        poll(&h).await;
-        let (slow, reason, _) = h.condition("llm", "Straggler");
+        report(&mut w, step, &[0.40, 0.43]);
+        poll(&mut w);
+        let (slow, reason, _) = w.condition("Straggler");
         assert_eq!((slow.as_str(), reason.as_str()), ("False", "NoStraggler"), "balanced at step {step}");
-        assert_eq!(h.status("llm").straggler, None);
+        assert_eq!(w.status().straggler, None);
     }
-    assert_eq!(h.status("llm").phase, Some(RunPhase::Running));
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
 
     // Rank 1 at 2.25× rank 0: two readings count, the third sets the condition.
     for (step, readings) in [(29, 1), (37, 2)] {
-        report(&h, step, &[0.40, 0.90]);
-        poll(&h).await;
-        assert_eq!(h.condition("llm", "Straggler").0, "False", "step {step}");
-        assert_eq!(h.status("llm").straggler.unwrap().readings, readings);
+        report(&mut w, step, &[0.40, 0.90]);
+        poll(&mut w);
+        assert_eq!(w.condition("Straggler").0, "False", "step {step}");
+        assert_eq!(w.status().straggler.unwrap().readings, readings);
     }
     // The same reading polled again counts once.
-    poll(&h).await;
-    assert_eq!(h.status("llm").straggler.unwrap().readings, 2);
-    report(&h, 45, &[0.40, 0.90]);
-    poll(&h).await;
-    let (slow, reason, message) = h.condition("llm", "Straggler");
+    poll(&mut w);
+    assert_eq!(w.status().straggler.unwrap().readings, 2);
+    report(&mut w, 45, &[0.40, 0.90]);
+    poll(&mut w);
+    let (slow, reason, message) = w.condition("Straggler");
     assert_eq!((slow.as_str(), reason.as_str()), ("True", "Straggler"));
     assert!(
         message.starts_with(
@@ -65,21 +65,21 @@ async fn a_slow_rank_is_flagged_after_three_readings_and_cleared_when_it_recover
         ),
         "{message}"
     );
-    assert!(h.has_event("Warning", "Straggler"));
-    assert!(h.metrics.render().contains(
+    assert!(w.has_event("Warning", "Straggler"));
+    assert!(w.metrics.render().contains(
         r#"trainingrun_condition{name="llm",namespace="ml",reason="Straggler",status="True",type="Straggler"} 1"#
     ));
-    let s = h.status("llm").straggler.unwrap();
+    let s = w.status().straggler.unwrap();
     assert_eq!(
         (s.rank, s.pod.as_deref(), s.node.as_deref(), s.readings),
         (1, Some("llm-a1-1-abcde"), Some("node-1"), 3)
     );
-    assert_eq!(h.status("llm").phase, Some(RunPhase::Running), "report only: nothing restarts");
+    assert_eq!(w.status().phase, Some(RunPhase::Running), "report only: nothing restarts");
 
     // It keeps pace again: the condition clears with a Normal event.
-    report(&h, 53, &[0.41, 0.42]);
-    poll(&h).await;
-    assert_eq!(h.condition("llm", "Straggler").0, "False");
-    assert!(h.has_event("Normal", "NoStraggler"));
-    assert_eq!(h.status("llm").straggler, None);
+    report(&mut w, 53, &[0.41, 0.42]);
+    poll(&mut w);
+    assert_eq!(w.condition("Straggler").0, "False");
+    assert!(w.has_event("Normal", "NoStraggler"));
+    assert_eq!(w.status().straggler, None);
 }

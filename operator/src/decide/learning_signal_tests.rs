@@ -1,4 +1,4 @@
-//! GRPO's learning signal through the operator's real reconcile against the fake API:
+//! GRPO's learning signal, reconcile after reconcile on plans ([`World`]):
 //! rank 0 reports how many steps in a row had no learning signal, and at
 //! `grpo.noSignalSteps` the run gets `NoLearningSignal=True`, a Warning event and its
 //! metric, until the rewards vary again.
@@ -8,8 +8,7 @@ use std::time::Duration;
 use crds::contract::{TrainerPhase, TrainerStatus};
 use crds::types::{RunMetrics, RunPhase};
 
-mod common;
-use common::harness::Harness;
+use super::world::World;
 
 const GRPO: &str = "  phase: grpo
   model: {preset: nano}
@@ -21,8 +20,8 @@ const GRPO: &str = "  phase: grpo
 ";
 
 /// Rank 0's status after `step` steps, the last `silent` of them without signal.
-fn report(h: &Harness, step: u64, silent: u64, flat: f64) {
-    *h.rank0.doc.lock().unwrap() = Some(TrainerStatus {
+fn report(w: &mut World, step: u64, silent: u64, flat: f64) {
+    w.rank0 = Some(TrainerStatus {
         phase: TrainerPhase::Training,
         attempt: 1,
         step,
@@ -44,34 +43,34 @@ fn report(h: &Harness, step: u64, silent: u64, flat: f64) {
     });
 }
 
-#[tokio::test]
-async fn a_grpo_run_without_learning_signal_is_flagged_until_it_learns_again() {
-    let h = Harness::new();
-    h.apply("tune", GRPO);
-    h.settle("tune").await;
-    h.start_pods("tune-a1", "Running");
-    report(&h, 4, 4, 1.0);
-    h.settle("tune").await;
-    assert_eq!(h.status("tune").phase, Some(RunPhase::Running));
-    let (silent, reason, _) = h.condition("tune", "NoLearningSignal");
+#[test]
+fn a_grpo_run_without_learning_signal_is_flagged_until_it_learns_again() {
+    let mut w = World::empty();
+    w.apply("tune", GRPO);
+    w.settle();
+    w.start_pods("tune-a1", "Running");
+    report(&mut w, 4, 4, 1.0);
+    w.settle();
+    assert_eq!(w.status().phase, Some(RunPhase::Running));
+    let (silent, reason, _) = w.condition("NoLearningSignal");
     assert_eq!((silent.as_str(), reason.as_str()), ("False", "LearningSignal"));
-    assert_eq!(h.status("tune").conditions.len(), 8, "GRPO runs carry the condition");
+    assert_eq!(w.status().conditions.len(), 8, "GRPO runs carry the condition");
 
-    report(&h, 10, 10, 0.95);
-    h.clock.advance(Duration::from_secs(31));
-    h.settle("tune").await;
-    let (silent, reason, message) = h.condition("tune", "NoLearningSignal");
+    report(&mut w, 10, 10, 0.95);
+    w.advance(Duration::from_secs(31));
+    w.settle();
+    let (silent, reason, message) = w.condition("NoLearningSignal");
     assert_eq!((silent.as_str(), reason.as_str()), ("True", "NoLearningSignal"));
     assert!(message.contains("for 10 steps in a row at least 90%") && message.contains("(now 95%)"), "{message}");
-    assert!(h.has_event("Warning", "NoLearningSignal"));
-    assert!(h.metrics.render().contains(
+    assert!(w.has_event("Warning", "NoLearningSignal"));
+    assert!(w.metrics.render().contains(
         r#"trainingrun_condition{name="tune",namespace="ml",reason="NoLearningSignal",status="True",type="NoLearningSignal"} 1"#
     ));
-    assert_eq!(h.status("tune").metrics.unwrap().frac_reward_zero_std, Some(0.95));
+    assert_eq!(w.status().metrics.unwrap().frac_reward_zero_std, Some(0.95));
 
-    report(&h, 12, 0, 0.25);
-    h.clock.advance(Duration::from_secs(31));
-    h.settle("tune").await;
-    assert_eq!(h.condition("tune", "NoLearningSignal").0, "False");
-    assert!(h.has_event("Normal", "LearningSignal"));
+    report(&mut w, 12, 0, 0.25);
+    w.advance(Duration::from_secs(31));
+    w.settle();
+    assert_eq!(w.condition("NoLearningSignal").0, "False");
+    assert!(w.has_event("Normal", "LearningSignal"));
 }

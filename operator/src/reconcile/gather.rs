@@ -1,0 +1,179 @@
+//! What a reconcile reads, and only that: the live run, the TrainingDatasets its mix
+//! names, what its attempts run under (ConfigMap and claim), its Service and
+//! NetworkPolicy's applied-hashes, its Jobs and pods, its init run, its Kueue Workload,
+//! and rank 0's `/status` when a poll is due. What to read next depends on the config
+//! admitted, which the pure `decide::admission` says.
+
+use crds::config::ResolvedInit;
+use crds::contract::CONFIG_KEY;
+use crds::types::RunPhase;
+use crds::{RunConfig, TrainingRun};
+use jiff::Timestamp;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::context::Context;
+use crate::decide::{admission, poll_due, reads_accepted};
+use crate::mix_datasets::{self, Gate};
+use crate::observe;
+use crate::observed::{Accepted, Admission, Attempts, Datasets, InitRun, Observed, Poll};
+use crate::resources::{self, QueuedWorkload, RUN_LABEL, applied_hash, workload};
+use crate::status::is_terminal;
+use crate::{Error, Verb};
+
+/// What one reconcile of `cached` at `now` reads; `None` once the run is gone.
+pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Result<Option<Observed>, Error> {
+    let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
+    let runs: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
+    // The reflector may lag the operator's own status writes; plan on the live object.
+    let Some(live) = runs.get_opt(&name).await.map_err(Error::kube(Verb::Get, "TrainingRun", &ns, &name))? else {
+        return Ok(None);
+    };
+    let (run, datasets) = datasets(&ctx.client, live).await?;
+    let accepted = if reads_accepted(&run) { read_accepted(&ctx.client, &run).await? } else { Accepted::default() };
+    let admission = admission(&run, &datasets, &accepted);
+    let memory = ctx.memory(&run.uid().unwrap_or_default());
+    let mut o = Observed {
+        run,
+        datasets,
+        accepted,
+        admission,
+        service_hash: None,
+        network_policy_hash: None,
+        attempts: Attempts::default(),
+        memory,
+        poll: Poll::NotAsked,
+    };
+    // A run that waits, is invalid or has ended has no attempts to read.
+    let cfg = match &o.admission {
+        Admission::Admitted { cfg, .. } if !is_terminal(&o.run.status.clone().unwrap_or_default()) => {
+            cfg.as_ref().clone()
+        }
+        _ => return Ok(Some(o)),
+    };
+    o.service_hash = live_hash::<Service>(&ctx.client, &ns, &resources::service_name(&name)).await?;
+    if ctx.settings.network_policy.is_some() {
+        o.network_policy_hash = live_hash::<NetworkPolicy>(&ctx.client, &ns, &resources::service_name(&name)).await?;
+    }
+    o.attempts = attempts(&ctx.client, &o.run, &cfg).await?;
+    poll(ctx, &mut o, &cfg, now).await;
+    Ok(Some(o))
+}
+
+/// The run with its TrainingDatasets' URIs in place, and whether it waits for them. A
+/// run that ended waits for nothing: it keeps its status, with placeholders where its
+/// datasets are gone.
+async fn datasets(client: &Client, run: TrainingRun) -> Result<(TrainingRun, Datasets), Error> {
+    if crds::resolve::named_datasets(&run).is_empty() {
+        return Ok((run, Datasets::Unnamed));
+    }
+    let old = run.status.clone().unwrap_or_default();
+    let ended = matches!(old.phase, Some(RunPhase::Succeeded | RunPhase::Failed));
+    let found = mix_datasets::look_up(client, &run).await?;
+    Ok(match mix_datasets::judge(&run, &found, old.attempt > 0) {
+        Gate::Ready(ready) => (ready, Datasets::Ready),
+        Gate::Waiting { run, .. } if ended => (run, Datasets::Ready),
+        Gate::Waiting { run, message } => (run, Datasets::Waiting(message)),
+    })
+}
+
+/// The run's ConfigMap and checkpoint claim.
+async fn read_accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Error> {
+    let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
+    let cm_name = resources::configmap_name(&name);
+    let cm = get::<ConfigMap>(client, &ns, &cm_name).await?;
+    let configmap_hash = cm.as_ref().and_then(applied_hash);
+    let text = cm.and_then(|c| c.data).and_then(|mut d| d.remove(CONFIG_KEY));
+    let config = text.and_then(|t| match serde_json::from_str::<RunConfig>(&t) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(run = %name, "ConfigMap {cm_name} does not hold a config this operator reads ({e}); rewriting it");
+            None
+        }
+    });
+    let live_claim = get::<PersistentVolumeClaim>(client, &ns, &resources::pvc_name(&name)).await?;
+    let claim_hash = live_claim.as_ref().and_then(applied_hash);
+    let claim = live_claim.map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
+    Ok(Accepted { config, claim, configmap_hash, claim_hash })
+}
+
+/// The run's Jobs and pods (every attempt), the state of its init run, and the Kueue
+/// Workload of its current Job.
+async fn attempts(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Result<Attempts, Error> {
+    let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
+    let lp = ListParams::default().labels(&format!("{RUN_LABEL}={name}"));
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+    let jobs = jobs.list(&lp).await.map_err(Error::kube(Verb::List, "Job", &ns, &name))?.items;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pods = pods.list(&lp).await.map_err(Error::kube(Verb::List, "Pod", &ns, &name))?.items;
+    let init_run = match &cfg.init_from {
+        Some(ResolvedInit::TrainingRun { name: init }) => Some(match get::<TrainingRun>(client, &ns, init).await? {
+            None => InitRun::Missing,
+            Some(o) => InitRun::Phase(o.status.and_then(|s| s.phase)),
+        }),
+        _ => None,
+    };
+    let workload = match &run.spec.queue_name {
+        Some(_) => {
+            let current = jobs.iter().find(|j| j.name_any() == resources::job_name(&name, cfg.attempt));
+            queued_workload(client, &ns, current).await?
+        }
+        None => None,
+    };
+    Ok(Attempts { jobs, pods, init_run, trainer: None, links: None, workload })
+}
+
+/// The Kueue Workload of the current attempt's Job, by the label Kueue gives it. None
+/// before the Job or its Workload exist, and where Kueue's API is not served.
+async fn queued_workload(client: &Client, ns: &str, current: Option<&Job>) -> Result<Option<QueuedWorkload>, Error> {
+    let Some(uid) = current.and_then(|j| j.metadata.uid.clone()) else { return Ok(None) };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &workload::api_resource());
+    let lp = ListParams::default().labels(&format!("{}={uid}", workload::JOB_UID_LABEL));
+    match api.list(&lp).await {
+        Ok(list) => Ok(list.items.first().map(QueuedWorkload::read)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(Error::kube(Verb::List, "Workload", ns, &uid)(e)),
+    }
+}
+
+/// Rank 0's `/status` into `o.attempts.trainer` when a poll is due and rank 0 runs, and,
+/// when it answered for a gang of several nodes, the links of its pods. A poll asked is
+/// remembered at once: a failed reconcile still waits the poll interval.
+async fn poll(ctx: &Context, o: &mut Observed, cfg: &RunConfig, now: Timestamp) {
+    if !poll_due(&o.memory, now, &ctx.settings) {
+        return;
+    }
+    let (ns, name) = (o.run.namespace().unwrap_or_default(), o.run.name_any());
+    let job = resources::job_name(&name, cfg.attempt);
+    let url = ctx.settings.status_url_for(&name, &ns, &job, &resources::service_name(&name));
+    o.poll = observe::poll_rank0(&ctx.status_client, &mut o.attempts, cfg, &url, &name).await;
+    if o.poll.asked() {
+        o.memory.last_poll = Some(now);
+        ctx.remember(&o.run.uid().unwrap_or_default(), o.memory.clone());
+    }
+    if o.poll == Poll::Answered && cfg.topology.nodes > 1 {
+        o.attempts.links = Some(observe::probe_links(&ctx.status_client, &o.attempts, cfg.attempt).await);
+    }
+}
+
+/// The object `name` in `ns`, `None` where it does not exist.
+async fn get<K>(client: &Client, ns: &str, name: &str) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    api.get_opt(name).await.map_err(Error::kube(Verb::Get, K::kind(&()), ns, name))
+}
+
+/// The applied-hash of the object `name` in `ns`.
+async fn live_hash<K>(client: &Client, ns: &str, name: &str) -> Result<Option<String>, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(get::<K>(client, ns, name).await?.as_ref().and_then(applied_hash))
+}
