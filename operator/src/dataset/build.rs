@@ -89,23 +89,26 @@ fn pull_policy(p: PullPolicy) -> String {
     serde_json::to_value(p).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
-/// The Job of `step` for the dataset's current generation.
-pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image: &str) -> Job {
-    let name = ds.name_any();
-    let generation = ds.metadata.generation.unwrap_or_default();
-    let spec = &ds.spec;
-    let pods = if step == PrepareStep::Work { spec.workers as i32 } else { 1 };
+/// The container's environment: the status port, the cache, the log level, and the
+/// spec's own variables, which win.
+fn container_env(user: &[EnvVar]) -> Vec<EnvVar> {
     let mut env = vec![
         var(env::STATUS_PORT, STATUS_PORT.to_string()),
         var(env::CACHE, "/tmp/trainingrun"),
         var("RUST_LOG", "info"),
     ];
-    for user in &spec.env {
+    for user in user {
         match env.iter_mut().find(|v| v.name == user.name) {
             Some(v) => *v = user.clone(),
             None => env.push(user.clone()),
         }
     }
+    env
+}
+
+/// The pod's volumes and the container's mounts: `/tmp`, and each claim the dataset
+/// reads or writes.
+fn volumes(p: &Prepared) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes =
         vec![Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }];
     let mut mounts = vec![VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() }];
@@ -126,13 +129,23 @@ pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image:
             ..Default::default()
         });
     }
+    (volumes, mounts)
+}
+
+/// The Job of `step` for the dataset's current generation.
+pub fn job(ds: &TrainingDataset, p: &Prepared, step: PrepareStep, trainer_image: &str) -> Job {
+    let name = ds.name_any();
+    let generation = ds.metadata.generation.unwrap_or_default();
+    let spec = &ds.spec;
+    let pods = if step == PrepareStep::Work { spec.workers as i32 } else { 1 };
+    let (volumes, mounts) = volumes(p);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(spec.image.clone().unwrap_or_else(|| trainer_image.to_string())),
         image_pull_policy: spec.image_pull_policy.map(pull_policy),
         command: Some(vec!["trainer".into()]),
         args: Some(args(ds, p, step)),
-        env: Some(env),
+        env: Some(container_env(&spec.env)),
         ports: Some(vec![ContainerPort {
             name: Some("status".into()),
             container_port: STATUS_PORT.into(),

@@ -109,17 +109,12 @@ pub fn decide(ds: &TrainingDataset, plan: &Result<Prepared, Vec<String>>, obs: &
     d
 }
 
-/// The first step of the current generation that is not done: created, waited for, or
-/// its failure; Ready when the merge is done.
-fn steps(ds: &TrainingDataset, plan: &Prepared, obs: &Observed, generation: i64, d: &mut Decision) -> Outcome {
+/// The retries of the current generation's pods into status, with an event when there
+/// are more. A running or complete Job's failed pods were all replaced; a failed Job's
+/// last ones were not (the pod that failed it, and those it stopped), so its retries are
+/// those counted while it ran: the status keeps the largest count seen.
+fn count_retries(ds: &TrainingDataset, obs: &Observed, order: &[PrepareStep], generation: i64, d: &mut Decision) {
     let name = ds.name_any();
-    let mut order = vec![PrepareStep::Work, PrepareStep::Merge];
-    if plan.train_tokenizer {
-        order.insert(0, PrepareStep::Tokenizer);
-    }
-    // A running or complete Job's failed pods were all replaced; a failed Job's last ones
-    // were not (the pod that failed it, and those it stopped), so its retries are those
-    // counted while it ran: the status keeps the largest count seen.
     let old = ds.status.as_ref().filter(|s| s.observed_generation == Some(generation));
     let replaced: u32 = order
         .iter()
@@ -139,6 +134,17 @@ fn steps(ds: &TrainingDataset, plan: &Prepared, obs: &Observed, generation: i64,
             ),
         });
     }
+}
+
+/// The first step of the current generation that is not done: created, waited for, or
+/// its failure; Ready when the merge is done.
+fn steps(ds: &TrainingDataset, plan: &Prepared, obs: &Observed, generation: i64, d: &mut Decision) -> Outcome {
+    let name = ds.name_any();
+    let mut order = vec![PrepareStep::Work, PrepareStep::Merge];
+    if plan.train_tokenizer {
+        order.insert(0, PrepareStep::Tokenizer);
+    }
+    count_retries(ds, obs, &order, generation, d);
     for step in order {
         let job_name = job_name(&name, step, generation);
         let (preparing, what) = match step {

@@ -34,77 +34,96 @@ pub struct Prepared {
     pub mounts: Vec<Mount>,
 }
 
-/// The dataset's pods' plan, or every field that is wrong, each named.
-pub fn validate(ds: &TrainingDataset) -> Result<Prepared, Vec<String>> {
-    let mut errors = Vec::new();
-    let name = ds.name_any();
-    if name.len() > MAX_NAME {
-        errors.push(format!(
-            "metadata.name: {name:?} is longer than {MAX_NAME} characters (its Jobs' names add a suffix)"
-        ));
-    }
-    let spec = &ds.spec;
-    let mut mounts: Vec<Mount> = Vec::new();
-    let mut path_of = |field: &str, uri: &str, read_only: bool, errors: &mut Vec<String>| -> Option<String> {
+/// The paths a dataset's pods read and write, the claims they mount, and every field
+/// that is wrong.
+#[derive(Default)]
+struct Paths {
+    mounts: Vec<Mount>,
+    errors: Vec<String>,
+}
+
+impl Paths {
+    /// Where `uri` (of `field`) is in the pods: an S3 URI or (read only) an https URL as
+    /// it is, a claim's path under its mount, the claim mounted read-only unless something
+    /// is written to it.
+    fn path(&mut self, field: &str, uri: &str, read_only: bool) -> Option<String> {
         // A URL is one file, fetched by `trainer prepare` itself.
         if uri.starts_with("https://") {
             if read_only {
                 return Some(uri.to_string());
             }
-            errors.push(format!("{field}: {uri:?}: an https:// URL is read, not written; give s3:// or pvc://"));
+            self.errors.push(format!("{field}: {uri:?}: an https:// URL is read, not written; give s3:// or pvc://"));
             return None;
         }
         match parse_location_str(uri) {
             Ok(Location::S3 { .. }) => Some(uri.to_string()),
             Ok(Location::Pvc { claim, path }) => {
-                match mounts.iter_mut().find(|m| m.claim == claim) {
+                match self.mounts.iter_mut().find(|m| m.claim == claim) {
                     Some(m) => m.read_only &= read_only,
-                    None => mounts.push(Mount { claim: claim.clone(), read_only }),
+                    None => self.mounts.push(Mount { claim: claim.clone(), read_only }),
                 }
                 Some(pvc_path(&claim, &path))
             }
             Ok(_) => {
-                errors.push(format!("{field}: {uri:?} must be s3://bucket/prefix or pvc://claim/path"));
+                self.errors.push(format!("{field}: {uri:?} must be s3://bucket/prefix or pvc://claim/path"));
                 None
             }
             Err(e) => {
-                errors.push(format!("{field}: {e}"));
+                self.errors.push(format!("{field}: {e}"));
                 None
             }
         }
-    };
+    }
+
+    /// The tokenizer's flags, and whether a tokenizer pod trains it first.
+    fn tokenizer(&mut self, t: &crds::types::DatasetTokenizer) -> (Option<Vec<String>>, bool) {
+        match (&t.uri, t.embedded == Some(true), &t.train) {
+            (Some(uri), false, None) => {
+                (self.path("spec.tokenizer.uri", uri, true).map(|p| vec!["--tokenizer".into(), p]), false)
+            }
+            (None, true, None) => (Some(vec!["--tokenizer".into(), "embedded".into()]), false),
+            (None, false, Some(train)) => {
+                let sample =
+                    parse_tokens_field("spec.tokenizer.train.sampleBytes", &train.sample_bytes, &mut self.errors);
+                let flags = sample.map(|bytes| {
+                    vec![
+                        "--train-tokenizer".into(),
+                        "--vocab-size".into(),
+                        train.vocab_size.to_string(),
+                        "--tokenizer-sample-bytes".into(),
+                        bytes.to_string(),
+                    ]
+                });
+                (flags, true)
+            }
+            _ => {
+                self.errors.push("spec.tokenizer: set exactly one of uri, embedded and train".into());
+                (None, false)
+            }
+        }
+    }
+}
+
+/// The dataset's pods' plan, or every field that is wrong, each named.
+pub fn validate(ds: &TrainingDataset) -> Result<Prepared, Vec<String>> {
+    let mut paths = Paths::default();
+    let name = ds.name_any();
+    if name.len() > MAX_NAME {
+        paths.errors.push(format!(
+            "metadata.name: {name:?} is longer than {MAX_NAME} characters (its Jobs' names add a suffix)"
+        ));
+    }
+    let spec = &ds.spec;
     let inputs: Vec<String> = spec
         .source
         .uris
         .iter()
         .enumerate()
-        .filter_map(|(i, u)| path_of(&format!("spec.source.uris[{i}]"), u, true, &mut errors))
+        .filter_map(|(i, u)| paths.path(&format!("spec.source.uris[{i}]"), u, true))
         .collect();
-    let output = path_of("spec.output", &spec.output, false, &mut errors).unwrap_or_default();
-    let t = &spec.tokenizer;
-    let (tokenizer, train_tokenizer) = match (&t.uri, t.embedded == Some(true), &t.train) {
-        (Some(uri), false, None) => {
-            (path_of("spec.tokenizer.uri", uri, true, &mut errors).map(|p| vec!["--tokenizer".into(), p]), false)
-        }
-        (None, true, None) => (Some(vec!["--tokenizer".into(), "embedded".into()]), false),
-        (None, false, Some(train)) => {
-            let sample = parse_tokens_field("spec.tokenizer.train.sampleBytes", &train.sample_bytes, &mut errors);
-            let flags = sample.map(|bytes| {
-                vec![
-                    "--train-tokenizer".into(),
-                    "--vocab-size".into(),
-                    train.vocab_size.to_string(),
-                    "--tokenizer-sample-bytes".into(),
-                    bytes.to_string(),
-                ]
-            });
-            (flags, true)
-        }
-        _ => {
-            errors.push("spec.tokenizer: set exactly one of uri, embedded and train".into());
-            (None, false)
-        }
-    };
+    let output = paths.path("spec.output", &spec.output, false).unwrap_or_default();
+    let (tokenizer, train_tokenizer) = paths.tokenizer(&spec.tokenizer);
+    let Paths { mut mounts, mut errors } = paths;
     let shard_tokens = parse_tokens_field("spec.shardTokens", &spec.shard_tokens, &mut errors);
     if shard_tokens.is_some_and(|n| n < 1024) {
         errors.push("spec.shardTokens: must be at least 1K".into());

@@ -27,7 +27,7 @@ pub(super) fn outcome(ctx: &Ctx, draft: &mut Draft) -> Outcome {
     }
     let p = draft.new.progress.as_mut().expect("Draft::start sets the progress");
     let last = old.progress.as_ref().and_then(|p| p.last_progress_time.as_ref()).map(|t| t.0);
-    let s = stall::check(was_running, last, old_step, p.step, ctx.now, cfg.failure.stall_timeout_seconds);
+    let s = stall::check(was_running, last, p.step > old_step, ctx.now, cfg.failure.stall_timeout_seconds);
     p.last_progress_time = Some(Time(s.last_progress));
     let step = p.step;
     match s.stalled_for {

@@ -14,18 +14,17 @@ pub struct Stall {
 }
 
 /// `was_running`: the run was already Running before this reconcile; a run that
-/// just started running starts a fresh clock. `step` is the newest known step and
-/// `old_step` the one in status.
+/// just started running starts a fresh clock, and so does a step past the one in
+/// status (`advanced`).
 pub fn check(
     was_running: bool,
     last_progress: Option<Timestamp>,
-    old_step: u64,
-    step: u64,
+    advanced: bool,
     now: Timestamp,
     timeout_seconds: u64,
 ) -> Stall {
     let last_progress = match last_progress {
-        Some(t) if was_running && step <= old_step => t,
+        Some(t) if was_running && !advanced => t,
         _ => now,
     };
     let idle = seconds_between(last_progress, now);
@@ -42,17 +41,17 @@ mod tests {
 
     #[test]
     fn the_clock_starts_when_running_starts_and_resets_on_progress() {
-        let s = check(false, Some(t("00:00:00")), 5, 5, t("01:00:00"), 1800);
+        let s = check(false, Some(t("00:00:00")), false, t("01:00:00"), 1800);
         assert_eq!(s, Stall { last_progress: t("01:00:00"), stalled_for: None });
-        let s = check(true, Some(t("01:00:00")), 5, 6, t("02:00:00"), 1800);
+        let s = check(true, Some(t("01:00:00")), true, t("02:00:00"), 1800);
         assert_eq!(s, Stall { last_progress: t("02:00:00"), stalled_for: None });
     }
 
     #[test]
     fn no_progress_past_the_timeout_is_a_stall() {
-        let s = check(true, Some(t("01:00:00")), 5, 5, t("01:30:00"), 1800);
+        let s = check(true, Some(t("01:00:00")), false, t("01:30:00"), 1800);
         assert_eq!(s.stalled_for, None, "exactly the timeout is not yet a stall");
-        let s = check(true, Some(t("01:00:00")), 5, 5, t("01:30:01"), 1800);
+        let s = check(true, Some(t("01:00:00")), false, t("01:30:01"), 1800);
         assert_eq!(s, Stall { last_progress: t("01:00:00"), stalled_for: Some(1801) });
     }
 }
