@@ -64,6 +64,30 @@ where
     Ok(())
 }
 
+/// Server-side apply of `obj`'s status, conditional on the resourceVersion `obj` was
+/// read at: an object changed since is planned again.
+pub async fn write_status<K, S>(client: &kube::Client, obj: &K, status: &S) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+    S: Serialize,
+{
+    let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": {"name": name, "resourceVersion": obj.resource_version()},
+        "status": status,
+    });
+    let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    api.patch_status(&name, &params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
+        Verb::ApplyStatus,
+        K::kind(&()),
+        &ns,
+        &name,
+    ))?;
+    Ok(())
+}
+
 /// Deletes a child and, in the background, what it owns (a Job's pods).
 pub async fn delete<K>(api: &Api<K>, namespace: &str, name: &str) -> Result<(), Error>
 where

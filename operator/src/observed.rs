@@ -40,6 +40,23 @@ pub struct Observed {
     pub poll: Poll,
 }
 
+impl Observed {
+    /// What was read of a run before its attempts: nothing of them yet, no poll.
+    pub fn new(run: TrainingRun, datasets: Datasets, accepted: Accepted, admission: Admission, memory: Memory) -> Self {
+        Observed {
+            run,
+            datasets,
+            accepted,
+            admission,
+            service_hash: None,
+            network_policy_hash: None,
+            attempts: Attempts::default(),
+            memory,
+            poll: Poll::NotAsked,
+        }
+    }
+}
+
 /// The TrainingDatasets a run's mix names.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Datasets {

@@ -29,8 +29,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use self::build::DATASET_LABEL;
-use crate::Error;
 use crate::context::Context;
+use crate::{Error, apply};
 
 /// Finalizer on every TrainingDataset: deletion waits for the runs that use it.
 pub const FINALIZER: &str = "training.puretransformer.dev/dataset-in-use";
@@ -71,7 +71,7 @@ async fn cleanup(ds: Arc<TrainingDataset>, ctx: Arc<Context>) -> Result<Action, 
         let mut status = ds.status.clone().unwrap_or_default();
         status.reason = Some(DatasetReason::InUse.into());
         status.used_by = users.clone();
-        execute::write_status(&ctx, &ds, &status).await?;
+        apply::write_status(&ctx.client, &*ds, &status).await?;
     }
     Err(Error::InUse { name: ds.name_any(), runs: users })
 }

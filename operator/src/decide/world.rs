@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::plausible::plausible;
 use super::{Child, Note, Plan, Step, admission, plan, poll_due};
-use crate::observed::{Accepted, Admission, Attempts, Datasets, Memory, Observed, Poll, PollError, rank0_running};
+use crate::observed::{Accepted, Admission, Datasets, Memory, Observed, Poll, PollError, rank0_running};
 use crate::resources::{APPLIED_HASH, hash_of};
 use crate::settings::Settings;
 use crate::status::is_terminal;
@@ -96,17 +96,7 @@ impl World {
         let (datasets, accepted) = (Datasets::Unnamed, Accepted::default());
         let admission = admission(&run, &datasets, &accepted);
         World {
-            o: Observed {
-                run,
-                datasets,
-                accepted,
-                admission,
-                service_hash: None,
-                network_policy_hash: None,
-                attempts: Attempts::default(),
-                memory: Memory::default(),
-                poll: Poll::NotAsked,
-            },
+            o: Observed::new(run, datasets, accepted, admission, Memory::default()),
             settings: Settings::default(),
             now: "2026-01-01T00:00:00Z".parse().expect("a timestamp"),
             rank0: None,

@@ -2,14 +2,12 @@
 //! (the controller retries the reconcile, which plans again from what is then live).
 
 use crds::TrainingRun;
-use crds::types::TrainingRunStatus;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch};
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use crate::context::Context;
 use crate::decide::{Child, Plan, Step};
@@ -24,7 +22,7 @@ pub async fn execute(ctx: &Context, run: &TrainingRun, plan: &Plan) -> Result<Ac
             Step::Apply(child) => apply_child(ctx, &ns, child).await?,
             Step::Status { status, write, checkpoint_every_tokens } => {
                 if *write {
-                    write_status(ctx, run, status).await?;
+                    apply::write_status(&ctx.client, run, &**status).await?;
                 }
                 ctx.remember(&run.uid().unwrap_or_default(), plan.memory.clone());
                 // The gauges follow the status just written, before the events take their
@@ -62,24 +60,4 @@ async fn apply_child(ctx: &Context, ns: &str, child: &Child) -> Result<(), Error
         Child::NetworkPolicy(p) => apply::write(&Api::<NetworkPolicy>::namespaced(client, ns), (**p).clone()).await,
         Child::Job(j) => apply::write(&Api::<Job>::namespaced(client, ns), (**j).clone()).await,
     }
-}
-
-/// Server-side apply of the run's status, conditional on the resourceVersion it was
-/// planned from: a run changed since is planned again.
-async fn write_status(ctx: &Context, run: &TrainingRun, status: &TrainingRunStatus) -> Result<(), Error> {
-    let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
-    let patch = json!({
-        "apiVersion": TrainingRun::api_version(&()),
-        "kind": TrainingRun::kind(&()),
-        "metadata": {"name": name, "resourceVersion": run.resource_version()},
-        "status": status,
-    });
-    let runs: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
-    runs.patch_status(&name, &apply::params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
-        Verb::ApplyStatus,
-        "TrainingRun",
-        &ns,
-        &name,
-    ))?;
-    Ok(())
 }

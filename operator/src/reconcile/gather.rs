@@ -38,17 +38,7 @@ pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Resu
     let accepted = if reads_accepted(&run) { read_accepted(&ctx.client, &run).await? } else { Accepted::default() };
     let admission = admission(&run, &datasets, &accepted);
     let memory = ctx.memory(&run.uid().unwrap_or_default());
-    let mut o = Observed {
-        run,
-        datasets,
-        accepted,
-        admission,
-        service_hash: None,
-        network_policy_hash: None,
-        attempts: Attempts::default(),
-        memory,
-        poll: Poll::NotAsked,
-    };
+    let mut o = Observed::new(run, datasets, accepted, admission, memory);
     // A run that waits, is invalid or has ended has no attempts to read.
     let cfg = match &o.admission {
         Admission::Admitted { cfg, .. } if !is_terminal(&o.run.status.clone().unwrap_or_default()) => {
