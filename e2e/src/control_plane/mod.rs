@@ -5,6 +5,7 @@
 //! loopback ports with a fresh data directory. Startup is waited for on `/readyz` and
 //! `/healthz`; dropping it stops every process it started.
 
+pub mod audit;
 mod error;
 pub mod pki;
 pub mod process;
@@ -166,6 +167,16 @@ impl ControlPlane {
         Ok(cp)
     }
 
+    /// Where the API server writes its audit log ([`audit::POLICY`]).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Every request the API server has completed so far ([`audit::read`]).
+    pub fn audit(&self) -> Result<Vec<audit::Request>, Error> {
+        audit::read(&self.audit_log())
+    }
+
     pub fn server(&self) -> String {
         format!("https://127.0.0.1:{}", self.api_port)
     }
@@ -270,6 +281,8 @@ impl ControlPlane {
 
     async fn start_apiserver(&mut self, etcd_port: u16, real: &RealNodes) -> Result<(), Error> {
         let p = self.pki.clone();
+        let policy = self.dir.join("audit-policy.yaml");
+        std::fs::write(&policy, audit::POLICY).map_err(|e| Error::io(&policy, e))?;
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--bind-address=127.0.0.1".into(),
@@ -287,6 +300,9 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
             format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", self.audit_log().display()),
+            "--audit-log-format=json".into(),
             "--v=1".into(),
         ];
         args.extend(self.node_args(real)?);

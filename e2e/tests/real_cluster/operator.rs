@@ -3,7 +3,8 @@
 //! in flight (two training, 49 suspended, one of the two just failed), the other takes
 //! over within the lease duration and goes on observing the same Jobs, with no spurious
 //! restart, no duplicate Job and the one real restart counted once; the killed replica,
-//! restarted by its kubelet once that is back, waits as the standby.
+//! restarted by its kubelet once that is back, waits as the standby. And what the
+//! operator writes, read from the API server's audit log (issue 63).
 
 use std::time::{Duration, Instant};
 
@@ -137,4 +138,149 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     for line in attempts.lines().filter(|l| l.starts_with("queued-")) {
         assert!(line.ends_with(" 1 0"), "a suspended run restarted: {line}");
     }
+}
+
+/// The operator's ServiceAccount, as the API server's audit log names it.
+const OPERATOR_USER: &str = "system:serviceaccount:trainingrun-system:trainingrun-operator";
+
+/// The operator's own requests in the API server's audit log, from the `from`th on.
+fn operator_requests(c: &e2e::test_cluster::TestCluster, from: usize) -> Vec<e2e::control_plane::audit::Request> {
+    let all = c.cp.audit().unwrap_or_else(|e| panic!("the audit log: {e}"));
+    all.into_iter().skip(from).filter(|r| r.user.username == OPERATOR_USER).collect()
+}
+
+/// The leaves of a managed-fields set (`f:metadata` → `f:labels` → `f:team`), each as
+/// its path.
+fn field_paths(fields: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    fn walk(v: &serde_json::Value, at: String, out: &mut std::collections::BTreeSet<String>) {
+        match v.as_object() {
+            Some(o) if !o.is_empty() => {
+                for (k, child) in o.iter().filter(|(k, _)| k.as_str() != ".") {
+                    walk(child, format!("{at}/{k}"), out);
+                }
+            }
+            _ => {
+                out.insert(at);
+            }
+        }
+    }
+    walk(fields, String::new(), &mut out);
+    out
+}
+
+/// `trainingrun_reconcile_total` of the operator's one replica: how many reconciles
+/// it has finished.
+fn reconciles(c: &e2e::test_cluster::TestCluster, pod: &str) -> Result<u64, String> {
+    let text = operator_metrics(c, pod)?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("trainingrun_reconcile_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// The operator refuses to start without its CRDs, naming the one missing and the fix.
+/// What it writes, read from the API server's audit log: the children it builds, owned
+/// by the run and applied by its field manager alone, no field of them managed by
+/// another as well (the Job's status is the Job controller's, the claim's binding the PV
+/// binder's); never a spec; once the run has settled, a reconcile writes nothing;
+/// and a deleted run is cleaned up through the finalizer (its series dropped, a
+/// `Deleted` event), its children collected by the garbage collector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_owns_its_children_writes_nothing_once_settled_and_cleans_up() {
+    let _slot = cluster_slot().await;
+    let c = cluster(1).await;
+    // Without its CRDs the operator does not start, naming what is missing and the fix.
+    let client = c.cp.client().await.unwrap_or_else(|e| panic!("the admin's client: {e}"));
+    let crds_installed = async || operator::controller::check_crd(&client).await.map_err(|e| e.to_string());
+    let err = crds_installed().await.expect_err("no CRD installed");
+    assert!(
+        err.contains("trainingruns.training.puretransformer.dev is not installed")
+            && err.contains("kubectl apply -f crds/"),
+        "{err}"
+    );
+    let crd = repo().join("crds/trainingruns.yaml");
+    kubectl(&c, &["apply", "--server-side", "-f", &crd.display().to_string()]);
+    wait_established(&c, "trainingruns");
+    let err = crds_installed().await.expect_err("the TrainingDataset CRD missing");
+    assert!(err.contains("trainingdatasets.training.puretransformer.dev is not installed"), "{err}");
+    helm_install_in_cluster(&c, &["replicas=1", "statusPollInterval=1s", "statusWriteInterval=1s"]);
+    crds_installed().await.unwrap_or_else(|e| panic!("the chart installs both CRDs: {e}"));
+    namespace(&c, "ml").await;
+    // Four steps of 8K tokens.
+    let run = tiny_cluster("own", |d| {
+        d["spec"]["tokens"] = Value::from("32K");
+        d["spec"]["optimizer"]["warmupTokens"] = Value::from("8K");
+    });
+    apply(&c, "ml", &run);
+    poll(&c, "ml", "the run Succeeded", Duration::from_secs(300), || {
+        match run_field(&c, "ml", "own", "{.status.phase}").as_str() {
+            "Succeeded" => Ok(()),
+            "Failed" => panic!("the run failed: {}", run_field(&c, "ml", "own", "{.status}")),
+            _ => Err(run_field(&c, "ml", "own", "{.status}")),
+        }
+    });
+
+    let uid = run_field(&c, "ml", "own", "{.metadata.uid}");
+    for (kind, name) in [
+        ("job", "own-a1"),
+        ("configmap", "own-config"),
+        ("service", "own"),
+        ("persistentvolumeclaim", "own-checkpoints"),
+    ] {
+        let o: serde_json::Value =
+            serde_json::from_str(&kubectl(&c, &["-n", "ml", "get", kind, name, "-o", "json", "--show-managed-fields"]))
+                .expect("JSON");
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{kind} {name}: {}", o["metadata"]);
+        let fields = o["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+        let applied: Vec<&serde_json::Value> = fields.iter().filter(|f| f["operation"] == "Apply").collect();
+        assert!(
+            applied.len() == 1 && applied[0]["manager"] == "trainingrun-operator",
+            "{kind} {name} is applied by the operator alone: {fields:#?}"
+        );
+        // Others (the PV binder, the Job controller) manage fields of their own only.
+        let ours = field_paths(&applied[0]["fieldsV1"]);
+        for other in fields.iter().filter(|f| f["operation"] != "Apply") {
+            let theirs = field_paths(&other["fieldsV1"]);
+            let shared: Vec<&String> = theirs.intersection(&ours).collect();
+            assert!(shared.is_empty(), "{kind} {name}: {} also manages {shared:?}", other["manager"]);
+        }
+    }
+    let spec_writes: Vec<_> = operator_requests(&c, 0)
+        .into_iter()
+        .filter(|r| r.is_write() && r.resource() == "trainingruns")
+        .filter(|r| r.request_object.as_ref().is_some_and(|b| b.to_string().contains("spec")))
+        .collect();
+    assert!(spec_writes.is_empty(), "the operator wrote a TrainingRun's spec: {spec_writes:#?}");
+
+    // Settled: an annotation (not a change of spec) wakes the operator, whose reconcile
+    // then writes nothing.
+    let pod = operator_pods(&c).into_iter().next().expect("the operator's pod");
+    let before = reconciles(&c, &pod).unwrap_or_else(|e| panic!("the operator's metrics: {e}"));
+    let audited = c.cp.audit().expect("the audit log").len();
+    kubectl(&c, &["-n", "ml", "annotate", "trainingrun", "own", "team=nlp"]);
+    poll(&c, OPERATOR_NS, "a reconcile of the annotated run", Duration::from_secs(60), || {
+        let n = reconciles(&c, &pod)?;
+        let read = operator_requests(&c, audited).iter().any(|r| r.verb == "get" && r.resource() == "trainingruns");
+        if n > before && read { Ok(()) } else { Err(format!("{n} reconciles ({before} before), read the run: {read}")) }
+    });
+    let writes: Vec<String> = operator_requests(&c, audited)
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {} {:?}", r.verb, r.resource(), r.object_ref.as_ref().map(|o| &o.name)))
+        .collect();
+    assert!(writes.is_empty(), "a settled run's reconcile wrote: {writes:#?}");
+
+    // Deleted: the finalizer's cleanup, then the garbage collector.
+    kubectl(&c, &["-n", "ml", "delete", "trainingrun", "own", "--wait=false"]);
+    poll(&c, "ml", "the run and its children gone", Duration::from_secs(120), || {
+        let left = kubectl(&c, &["-n", "ml", "get", "trainingruns,jobs,configmaps,services,pvc", "-o", "name"]);
+        let left: Vec<&str> = left.lines().filter(|l| l.contains("own") && !l.contains("kube-root-ca")).collect();
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    });
+    let metrics = operator_metrics(&c, &pod).unwrap_or_else(|e| panic!("the operator's metrics: {e}"));
+    assert!(!metrics.contains(r#"name="own""#), "the deleted run's series are dropped");
+    let reasons = event_reasons(&c, "ml", "own");
+    assert!(reasons.iter().any(|r| r == "Deleted"), "the cleanup's Deleted event: {reasons:?}");
 }
