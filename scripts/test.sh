@@ -45,6 +45,7 @@ build=$!
   scripts/setup-node.sh > "$control_plane_log.node" &&
   scripts/setup-prometheus.sh > "$control_plane_log.prometheus" &&
   scripts/setup-kueue.sh > "$control_plane_log.kueue" &&
+  scripts/setup-kwok.sh > "$control_plane_log.kwok" &&
   scripts/setup-argocd-health.sh > "$control_plane_log.argocd"; } 2> "$control_plane_log" &
 control_plane=$!
 trap 'kill "$build" "$control_plane" 2>/dev/null || true; rm -f "$build_log" "$build_log".* "$control_plane_log" "$control_plane_log".*' EXIT
@@ -59,7 +60,7 @@ if ! wait "$build"; then
 fi
 if ! wait "$control_plane"; then
   cat "$control_plane_log" >&2
-  echo "building the control plane, the node, Prometheus, Kueue or argocd-health failed (above)" >&2
+  echo "building the control plane, the node, Prometheus, Kueue, kwok or argocd-health failed (above)" >&2
   exit 1
 fi
 PT_CONTROL_PLANE_BIN="$(cat "$control_plane_log.bin")"
@@ -70,8 +71,9 @@ PT_IMAGES_DIR="$(scripts/setup-images.sh --trainer "$CARGO_TARGET_DIR/debug/trai
 export PT_NODE_BIN PT_OPERATOR_STATIC PT_IMAGES_DIR
 PT_PROMETHEUS_DIR="$(cat "$control_plane_log.prometheus")"
 PT_KUEUE_DIR="$(cat "$control_plane_log.kueue")"
+PT_KWOK_DIR="$(cat "$control_plane_log.kwok")"
 PT_ARGOCD_HEALTH_DIR="$(cat "$control_plane_log.argocd")"
-export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_ARGOCD_HEALTH_DIR
+export PT_CONTROL_PLANE_BIN PT_PROMETHEUS_DIR PT_KUEUE_DIR PT_KWOK_DIR PT_ARGOCD_HEALTH_DIR
 cargo test "${tests[@]}"
 # The real-cluster suite: three clusters at a time (about 14 minutes, much of it spent
 # waiting on controllers, leases, grace periods and paced steps), the longest tests first:

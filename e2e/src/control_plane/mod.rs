@@ -92,6 +92,18 @@ pub struct RealNodes {
     pub egress_selector: String,
 }
 
+/// Flags for the API server and the controller manager beyond their own, given after
+/// them so that one of the same name wins: a drill's narrower limits
+/// (`--max-requests-inflight=3 --max-mutating-requests-inflight=1`, for 429s), or a big
+/// cluster's wider client (`--kube-api-qps=200 --kube-api-burst=400` for the controller
+/// manager of 1,000 nodes, whose not-ready taints took 223 s to lift at the default 20
+/// QPS).
+#[derive(Clone, Debug, Default)]
+pub struct Tuning {
+    pub apiserver: Vec<String>,
+    pub controller_manager: Vec<String>,
+}
+
 pub struct ControlPlane {
     pub bin: PathBuf,
     pub dir: PathBuf,
@@ -122,6 +134,21 @@ impl ControlPlane {
     /// state under `dir`, with static tokens for the admin and for the kubelets of
     /// `nodes`, which `real` describes.
     pub async fn start(dir: &Path, nodes: &[String], real: &RealNodes) -> Result<ControlPlane, Error> {
+        ControlPlane::start_with(dir, nodes, Some(real), &Tuning::default()).await
+    }
+
+    /// [`ControlPlane::start`], with `tuning`'s flags, and without real nodes when
+    /// `real` is `None` (a cluster of simulated nodes, `crate::kwok`): then the API
+    /// server advertises 127.0.0.1 for the `kubernetes` Service, with no endpoint
+    /// reconciler (it refuses a loopback address otherwise, and no pod would reach it),
+    /// and has no egress selector or kubelet client flags (it never calls a kubelet).
+    /// `nodes` still get static tokens.
+    pub async fn start_with(
+        dir: &Path,
+        nodes: &[String],
+        real: Option<&RealNodes>,
+        tuning: &Tuning,
+    ) -> Result<ControlPlane, Error> {
         let bin = binaries()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let admin = Identity::admin();
@@ -133,9 +160,12 @@ impl ControlPlane {
         let mut identities =
             vec![admin.clone(), controllers.clone(), scheduler.clone(), kube_proxy.clone(), kube_router.clone()];
         identities.extend(node_ids.iter().map(|(_, id)| id.clone()));
-        let ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP), IpAddr::V4(real.advertise)];
-        let kubelets: Vec<(String, IpAddr)> =
-            nodes.iter().cloned().zip(real.ips.iter().map(|ip| IpAddr::V4(*ip))).collect();
+        let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(KUBERNETES_SERVICE_IP)];
+        ips.extend(real.map(|r| IpAddr::V4(r.advertise)));
+        let kubelets: Vec<(String, IpAddr)> = match real {
+            Some(r) => nodes.iter().cloned().zip(r.ips.iter().map(|ip| IpAddr::V4(*ip))).collect(),
+            None => Vec::new(),
+        };
         let pki = Pki::create(&dir.join("pki"), &ips, &identities, &kubelets)?;
         let mut cp = ControlPlane {
             bin,
@@ -161,8 +191,8 @@ impl ControlPlane {
 
         let etcd_port = cp.start_etcd().await?;
         cp.etcd_port = etcd_port;
-        cp.start_apiserver(etcd_port, real).await?;
-        cp.start_controller_manager(&kcm_config).await?;
+        cp.start_apiserver(etcd_port, real, &tuning.apiserver).await?;
+        cp.start_controller_manager(&kcm_config, &tuning.controller_manager).await?;
         cp.start_scheduler(&scheduler_config).await?;
         Ok(cp)
     }
@@ -279,7 +309,12 @@ impl ControlPlane {
         ])
     }
 
-    async fn start_apiserver(&mut self, etcd_port: u16, real: &RealNodes) -> Result<(), Error> {
+    async fn start_apiserver(
+        &mut self,
+        etcd_port: u16,
+        real: Option<&RealNodes>,
+        extra: &[String],
+    ) -> Result<(), Error> {
         let p = self.pki.clone();
         let policy = self.dir.join("audit-policy.yaml");
         std::fs::write(&policy, audit::POLICY).map_err(|e| Error::io(&policy, e))?;
@@ -305,16 +340,20 @@ impl ControlPlane {
             "--audit-log-format=json".into(),
             "--v=1".into(),
         ];
-        args.extend(self.node_args(real)?);
+        match real {
+            Some(real) => args.extend(self.node_args(real)?),
+            None => args.extend(["--advertise-address=127.0.0.1".into(), "--endpoint-reconciler-type=none".into()]),
+        }
+        args.extend_from_slice(extra);
         self.spawn("kube-apiserver", args)?;
         let client = self.client().await?;
         self.wait_ready("kube-apiserver", &client, "/readyz", |body| body.trim() == "ok").await
     }
 
-    async fn start_controller_manager(&mut self, kubeconfig: &Path) -> Result<(), Error> {
+    async fn start_controller_manager(&mut self, kubeconfig: &Path, extra: &[String]) -> Result<(), Error> {
         let port = free_port();
         let p = self.pki.clone();
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--authentication-kubeconfig={}", kubeconfig.display()),
             format!("--authorization-kubeconfig={}", kubeconfig.display()),
@@ -336,6 +375,7 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        args.extend_from_slice(extra);
         self.spawn("kube-controller-manager", args)?;
         self.wait_healthz("kube-controller-manager", port).await
     }

@@ -20,7 +20,7 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 }
 
 /// The root of test clusters: under the target directory, so `cargo clean` removes it.
-fn clusters_root() -> PathBuf {
+pub fn clusters_root() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     exe.parent().and_then(Path::parent).expect("target/<profile>").join("e2e-clusters")
 }

@@ -11,6 +11,7 @@
 //! periods, which the others overlap.
 
 mod harness;
+mod in_process;
 mod probe;
 mod scenario;
 mod slots;
@@ -22,8 +23,10 @@ mod datasets;
 mod datasets_storage;
 mod failures;
 mod kueue;
+mod kwok;
 mod network_faults;
 mod nodes;
 mod operator;
+mod pushback;
 mod run;
 mod scenarios;
