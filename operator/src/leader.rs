@@ -26,7 +26,9 @@ pub async fn start(
         .with_identity(&e.identity)
         .with_duration(e.duration)
         .with_grace(e.duration / 3)
-        .with_field_manager(MANAGER)
+        // One field manager a replica: under a shared one, server-side apply lets a second
+        // replica take a held Lease without a conflict, and both lead until a renewal.
+        .with_field_manager(format!("{MANAGER}-{}", e.identity))
         .build()
         .await
         .map_err(|err| fail(err.to_string()))?;
