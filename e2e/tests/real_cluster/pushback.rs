@@ -1,6 +1,7 @@
 //! The busy API server: the operator's binary against a kube-apiserver that admits
 //! three requests at a time, one of them a write (`--max-requests-inflight=3`,
-//! `--max-mutating-requests-inflight=1`), on kwok's nodes, with 60 runs created at once.
+//! `--max-mutating-requests-inflight=1`, priority and fairness off), on kwok's nodes,
+//! with 60 runs created at once.
 //! The server refuses some of the operator's requests with 429 and the operator backs
 //! off and retries: no decision is lost, every run ends where its fate says (training,
 //! failed after exactly one restart, suspended), with one Job of its current attempt.
@@ -39,7 +40,11 @@ async fn a_busy_api_server_refuses_requests_and_no_decision_is_lost() {
     let _slot = cluster_slot().await;
     let dir = clusters_root().join(format!("pt{}-pushback", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let busy = ["--max-requests-inflight=3", "--max-mutating-requests-inflight=1"];
+    // The classic in-flight limits, which refuse at once what is over them; priority and
+    // fairness would queue the operator's requests instead. The admin (this test, kwok)
+    // is exempt from them, as system:masters is.
+    let busy =
+        ["--enable-priority-and-fairness=false", "--max-requests-inflight=3", "--max-mutating-requests-inflight=1"];
     let cluster = Cluster::start(&dir, 16, &busy).await.unwrap_or_else(|e| panic!("the busy cluster: {e}"));
     let stub = Stub::start().await.expect("the status stub");
     let shapes = shapes();
