@@ -45,9 +45,8 @@ where
 }
 
 /// Applies `obj` with its applied-hash, whatever the live object carries: for a
-/// change decided from the live object, which others may have changed since. Returns
-/// the resourceVersion the API server answered with.
-pub async fn write<K>(api: &Api<K>, mut obj: K) -> Result<Option<String>, Error>
+/// change decided from the live object, which others may have changed since.
+pub async fn write<K>(api: &Api<K>, mut obj: K) -> Result<(), Error>
 where
     K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
     K::DynamicType: Default,
@@ -56,19 +55,18 @@ where
     let ns = obj.namespace().unwrap_or_default();
     let digest = hash_of(&obj);
     obj.annotations_mut().insert(APPLIED_HASH.into(), digest);
-    let written = api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
+    api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
         Verb::Apply,
         kind_of::<K>(),
         &ns,
         &name,
     ))?;
-    Ok(written.resource_version())
+    Ok(())
 }
 
 /// Server-side apply of `obj`'s status, conditional on the resourceVersion `obj` was
-/// read at: an object changed since is planned again. Returns the resourceVersion the
-/// API server answered with.
-pub async fn write_status<K, S>(client: &kube::Client, obj: &K, status: &S) -> Result<Option<String>, Error>
+/// read at: an object changed since is planned again.
+pub async fn write_status<K, S>(client: &kube::Client, obj: &K, status: &S) -> Result<(), Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
     S: Serialize,
@@ -81,13 +79,13 @@ where
         "status": status,
     });
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
-    let written = api.patch_status(&name, &params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
+    api.patch_status(&name, &params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
         Verb::ApplyStatus,
         K::kind(&()),
         &ns,
         &name,
     ))?;
-    Ok(written.resource_version())
+    Ok(())
 }
 
 /// Deletes a child and, in the background, what it owns (a Job's pods).

@@ -3,7 +3,6 @@
 //! ([`decide::plan`]) and executes them in the plan's order.
 
 pub mod apply;
-pub mod cache;
 pub mod change;
 pub mod clock;
 pub mod context;
@@ -108,12 +107,6 @@ impl Error {
             Error::Leader { .. } => "LeaderElectionFailed",
             Error::Metrics(_) | Error::Http { .. } | Error::Flag { .. } => "OperatorError",
         }
-    }
-
-    /// A write refused because the object changed since it was read (409): planned on
-    /// an older object, which the next reconcile reads again; nothing to report.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
     }
 
     pub(crate) fn kube(
