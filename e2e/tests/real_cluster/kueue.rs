@@ -182,7 +182,8 @@ async fn kueue_admits_queues_and_preempts_our_runs() {
     assert_eq!((evicted.attempt, evicted.restarts), (1, 0), "an eviction is not a failure: {evicted:?}");
     sim.wait_phase("urgent", RunPhase::Succeeded, MINUTES(3)).await;
     sim.wait_phase("second", RunPhase::Succeeded, MINUTES(3)).await;
-    let done = sim.wait_phase("first", RunPhase::Succeeded, MINUTES(4)).await;
+    // ~220 paced steps left: 4 minutes at ~1 s a step, twice that on a loaded machine.
+    let done = sim.wait_phase("first", RunPhase::Succeeded, MINUTES(8)).await;
 
     // first: one attempt, one Job, no restart counted, resumed from its checkpoint.
     assert_eq!((done.attempt, done.restarts), (1, 0), "{done:?}");
