@@ -45,8 +45,9 @@ where
 }
 
 /// Applies `obj` with its applied-hash, whatever the live object carries: for a
-/// change decided from the live object, which others may have changed since.
-pub async fn write<K>(api: &Api<K>, mut obj: K) -> Result<(), Error>
+/// change decided from the live object, which others may have changed since. Returns
+/// the resourceVersion the API server answered with.
+pub async fn write<K>(api: &Api<K>, mut obj: K) -> Result<Option<String>, Error>
 where
     K: Resource<Scope = NamespaceResourceScope> + Serialize + DeserializeOwned + Clone + Debug,
     K::DynamicType: Default,
@@ -55,18 +56,19 @@ where
     let ns = obj.namespace().unwrap_or_default();
     let digest = hash_of(&obj);
     obj.annotations_mut().insert(APPLIED_HASH.into(), digest);
-    api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
+    let written = api.patch(&name, &params(), &Patch::Apply(&obj)).await.map_err(Error::kube(
         Verb::Apply,
         kind_of::<K>(),
         &ns,
         &name,
     ))?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Server-side apply of `obj`'s status, conditional on the resourceVersion `obj` was
-/// read at: an object changed since is planned again.
-pub async fn write_status<K, S>(client: &kube::Client, obj: &K, status: &S) -> Result<(), Error>
+/// read at: an object changed since is planned again. Returns the resourceVersion the
+/// API server answered with.
+pub async fn write_status<K, S>(client: &kube::Client, obj: &K, status: &S) -> Result<Option<String>, Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
     S: Serialize,
@@ -79,13 +81,13 @@ where
         "status": status,
     });
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
-    api.patch_status(&name, &params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
+    let written = api.patch_status(&name, &params(), &Patch::Apply(&patch)).await.map_err(Error::kube(
         Verb::ApplyStatus,
         K::kind(&()),
         &ns,
         &name,
     ))?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Deletes a child and, in the background, what it owns (a Job's pods).

@@ -3,12 +3,13 @@
 //! each run's memory between reconciles.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::MANAGER;
+use crate::cache::{Caches, Expectations, Source};
 use crate::clock::Clock;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
@@ -18,6 +19,10 @@ use crate::settings::Settings;
 
 pub struct Context {
     pub client: Client,
+    /// The watches' stores, once [`crate::controller::run`] has started them.
+    pub caches: OnceLock<Caches>,
+    /// The operator's writes that each run's next reconcile must see.
+    pub expectations: Expectations,
     pub recorder: Recorder,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
@@ -33,6 +38,8 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             status_client: StatusClient::new(settings.status_timeout),
             client,
+            caches: OnceLock::new(),
+            expectations: Expectations::default(),
             settings,
             metrics,
             clock,
@@ -52,6 +59,21 @@ impl Context {
 
     pub fn forget(&self, uid: &str) {
         self.memory.lock().expect("memory lock").remove(uid);
+        self.expectations.forget(uid);
+    }
+
+    /// Where a reconcile of the run `uid` in `ns` reads: the caches when they are fresh
+    /// and show the run's last writes ([`crate::cache`]), else the API.
+    pub async fn source(&self, ns: &str, uid: &str) -> Source<'_> {
+        let caches = match self.caches.get() {
+            Some(c) if c.ready().await && self.expectations.met(c, ns, uid) => Some(c),
+            _ => None,
+        };
+        if caches.is_none() {
+            self.expectations.read_live(uid);
+        }
+        self.metrics.read_from(caches.is_some());
+        Source { caches, client: &self.client }
     }
 
     /// Emits an event about `obj`, best effort: a failure is logged.

@@ -18,6 +18,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
+use crate::cache::{Cache, Caches};
 use crate::context::Context;
 use crate::dependents::Dependents;
 use crate::resources::{self, RUN_LABEL};
@@ -73,8 +74,13 @@ pub async fn check_crd(client: &Client) -> Result<(), Error> {
     Ok(())
 }
 
-/// Retries with backoff and reports the error on the run.
+/// Retries with backoff and reports the error on the run; a conflict (planned on an
+/// older run) is planned again at once, unreported.
 pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Action {
+    if err.is_conflict() {
+        tracing::debug!(run = %run.name_any(), "planned on an older run; planning again: {err}");
+        return Action::requeue(Duration::from_millis(200));
+    }
     tracing::warn!(run = %run.name_any(), reason = err.reason(), "reconcile failed: {err}");
     let (run, ctx, reason, message) = (run.clone(), ctx.clone(), err.reason(), err.to_string());
     // Events are best effort; the error already went to the log.
@@ -82,43 +88,33 @@ pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Drops from a cached run what no trigger or finalizer step reads: a reconcile works
-/// on the live object it GETs, and the cache only routes events, carries the finalizer
-/// and deletion state, and `spec` (for `initFrom` and the cleanup note). `managedFields`,
-/// the client-side-apply annotation (a second copy of the spec) and `status` are most of
-/// a run's bytes, and the cache holds every run.
+/// Drops from a cached run what no reconcile reads: `managedFields` and the
+/// client-side-apply annotation (a second copy of the spec) are most of a run's bytes,
+/// and the cache holds every run. Its status stays: reconciles plan on it.
 pub fn trim_for_cache(run: &mut TrainingRun) {
     run.managed_fields_mut().clear();
     run.annotations_mut().remove(LAST_APPLIED);
-    run.status = None;
 }
 
 /// The annotation `kubectl apply` (client-side) and Argo CD write: the whole manifest again.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Runs the controller until `shutdown` resolves. `namespace` limits it to one namespace.
+/// Every watch feeds a store of [`crate::cache`] before it triggers reconciles, which
+/// read those stores.
 pub async fn run(
     ctx: Arc<Context>,
     namespace: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope>>(c: &Client, ns: &Option<String>) -> Api<K>
-    where
-        K::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(c.clone(), ns),
-            None => Api::all(c.clone()),
-        }
-    }
-    let runs: Api<TrainingRun> = api(&client, &namespace);
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
-    let (store, writer) = reflector::store();
+    let (runs_store, writer) = reflector::store();
+    let runs = Cache::new(runs_store);
     // A run waiting on `initFrom.trainingRun` wakes when that run changes.
     let (wake, woken) = futures::channel::mpsc::unbounded();
     let mut dependents = Dependents::default();
-    let triggers = watcher(runs, watcher::Config::default().any_semantic())
+    let run_events = watcher(api::<TrainingRun>(&client, &namespace), watcher::Config::default().any_semantic())
         .default_backoff()
         .map_ok(move |event| {
             for run in dependents.observe(&event) {
@@ -128,30 +124,44 @@ pub async fn run(
             event
         })
         .modify(trim_for_cache)
-        .reflect(writer)
-        .applied_objects();
-    let cached = store.clone();
-    let controller = Controller::for_stream(triggers, store)
-        .reconcile_on(woken)
-        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency));
-    let mut controller = controller
-        .owns(api::<Job>(&client, &namespace), owned.clone())
-        .owns(api::<ConfigMap>(&client, &namespace), owned.clone())
-        .owns(api::<Service>(&client, &namespace), owned.clone())
-        .owns(api::<PersistentVolumeClaim>(&client, &namespace), owned.clone());
+        .reflect(writer);
+    let triggers = runs.track(run_events).applied_objects();
+    let (jobs, job_events) = cached(api::<Job>(&client, &namespace), owned.clone());
+    let (configmaps, configmap_events) = cached(api::<ConfigMap>(&client, &namespace), owned.clone());
+    let (services, service_events) = cached(api::<Service>(&client, &namespace), owned.clone());
+    let (claims, claim_events) = cached(api::<PersistentVolumeClaim>(&client, &namespace), owned.clone());
+    let (pods, pod_events) = cached(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL));
+    let (datasets, dataset_events) = cached(api::<TrainingDataset>(&client, &namespace), watcher::Config::default());
     // Only with --network-policy: the chart grants access to NetworkPolicies only then.
-    if ctx.settings.network_policy.is_some() {
-        controller = controller.owns(api::<NetworkPolicy>(&client, &namespace), owned);
+    let (network_policies, policy_events) = match ctx.settings.network_policy {
+        Some(_) => {
+            let (cache, events) = cached(api::<NetworkPolicy>(&client, &namespace), owned);
+            (Some(cache), Some(events))
+        }
+        None => (None, None),
+    };
+    let caches = Caches { runs: runs.clone(), datasets, jobs, pods, configmaps, claims, services, network_policies };
+    let by_dataset = runs.store.clone();
+    let _ = ctx.caches.set(caches);
+    let mut controller = Controller::for_stream(triggers, runs.store.clone())
+        .reconcile_on(woken)
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency))
+        .owns_stream(job_events)
+        .owns_stream(configmap_events)
+        .owns_stream(service_events)
+        .owns_stream(claim_events);
+    if let Some(events) = policy_events {
+        controller = controller.owns_stream(events);
     }
     controller
-        .watches(api::<Pod>(&client, &namespace), watcher::Config::default().labels(RUN_LABEL), |pod: Pod| {
+        .watches_stream(pod_events, |pod: Pod| {
             let run = pod.labels().get(RUN_LABEL).cloned();
             run.map(|r| ObjectRef::<TrainingRun>::new(&r).within(&pod.namespace().unwrap_or_default()))
         })
         // A run waiting for TrainingDatasets wakes when one of them changes.
-        .watches(api::<TrainingDataset>(&client, &namespace), watcher::Config::default(), move |ds: TrainingDataset| {
+        .watches_stream(dataset_events, move |ds: TrainingDataset| {
             let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-            cached
+            by_dataset
                 .state()
                 .into_iter()
                 .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
@@ -170,6 +180,33 @@ pub async fn run(
         .await;
 }
 
+fn api<K: Resource<Scope = k8s_openapi::NamespaceResourceScope>>(c: &Client, ns: &Option<String>) -> Api<K>
+where
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(c.clone(), ns),
+        None => Api::all(c.clone()),
+    }
+}
+
+/// A watch of `api` feeding a store of its own (managed fields dropped: they are most of
+/// an object's bytes, and no reconcile reads them), and its objects as triggers.
+fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Cache<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let cache = Cache::new(store);
+    let events =
+        watcher(api, config).default_backoff().modify(|o: &mut K| o.meta_mut().managed_fields = None).reflect(writer);
+    let triggers = cache.track(events).applied_objects();
+    (cache, triggers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,7 +215,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
 
     #[test]
-    fn the_cache_keeps_what_triggers_and_the_finalizer_read() {
+    fn the_cache_keeps_what_reconciles_read() {
         let mut r = run(GRPO_SPEC);
         r.metadata.managed_fields =
             Some(vec![ManagedFieldsEntry { manager: Some(MANAGER.into()), ..Default::default() }]);
@@ -194,7 +231,7 @@ mod tests {
 
         assert!(r.managed_fields().is_empty());
         assert_eq!(r.annotations().keys().collect::<Vec<_>>(), ["team"]);
-        assert_eq!(r.status, None, "reconciles read the status of the live object");
+        assert_eq!(r.status.as_ref().map(|s| s.attempt), Some(3), "reconciles plan on the cached status");
         assert_eq!(r.finalizers(), [FINALIZER]);
         assert!(r.metadata.deletion_timestamp.is_some());
         assert_eq!((r.name_any(), r.namespace(), r.uid()), ("llm".into(), Some("ml".into()), Some("0d5c-uid".into())));

@@ -3,6 +3,7 @@
 //! ([`decide::plan`]) and executes them in the plan's order.
 
 pub mod apply;
+pub mod cache;
 pub mod change;
 pub mod clock;
 pub mod context;
@@ -93,9 +94,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// The Event reason this error is reported under.
+    /// The Event reason this error is reported under. A request that got no answer (the
+    /// API server unreachable, the connection lost) is an `ApiError` whatever it asked:
+    /// only an answer says that a write itself failed.
     pub fn reason(&self) -> &'static str {
         match self {
+            Error::Kube { source, .. } if !matches!(source, kube::Error::Api(_)) => "ApiError",
             Error::Kube { verb: Verb::Apply, .. } => "ApplyFailed",
             Error::Kube { verb: Verb::Delete, .. } => "DeleteFailed",
             Error::Kube { verb: Verb::ApplyStatus, .. } => "StatusUpdateFailed",
@@ -109,6 +113,12 @@ impl Error {
         }
     }
 
+    /// A write refused because the object changed since it was read (409): planned on
+    /// an older object, which the next reconcile reads again; nothing to report.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+
     pub(crate) fn kube(
         verb: Verb,
         kind: impl Into<String>,
@@ -117,5 +127,39 @@ impl Error {
     ) -> impl FnOnce(kube::Error) -> Error {
         let (kind, namespace, name) = (kind.into(), namespace.to_string(), name.to_string());
         move |source| Error::Kube { verb, kind, namespace, name, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kube_error(verb: Verb, source: kube::Error) -> Error {
+        Error::kube(verb, "TrainingRun", "ml", "a")(source)
+    }
+
+    fn answered(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("refused", "Invalid").with_code(code).boxed(),
+        )
+    }
+
+    #[test]
+    fn a_write_the_api_server_refused_is_named_by_its_verb_and_one_never_answered_is_an_api_error() {
+        let unanswered = || kube::Error::Service(std::io::Error::other("client error (Connect)").into());
+        let table = [
+            (Verb::ApplyStatus, answered(422), "StatusUpdateFailed"),
+            (Verb::ApplyStatus, unanswered(), "ApiError"),
+            (Verb::Apply, answered(409), "ApplyFailed"),
+            (Verb::Apply, unanswered(), "ApiError"),
+            (Verb::Delete, answered(403), "DeleteFailed"),
+            (Verb::Delete, unanswered(), "ApiError"),
+            (Verb::Get, answered(500), "ApiError"),
+            (Verb::List, unanswered(), "ApiError"),
+        ];
+        for (verb, source, reason) in table {
+            let shown = format!("{verb:?} {source}");
+            assert_eq!(kube_error(verb, source).reason(), reason, "{shown}");
+        }
     }
 }

@@ -292,6 +292,7 @@ pub struct Metrics {
     registry: Registry,
     reconciles: IntCounterVec,
     reconcile_seconds: HistogramVec,
+    reads: IntCounterVec,
     leading: IntGaugeVec,
     runs: RunGauges,
 }
@@ -309,6 +310,13 @@ impl Metrics {
                     .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
                 &["result"],
             )?,
+            reads: IntCounterVec::new(
+                Opts::new(
+                    "trainingrun_reconcile_reads_total",
+                    "Reconciles of TrainingRuns by where they read the run and its children: the watches' caches, or the API.",
+                ),
+                &["source"],
+            )?,
             // controller-runtime's name, so dashboards built for other operators apply.
             leading: IntGaugeVec::new(
                 Opts::new("leader_election_master_status", "1 while this replica holds the leader Lease, else 0."),
@@ -318,9 +326,15 @@ impl Metrics {
         };
         m.registry.register(Box::new(m.reconciles.clone()))?;
         m.registry.register(Box::new(m.reconcile_seconds.clone()))?;
+        m.registry.register(Box::new(m.reads.clone()))?;
         m.registry.register(Box::new(m.leading.clone()))?;
         m.registry.register(Box::new(m.runs.clone()))?;
         Ok(m)
+    }
+
+    /// A reconcile read from the caches (`true`) or the API.
+    pub fn read_from(&self, cache: bool) {
+        self.reads.with_label_values(&[if cache { "cache" } else { "api" }]).inc();
     }
 
     pub fn reconciled(&self, ok: bool, seconds: f64) {

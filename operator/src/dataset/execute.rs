@@ -16,10 +16,14 @@ pub async fn execute(ctx: &Context, ds: &TrainingDataset, plan: &Plan) -> Result
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     for step in &plan.steps {
         match step {
-            Step::Status(status) => apply::write_status(&ctx.client, ds, &**status).await?,
+            Step::Status(status) => {
+                apply::write_status(&ctx.client, ds, &**status).await?;
+            }
             Step::Publish(note) => ctx.publish(ds, note.warning, &note.reason, &note.message).await,
             Step::DeleteJob(name) => apply::delete(&jobs, &ns, name).await?,
-            Step::ApplyJob(job) => apply::write(&jobs, (**job).clone()).await?,
+            Step::ApplyJob(job) => {
+                apply::write(&jobs, (**job).clone()).await?;
+            }
         }
     }
     Ok(Action::requeue(plan.requeue))

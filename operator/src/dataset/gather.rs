@@ -1,5 +1,6 @@
 //! What a reconcile of a dataset reads: the live dataset, its Jobs and pods, the
-//! `/status` of its running pods, and the live runs that name it.
+//! `/status` of its running pods, and the live runs that name it (from the run
+//! controller's cache when it is fresh).
 
 use crds::TrainingRun;
 use crds::contract::STATUS_PORT;
@@ -68,22 +69,28 @@ async fn reports(
         .await
 }
 
-/// The live (not Succeeded or Failed) runs in `ns` whose mix names dataset `name`.
+/// The live (not Succeeded or Failed) runs in `ns` whose mix names dataset `name`: from
+/// the run controller's cache when it is fresh, else listed.
 pub(super) async fn users(ctx: &Context, ns: &str, name: &str) -> Result<Vec<String>, Error> {
-    let runs = Api::<TrainingRun>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube(Verb::List, "TrainingRun", ns, name))?;
-    let mut users: Vec<String> = runs
-        .items
-        .iter()
-        .filter(|r| crds::resolve::named_datasets(r).iter().any(|d| d == name))
-        .filter(|r| {
-            let phase = r.status.as_ref().and_then(|s| s.phase);
-            !matches!(phase, Some(RunPhase::Succeeded | RunPhase::Failed)) && r.meta().deletion_timestamp.is_none()
-        })
-        .map(|r| r.name_any())
-        .collect();
+    let uses = |r: &TrainingRun| {
+        let phase = r.status.as_ref().and_then(|s| s.phase);
+        r.namespace().as_deref() == Some(ns)
+            && crds::resolve::named_datasets(r).iter().any(|d| d == name)
+            && !matches!(phase, Some(RunPhase::Succeeded | RunPhase::Failed))
+            && r.meta().deletion_timestamp.is_none()
+    };
+    let mut users: Vec<String> = match ctx.caches.get().filter(|c| c.runs.is_fresh()) {
+        Some(c) => c.runs.store.state().iter().filter(|r| uses(r)).map(|r| r.name_any()).collect(),
+        None => Api::<TrainingRun>::namespaced(ctx.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::kube(Verb::List, "TrainingRun", ns, name))?
+            .items
+            .iter()
+            .filter(|r| uses(r))
+            .map(|r| r.name_any())
+            .collect(),
+    };
     users.sort();
     Ok(users)
 }

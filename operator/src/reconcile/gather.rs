@@ -1,4 +1,5 @@
-//! What a reconcile reads, and only that: the live run, the TrainingDatasets its mix
+//! What a reconcile reads, and only that, from the watches' caches or the API
+//! ([`crate::cache`]): the run, the TrainingDatasets its mix
 //! names, what its attempts run under (ConfigMap and claim), its Service and
 //! NetworkPolicy's applied-hashes, its Jobs and pods, its init run, its Kueue Workload,
 //! and rank 0's `/status` when a poll is due. What to read next depends on the config
@@ -6,36 +7,34 @@
 
 use crds::config::ResolvedInit;
 use crds::contract::CONFIG_KEY;
-use crds::types::RunPhase;
+use crds::types::{RunPhase, TrainingDataset};
 use crds::{RunConfig, TrainingRun};
 use jiff::Timestamp;
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::{Client, ResourceExt};
 
+use crate::cache::{Cached, Source};
 use crate::context::Context;
 use crate::decide::{admission, poll_due, reads_accepted};
 use crate::mix_datasets::{self, Gate};
 use crate::observe;
 use crate::observed::{Accepted, Admission, Attempts, Datasets, InitRun, Observed, Poll};
-use crate::resources::{self, QueuedWorkload, RUN_LABEL, applied_hash, workload};
+use crate::resources::{self, QueuedWorkload, applied_hash, workload};
 use crate::status::is_terminal;
 use crate::{Error, Verb};
 
 /// What one reconcile of `cached` at `now` reads; `None` once the run is gone.
 pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Result<Option<Observed>, Error> {
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
-    let runs: Api<TrainingRun> = Api::namespaced(ctx.client.clone(), &ns);
-    // The reflector may lag the operator's own status writes; plan on the live object.
-    let Some(live) = runs.get_opt(&name).await.map_err(Error::kube(Verb::Get, "TrainingRun", &ns, &name))? else {
+    let source = ctx.source(&ns, &cached.uid().unwrap_or_default()).await;
+    let Some(live) = get::<TrainingRun>(&source, &ns, &name).await? else {
         return Ok(None);
     };
-    let (run, datasets) = datasets(&ctx.client, live).await?;
-    let accepted = if reads_accepted(&run) { read_accepted(&ctx.client, &run).await? } else { Accepted::default() };
+    let (run, datasets) = datasets(&source, live).await?;
+    let accepted = if reads_accepted(&run) { read_accepted(&source, &run).await? } else { Accepted::default() };
     let admission = admission(&run, &datasets, &accepted);
     let memory = ctx.memory(&run.uid().unwrap_or_default());
     let mut o = Observed::new(run, datasets, accepted, admission, memory);
@@ -46,11 +45,11 @@ pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Resu
         }
         _ => return Ok(Some(o)),
     };
-    o.service_hash = live_hash::<Service>(&ctx.client, &ns, &resources::service_name(&name)).await?;
+    o.service_hash = live_hash::<Service>(&source, &ns, &resources::service_name(&name)).await?;
     if ctx.settings.network_policy.is_some() {
-        o.network_policy_hash = live_hash::<NetworkPolicy>(&ctx.client, &ns, &resources::service_name(&name)).await?;
+        o.network_policy_hash = live_hash::<NetworkPolicy>(&source, &ns, &resources::service_name(&name)).await?;
     }
-    o.attempts = attempts(&ctx.client, &o.run, &cfg).await?;
+    o.attempts = attempts(&source, &o.run, &cfg).await?;
     poll(ctx, &mut o, &cfg, now).await;
     Ok(Some(o))
 }
@@ -58,13 +57,18 @@ pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Resu
 /// The run with its TrainingDatasets' URIs in place, and whether it waits for them. A
 /// run that ended waits for nothing: it keeps its status, with placeholders where its
 /// datasets are gone.
-async fn datasets(client: &Client, run: TrainingRun) -> Result<(TrainingRun, Datasets), Error> {
+async fn datasets(source: &Source<'_>, run: TrainingRun) -> Result<(TrainingRun, Datasets), Error> {
     if crds::resolve::named_datasets(&run).is_empty() {
         return Ok((run, Datasets::Unnamed));
     }
     let old = run.status.clone().unwrap_or_default();
     let ended = matches!(old.phase, Some(RunPhase::Succeeded | RunPhase::Failed));
-    let found = mix_datasets::look_up(client, &run).await?;
+    let ns = run.namespace().unwrap_or_default();
+    let mut found = std::collections::BTreeMap::new();
+    for name in crds::resolve::named_datasets(&run) {
+        let ds = get::<TrainingDataset>(source, &ns, &name).await?;
+        found.insert(name, ds);
+    }
     Ok(match mix_datasets::judge(&run, &found, old.attempt > 0) {
         Gate::Ready(ready) => (ready, Datasets::Ready),
         Gate::Waiting { run, .. } if ended => (run, Datasets::Ready),
@@ -73,10 +77,10 @@ async fn datasets(client: &Client, run: TrainingRun) -> Result<(TrainingRun, Dat
 }
 
 /// The run's ConfigMap and checkpoint claim.
-async fn read_accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, Error> {
+async fn read_accepted(source: &Source<'_>, run: &TrainingRun) -> Result<Accepted, Error> {
     let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
     let cm_name = resources::configmap_name(&name);
-    let cm = get::<ConfigMap>(client, &ns, &cm_name).await?;
+    let cm = get::<ConfigMap>(source, &ns, &cm_name).await?;
     let configmap_hash = cm.as_ref().and_then(applied_hash);
     let text = cm.and_then(|c| c.data).and_then(|mut d| d.remove(CONFIG_KEY));
     let config = text.and_then(|t| match serde_json::from_str::<RunConfig>(&t) {
@@ -86,7 +90,7 @@ async fn read_accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, E
             None
         }
     });
-    let live_claim = get::<PersistentVolumeClaim>(client, &ns, &resources::pvc_name(&name)).await?;
+    let live_claim = get::<PersistentVolumeClaim>(source, &ns, &resources::pvc_name(&name)).await?;
     let claim_hash = live_claim.as_ref().and_then(applied_hash);
     let claim = live_claim.map(|c| c.spec.and_then(|s| s.access_modes).unwrap_or_default());
     Ok(Accepted { config, claim, configmap_hash, claim_hash })
@@ -94,15 +98,12 @@ async fn read_accepted(client: &Client, run: &TrainingRun) -> Result<Accepted, E
 
 /// The run's Jobs and pods (every attempt), the state of its init run, and the Kueue
 /// Workload of its current Job.
-async fn attempts(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Result<Attempts, Error> {
+async fn attempts(source: &Source<'_>, run: &TrainingRun, cfg: &RunConfig) -> Result<Attempts, Error> {
     let (ns, name) = (run.namespace().unwrap_or_default(), run.name_any());
-    let lp = ListParams::default().labels(&format!("{RUN_LABEL}={name}"));
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
-    let jobs = jobs.list(&lp).await.map_err(Error::kube(Verb::List, "Job", &ns, &name))?.items;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pods = pods.list(&lp).await.map_err(Error::kube(Verb::List, "Pod", &ns, &name))?.items;
+    let jobs = source.of_run::<Job>(&ns, &name).await.map_err(Error::kube(Verb::List, "Job", &ns, &name))?;
+    let pods = source.of_run::<Pod>(&ns, &name).await.map_err(Error::kube(Verb::List, "Pod", &ns, &name))?;
     let init_run = match &cfg.init_from {
-        Some(ResolvedInit::TrainingRun { name: init }) => Some(match get::<TrainingRun>(client, &ns, init).await? {
+        Some(ResolvedInit::TrainingRun { name: init }) => Some(match get::<TrainingRun>(source, &ns, init).await? {
             None => InitRun::Missing,
             Some(o) => InitRun::Phase(o.status.and_then(|s| s.phase)),
         }),
@@ -111,7 +112,7 @@ async fn attempts(client: &Client, run: &TrainingRun, cfg: &RunConfig) -> Result
     let workload = match &run.spec.queue_name {
         Some(_) => {
             let current = jobs.iter().find(|j| j.name_any() == resources::job_name(&name, cfg.attempt));
-            queued_workload(client, &ns, current).await?
+            queued_workload(source.client, &ns, current).await?
         }
         None => None,
     };
@@ -152,18 +153,11 @@ async fn poll(ctx: &Context, o: &mut Observed, cfg: &RunConfig, now: Timestamp) 
 }
 
 /// The object `name` in `ns`, `None` where it does not exist.
-async fn get<K>(client: &Client, ns: &str, name: &str) -> Result<Option<K>, Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
-    api.get_opt(name).await.map_err(Error::kube(Verb::Get, K::kind(&()), ns, name))
+async fn get<K: Cached>(source: &Source<'_>, ns: &str, name: &str) -> Result<Option<K>, Error> {
+    source.get::<K>(ns, name).await.map_err(Error::kube(Verb::Get, K::kind(&()), ns, name))
 }
 
 /// The applied-hash of the object `name` in `ns`.
-async fn live_hash<K>(client: &Client, ns: &str, name: &str) -> Result<Option<String>, Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    Ok(get::<K>(client, ns, name).await?.as_ref().and_then(applied_hash))
+async fn live_hash<K: Cached>(source: &Source<'_>, ns: &str, name: &str) -> Result<Option<String>, Error> {
+    Ok(get::<K>(source, ns, name).await?.as_ref().and_then(applied_hash))
 }
