@@ -42,8 +42,9 @@ bench: ## every performance row against its peer (PyTorch eager and compile, HF 
 bench-ddp: ## Gloo all-reduce bandwidth and the 2-rank DDP step-time ratio on this machine
 	. scripts/env.sh && LIBTORCH="$$(scripts/setup-libtorch.sh cpu)" cargo run -q --release --locked -p trainer -- bench-ddp
 
-bench-operator: ## BENCH_RUNS (10,000) TrainingRuns on BENCH_NODES (1,000) kwok nodes of the real control plane (root): the release operator's two replicas, settle, requests once settled, edit → status p99, failover, RSS
+bench-operator: ## BENCH_RUNS (10,000) TrainingRuns on BENCH_NODES (1,000) kwok nodes of the real control plane (root): the release operator's two replicas, settle, requests once settled, edit → status p99, failover, RSS; then JobSet's controller given the same shapes (BENCH_PEER=jobset; empty for none)
 	. scripts/env.sh && export PT_CONTROL_PLANE_BIN="$$(scripts/setup-control-plane.sh)" PT_KWOK_DIR="$$(scripts/setup-kwok.sh)" \
+	  BENCH_PEER="$${BENCH_PEER-jobset}" && if [ "$$BENCH_PEER" = jobset ]; then export PT_JOBSET_DIR="$$(scripts/setup-jobset.sh)"; fi \
 	  && cargo build -q --release --locked -p operator && cargo bench -q --locked -p e2e --bench operator
 
 bench-control-plane: ## on the real control plane (root): apply → first step, rank death → attempt 2's first step, API requests per steady reconcile

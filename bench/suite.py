@@ -520,6 +520,26 @@ class Suite:
         self.row("operator", f"{what}, settled: requests/s beyond the watches", round(rate, 2), "goal", round(goal, 2),
                  round(rate / goal, 3) if goal else None, "≤ 1", rate <= goal, shown,
                  f"writes {r['settled_writes']} (goal 0); {r['settled_requests']}")
+        peer = r.get("peer")
+        if peer:
+            self.operator_peer(what, r, peer, shown)
+
+    def operator_peer(self, what, r, peer, shown):
+        """JobSet's controller given the same shapes (BENCH_PEER=jobset): ours over its."""
+        ratio = lambda a, b: round(a / b, 3) if b else None
+        self.row("operator", f"{what}: leader's peak RSS against JobSet's controller's, MiB", round(r["peak_rss_mib"], 1),
+                 "JobSet", round(peer["peak_rss_mib"], 1), ratio(r["peak_rss_mib"], peer["peak_rss_mib"]), "≤ 1",
+                 r["peak_rss_mib"] <= peer["peak_rss_mib"], shown, f"JobSet's CPU {peer['cpu_s']:.1f} s, ours {r['cpu_s']:.1f} s")
+        # Leases aside: JobSet's controller runs here without leader election, ours with.
+        beyond_lease = lambda counts: sum(n for k, n in counts.items()
+                                          if not k.startswith("(") and not k.endswith(" leases")) / r["window_s"]
+        ours, theirs = beyond_lease(r["settled_requests"]), beyond_lease(peer["settled_requests"])
+        self.row("operator", f"{what}, settled: requests/s beyond the watches and the Lease, against JobSet's",
+                 round(ours, 2), "JobSet", round(theirs, 2), ratio(ours, theirs), "≤ 1", ours <= theirs, shown,
+                 f"JobSet's: {peer['settled_requests']}")
+        self.row("operator", f"{what}: every fate shown, s", round(r["admission_s"], 1), "JobSet", round(peer["admission_s"], 1),
+                 ratio(r["admission_s"], peer["admission_s"]), "—", None, shown,
+                 f"etcd per run {r['etcd_bytes_per_run'] / 1e3:.1f} KB, per JobSet {peer['etcd_bytes_per_run'] / 1e3:.1f} KB")
 
     # Report -------------------------------------------------------------------------
     def report(self):

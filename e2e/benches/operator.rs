@@ -11,7 +11,11 @@
 //!   status);
 //! - failover: the leader SIGKILLed; seconds until the other holds the Lease, and until
 //!   it has reconciled as many times as there are runs;
-//! - the leader's RSS and CPU, etcd's size per run.
+//! - the leader's RSS and CPU, etcd's size per run;
+//! - with `BENCH_PEER=jobset` (`make bench-operator` sets it), the peer: JobSet's
+//!   controller on a cluster of its own given the same shapes as JobSets
+//!   (`scale::jobset`), its time to show every fate, its requests once settled, its RSS
+//!   and etcd's size per JobSet, each with ours over its.
 //!
 //! Needs root: it runs in a network namespace of its own, so that no address kwok gives
 //! a pod is ever dialled off this machine. The last line is `BENCH_JSON {...}` for
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 use crds::TrainingRun;
 use e2e::control_plane::Error;
 use e2e::scale::cluster::{Cluster, OPERATOR_NS, OPERATOR_USER, RUNS_NS, Replica};
+use e2e::scale::jobset;
 use e2e::scale::load::{self, Fate, Shape};
 use e2e::scale::measure::{self, AuditTail};
 use e2e::scale::seen::{self, Seen};
@@ -135,8 +140,62 @@ async fn bench(runs: usize, nodes: usize, window: Duration) -> Result<(), Error>
     fig.etcd_bytes = measure::metric_sum(&metrics, "apiserver_storage_size_bytes");
     churn(&cluster, &shapes, &seen, &mut fig).await?;
     failover(&cluster, &mut replicas, at, runs, &mut fig).await?;
-    report(runs, nodes, window, &fig);
+    drop(replicas);
+    drop(cluster);
+    let peer = match std::env::var("BENCH_PEER").as_deref() {
+        Ok("jobset") => Some(jobset_peer(&dir.join("peer"), &shapes, nodes, window).await?),
+        Ok("") | Err(_) => None,
+        Ok(other) => return Err(Error::Setup(format!("BENCH_PEER={other:?}: the peer is jobset, or none when unset"))),
+    };
+    report(runs, nodes, window, &fig, peer.as_ref());
     Ok(())
+}
+
+/// The peer's figures: JobSet's controller given the same shapes as JobSets.
+struct Peer {
+    admission_s: f64,
+    settle_s: f64,
+    settled: BTreeMap<String, u64>,
+    usage: measure::Usage,
+    etcd_bytes: f64,
+}
+
+/// JobSet's controller on a cluster of its own with as many kwok nodes, each shape
+/// created as a JobSet ([`e2e::scale::jobset`]): until every JobSet's status shows its
+/// fate, then a quiet window of its controller, its RSS and CPU, etcd's size.
+async fn jobset_peer(dir: &std::path::Path, shapes: &[Shape], nodes: usize, window: Duration) -> Result<Peer, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let cluster = Cluster::start(dir, nodes, &[]).await?;
+    let kubeconfig = jobset::identity(&cluster.cp, dir)?;
+    let controller = e2e::jobset::JobSetController::start_on(&cluster.cp, &dir.join("jobset"), &kubeconfig).await?;
+    let watched = jobset::watch(cluster.client.clone());
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(cluster.client.clone(), RUNS_NS, &jobset::resource());
+    let start = Instant::now();
+    futures::stream::iter(shapes.iter().map(|s| {
+        let api = api.clone();
+        async move {
+            let js: kube::api::DynamicObject = serde_json::from_value(jobset::manifest(s, RUNS_NS)).expect("a JobSet");
+            api.create(&PostParams::default(), &js)
+                .await
+                .map_err(|e| Error::Setup(format!("creating JobSet {}: {e}", s.name)))
+        }
+    }))
+    .buffer_unordered(32)
+    .try_collect::<Vec<_>>()
+    .await?;
+    let limit = Duration::from_secs(90 + shapes.len() as u64 / 5);
+    watched
+        .wait_fates(shapes, limit)
+        .await
+        .map_err(|e| Error::Setup(format!("{e}\n--- jobset:\n{}", controller.daemon.log_tail(20))))?;
+    let admission_s = start.elapsed().as_secs_f64();
+    eprintln!("operator bench: JobSet: every JobSet's fate shown {admission_s:.1} s after the first was created");
+    let (settle_s, settled) = quiet_window(&cluster, jobset::PEER_USER, window).await?;
+    let pid = controller.daemon.pid().ok_or_else(|| Error::Setup("JobSet's controller has exited".into()))?;
+    let usage = measure::usage(pid)?;
+    let etcd_bytes =
+        measure::metric_sum(&measure::apiserver_metrics(&cluster.client).await?, "apiserver_storage_size_bytes");
+    Ok(Peer { admission_s, settle_s, settled, usage, etcd_bytes })
 }
 
 /// Every run created, and how long until each run's status shows its fate.
@@ -196,14 +255,26 @@ async fn settle(
     fig: &mut Figures,
 ) -> Result<(), Error> {
     stub.freeze();
-    let frozen = Instant::now();
+    let (settle_s, counts) = quiet_window(c, OPERATOR_USER, window).await?;
+    seen.wait("every run still showing its fate", Duration::from_secs(10), |runs| fates_shown(runs, shapes)).await?;
+    fig.settle_s = settle_s;
+    fig.settled = counts;
+    eprintln!("operator bench: quiet {:.1} s after the freeze; the window's requests {:?}", fig.settle_s, fig.settled);
+    Ok(())
+}
+
+/// Seconds from now until a window of `window` passes with no write by `user`, and
+/// that window's requests by verb and resource (watches aside), with its length under
+/// `(window seconds)`.
+async fn quiet_window(c: &Cluster, user: &str, window: Duration) -> Result<(f64, BTreeMap<String, u64>), Error> {
+    let from = Instant::now();
     let mut tail = AuditTail::from_end(&c.cp.audit_log())?;
     let limit = Duration::from_secs(600) + window;
     let mut window_start = Instant::now();
     let mut counts = BTreeMap::new();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let batch = measure::by_verb(&tail.read_new()?, OPERATOR_USER);
+        let batch = measure::by_verb(&tail.read_new()?, user);
         if measure::writes(&batch) > 0 {
             window_start = Instant::now();
             counts.clear();
@@ -215,18 +286,14 @@ async fn settle(
         if window_start.elapsed() >= window {
             break;
         }
-        if frozen.elapsed() > limit {
+        if from.elapsed() > limit {
             return Err(Error::Setup(format!(
-                "no quiet window of {window:?} within {limit:?}; last requests {counts:?}"
+                "{user}: no quiet window of {window:?} within {limit:?}; last requests {counts:?}"
             )));
         }
     }
-    seen.wait("every run still showing its fate", Duration::from_secs(10), |runs| fates_shown(runs, shapes)).await?;
-    fig.settle_s = (window_start - frozen).as_secs_f64();
-    fig.settled = counts;
-    fig.settled.insert("(window seconds)".into(), window_start.elapsed().as_secs());
-    eprintln!("operator bench: quiet {:.1} s after the freeze; the window's requests {:?}", fig.settle_s, fig.settled);
-    Ok(())
+    counts.insert("(window seconds)".into(), window_start.elapsed().as_secs());
+    Ok(((window_start - from).as_secs_f64(), counts))
 }
 
 /// The Lease's holder.
@@ -307,10 +374,14 @@ async fn failover(
     Ok(())
 }
 
-fn report(runs: usize, nodes: usize, window: Duration, fig: &Figures) {
+/// Requests a second in a quiet window's counts, its `(window seconds)` aside.
+fn rate(settled: &BTreeMap<String, u64>, seconds: f64) -> f64 {
+    settled.iter().filter(|(k, _)| !k.starts_with('(')).map(|(_, n)| n).sum::<u64>() as f64 / seconds
+}
+
+fn report(runs: usize, nodes: usize, window: Duration, fig: &Figures, peer: Option<&Peer>) {
     let seconds = window.as_secs_f64().max(1.0);
-    let requests: u64 = fig.settled.iter().filter(|(k, _)| !k.starts_with('(')).map(|(_, n)| n).sum();
-    let per_second = requests as f64 / seconds;
+    let per_second = rate(&fig.settled, seconds);
     // The goal is for 10,000 runs; fewer may cost as much (the Lease is most of it).
     let goal = SETTLED_GOAL_PER_10K * (runs as f64 / 10_000.0).max(1.0);
     let (mut edits, mut restarts) = (fig.edit_s.clone(), fig.restart_s.clone());
@@ -345,6 +416,43 @@ fn report(runs: usize, nodes: usize, window: Duration, fig: &Figures) {
         "failover_lease_s": fig.lease_s, "failover_reconciled_s": fig.reconciled_again_s,
         "peak_rss_mib": rss, "rss_goal_mib": RSS_GOAL_MIB, "cpu_s": fig.usage.cpu_seconds,
         "etcd_bytes_per_run": fig.etcd_bytes / runs as f64,
+        "peer": peer.map(|p| report_peer(runs, seconds, fig, p)),
     });
     println!("BENCH_JSON {out}");
+}
+
+/// The peer's lines, each with ours over its; and its figures for `BENCH_JSON`.
+fn report_peer(runs: usize, seconds: f64, fig: &Figures, p: &Peer) -> serde_json::Value {
+    // Leases aside: JobSet's controller runs here without leader election, ours with.
+    let beyond_lease = |counts: &BTreeMap<String, u64>| {
+        let lease = counts.iter().filter(|(k, _)| k.ends_with(" leases")).map(|(_, n)| n).sum::<u64>();
+        rate(counts, seconds) - lease as f64 / seconds
+    };
+    let (ours, theirs) = (beyond_lease(&fig.settled), beyond_lease(&p.settled));
+    let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "—".to_string() };
+    let etcd = (fig.etcd_bytes / runs as f64, p.etcd_bytes / runs as f64);
+    println!("JobSet's controller, the same shapes as JobSets on a cluster of its own (ours / JobSet's)");
+    println!(
+        "  admission: every JobSet's fate in its status {:>7.1} s   {}",
+        p.admission_s,
+        ratio(fig.admission_s, p.admission_s)
+    );
+    println!("  settle after the last create                 {:>7.1} s", p.settle_s);
+    println!("  settled: requests/s, watches and Lease aside {theirs:>7.2}     {}", ratio(ours, theirs));
+    for (k, n) in p.settled.iter().filter(|(k, _)| !k.starts_with('(')) {
+        println!("    {k:<40} {:>9.2}/s", *n as f64 / seconds);
+    }
+    println!(
+        "  controller RSS peak                          {:>7.1} MiB {}; CPU {:.1} s",
+        p.usage.peak_rss_mib,
+        ratio(fig.usage.peak_rss_mib, p.usage.peak_rss_mib),
+        p.usage.cpu_seconds
+    );
+    println!("  etcd in use per JobSet                       {:>7.1} KB  {}", etcd.1 / 1e3, ratio(etcd.0, etcd.1));
+    json!({
+        "admission_s": p.admission_s, "settle_s": p.settle_s,
+        "settled_requests_per_s": theirs, "settled_requests": p.settled,
+        "peak_rss_mib": p.usage.peak_rss_mib, "cpu_s": p.usage.cpu_seconds,
+        "etcd_bytes_per_run": etcd.1,
+    })
 }

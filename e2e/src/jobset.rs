@@ -8,13 +8,13 @@
 //! (`internalCertManagement.enable: false`) since the certificate is made here.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use crate::control_plane::pki::Pki;
 use crate::control_plane::process::Daemon;
-use crate::control_plane::{Error, free_port, wait_until};
+use crate::control_plane::{ControlPlane, Error, free_port, wait_until};
 use crate::test_cluster::TestCluster;
 
 /// The CRD file `scripts/setup-jobset.sh` copies beside the binary.
@@ -92,13 +92,18 @@ impl JobSetController {
     /// Installs the CRD, starts the controller as the cluster's admin and registers its
     /// webhooks; returns once the API server admits a JobSet through them.
     pub async fn start(c: &TestCluster) -> Result<JobSetController, Error> {
+        JobSetController::start_on(&c.cp, &c.dir.join("jobset"), &c.cp.kubeconfig).await
+    }
+
+    /// [`JobSetController::start`] on a control plane alone (kwok's nodes, a scale
+    /// bench), with its state under `dir`, its client's identity `kubeconfig`'s.
+    pub async fn start_on(cp: &ControlPlane, dir: &Path, kubeconfig: &Path) -> Result<JobSetController, Error> {
         let bin = binaries()?;
-        let dir = c.dir.join("jobset");
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).map_err(|e| Error::io(&certs, e))?;
         let crd = bin.join(CRD_FILE);
-        c.kubectl_out(&["apply", "--server-side", "-f", &crd.display().to_string()]).map_err(Error::Setup)?;
-        c.kubectl_out(&["wait", "--for=condition=Established", &format!("crd/{CRD_NAME}"), "--timeout=60s"])
+        cp.kubectl_out(&["apply", "--server-side", "-f", &crd.display().to_string()]).map_err(Error::Setup)?;
+        cp.kubectl_out(&["wait", "--for=condition=Established", &format!("crd/{CRD_NAME}"), "--timeout=60s"])
             .map_err(Error::Setup)?;
 
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -119,16 +124,16 @@ impl JobSetController {
         );
         std::fs::write(&config, text).map_err(|e| Error::io(&config, e))?;
         let mut cmd = Command::new(bin.join("jobset"));
-        cmd.arg("--config").arg(&config).arg("--kubeconfig").arg(&c.cp.kubeconfig);
+        cmd.arg("--config").arg(&config).arg("--kubeconfig").arg(kubeconfig);
         let daemon = Daemon::spawn("jobset", cmd, &dir.join("jobset.log"))?;
 
         let hooks = webhook_configurations(&format!("https://127.0.0.1:{port}"), &pki.ca_pem);
-        c.kubectl_in(&["apply", "-f", "-"], &hooks).map_err(Error::Setup)?;
+        cp.kubectl_in(&["apply", "-f", "-"], &hooks).map_err(Error::Setup)?;
         wait_until("JobSet's webhooks", Duration::from_secs(120), || async {
-            c.kubectl_in(&["create", "--dry-run=server", "-o", "name", "-f", "-"], PROBE).map(|_| ())
+            cp.kubectl_in(&["create", "--dry-run=server", "-o", "name", "-f", "-"], PROBE).map(|_| ())
         })
         .await
         .map_err(|e| Error::Setup(format!("{e}\n--- jobset:\n{}", daemon.log_tail(30))))?;
-        Ok(JobSetController { daemon, dir })
+        Ok(JobSetController { daemon, dir: dir.to_path_buf() })
     }
 }

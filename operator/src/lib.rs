@@ -139,9 +139,7 @@ mod tests {
     }
 
     fn answered(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("refused", "Invalid").with_code(code).boxed(),
-        )
+        kube::Error::Api(kube::core::Status::failure("refused", "Invalid").with_code(code).boxed())
     }
 
     #[test]

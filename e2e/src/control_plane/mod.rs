@@ -444,6 +444,37 @@ impl ControlPlane {
         cmd
     }
 
+    /// `kubectl args...`, its stdout; an error carries stderr.
+    pub fn kubectl_out(&self, args: &[&str]) -> Result<String, String> {
+        let out = self.kubectl().args(args).output().map_err(|e| format!("kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(format!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    /// `kubectl args...` fed `stdin`: its stdout; an error carries stderr.
+    pub fn kubectl_in(&self, args: &[&str], stdin: &str) -> Result<String, String> {
+        use std::io::Write;
+        use std::process::Stdio;
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("kubectl: {e}"))?;
+        child.stdin.take().expect("piped").write_all(stdin.as_bytes()).map_err(|e| format!("kubectl's stdin: {e}"))?;
+        let out = child.wait_with_output().map_err(|e| format!("kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(format!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
     /// `helm` as the admin, with its caches under the cluster's directory.
     pub fn helm(&self) -> Command {
         let mut cmd = Command::new(self.bin.join("helm"));

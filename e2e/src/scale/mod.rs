@@ -7,6 +7,7 @@
 //! ([`crate::kwok`]).
 
 pub mod cluster;
+pub mod jobset;
 pub mod load;
 pub mod measure;
 pub mod seen;

@@ -180,13 +180,19 @@ pub fn poll<T>(
     mut check: impl FnMut() -> Result<T, String>,
 ) -> T {
     let start = std::time::Instant::now();
+    // Each check is a kubectl process or two: every 200 ms at first, then less often up
+    // to once a second, which a wait of minutes needs no finer.
+    let mut pause = Duration::from_millis(200);
     loop {
         match check() {
             Ok(v) => return v,
             Err(state) if start.elapsed() >= timeout => {
                 panic!("{what}: not within {timeout:?}; last seen: {state}\n{}", c.dump(ns))
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 3 / 2).min(Duration::from_secs(1));
+            }
         }
     }
 }

@@ -29,6 +29,18 @@ fn event_messages(c: &e2e::test_cluster::TestCluster, name: &str) -> Vec<String>
         .collect()
 }
 
+/// A tiny run of `steps` steps of 4,096 tokens on `nodes` nodes, each step at least a
+/// second long (`TRAINER_INJECT_SLOW_STEP_MS`).
+fn paced_run(name: &str, nodes: u32, steps: u64) -> String {
+    tiny_cluster(name, |d| {
+        d["spec"]["topology"]["nodes"] = Value::from(nodes);
+        d["spec"]["batch"]["globalTokens"] = Value::from(4096);
+        d["spec"]["tokens"] = Value::from(steps * 4096);
+        d["spec"]["env"] =
+            serde_yaml_ng::from_str(r#"[{name: TRAINER_INJECT_SLOW_STEP_MS, value: "1000"}]"#).expect("the env's YAML");
+    })
+}
+
 #[tokio::test]
 async fn a_killed_leader_hands_over_without_a_spurious_restart() {
     let _slot = cluster_slot().await;
@@ -41,23 +53,19 @@ async fn a_killed_leader_hands_over_without_a_spurious_restart() {
         if replicas.contains(&h) { Ok(h) } else { Err(format!("holder {h:?}")) }
     });
     namespace(&c, "ml").await;
-    // ha still trains through the hand-over, checkpointed by then; flaky restarts once.
-    // Both are short enough to finish in time with three clusters' trainers on two cores,
-    // where a trainer takes minutes to start and seconds a step.
-    let run = tiny_cluster("ha", |d| {
-        d["spec"]["topology"]["nodes"] = Value::from(2);
-        d["spec"]["tokens"] = Value::from("1M");
-        d["spec"]["checkpoint"]["everySteps"] = Value::from(10);
-    });
-    apply(&c, "ml", &run);
-    apply(&c, "ml", &tiny_cluster("flaky", |d| d["spec"]["tokens"] = Value::from("400K")));
+    // ha trains through the hand-over; flaky restarts once. Their steps are small and
+    // paced: a second each whatever the machine, so that ha is mid-run at the hand-over
+    // and both still end in time with three clusters' trainers on two cores.
+    apply(&c, "ml", &paced_run("ha", 2, 100));
+    apply(&c, "ml", &paced_run("flaky", 1, 60));
     let suspended: Vec<String> = (0..SUSPENDED)
         .map(|i| tiny_cluster(&format!("queued-{i:02}"), |d| d["spec"]["suspend"] = Value::from(true)))
         .collect();
     apply(&c, "ml", &suspended.join("---\n"));
     let field = |c: &e2e::test_cluster::TestCluster, p: &str| run_field(c, "ml", "ha", p);
-    poll(&c, "ml", "a first checkpoint", Duration::from_secs(480), || {
-        field(&c, "{.status.lastCheckpoint.step}").parse::<u64>().map_err(|_| field(&c, "{.status}"))
+    poll(&c, "ml", "ha training", Duration::from_secs(480), || {
+        let step = field(&c, "{.status.progress.step}");
+        if step.parse::<u64>().is_ok_and(|s| s >= 3) { Ok(()) } else { Err(field(&c, "{.status}")) }
     });
     poll(&c, "ml", "every suspended run's Job", Duration::from_secs(120), || {
         let phases = kubectl(&c, &["-n", "ml", "get", "trainingruns", "-o", "jsonpath={.items[*].status.phase}"]);

@@ -50,8 +50,12 @@ async fn the_chart_installs_and_a_two_node_run_trains_end_to_end() {
         d["spec"]["topology"]["nodes"] = Value::from(2);
         d["spec"]["topology"]["resources"]["requests"]["cpu"] = Value::from("500m");
         // At least 30 s of steps (122 of them): the ranks still listen while the
-        // NetworkPolicy probes below run.
+        // NetworkPolicy probes below run. Small ones, that three clusters' trainers on
+        // two cores still take in time.
         d["spec"]["env"] = serde_yaml_ng::from_str("[{name: TRAINER_INJECT_SLOW_STEP_MS, value: '250'}]").unwrap();
+        d["spec"]["batch"]["globalTokens"] = Value::from(2048);
+        d["spec"]["batch"]["microBatch"] = Value::from(4);
+        d["spec"]["tokens"] = Value::from(122 * 2048);
     });
     let applied = std::time::Instant::now();
     apply(&c, "ml", &run);

@@ -6,8 +6,11 @@
 //! last and run alone at the end while the other places stood idle. `make test` gives it
 //! a thread for every test instead, so every test asks for a place at once, and a place
 //! that frees goes to the waiting test expected to take longest ([`LONGEST_FIRST`]).
+//! The first places, too: they go to the tests of [`LONGEST_FIRST`] that this run will
+//! start (the suite's own `--list` with this process's arguments), in its order,
+//! whichever threads ask first; a place is kept for such a test until it asks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -85,25 +88,50 @@ fn places() -> &'static Mutex<Places> {
                 .unwrap_or_else(|| panic!("{CLUSTERS_ENV}={v:?}: expected a number of clusters, 1 or more")),
             Err(_) => 3,
         };
-        Mutex::new(Places::new(free))
+        Mutex::new(Places::new(free).keeping(long_tests_to_start()))
     })
 }
 
-/// The free places and the tests waiting for one, by rank and then by arrival.
+/// The ranks of the [`LONGEST_FIRST`] tests that this run will start: the suite lists its
+/// tests under this process's own filters.
+fn long_tests_to_start() -> Vec<usize> {
+    let listed = std::env::current_exe()
+        .and_then(|exe| std::process::Command::new(exe).arg("--list").args(std::env::args().skip(1)).output());
+    let Ok(out) = listed else { return Vec::new() };
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().filter_map(|l| l.strip_suffix(": test")).map(rank).filter(|&r| r < LONGEST_FIRST.len()).collect()
+}
+
+/// The free places, the long tests that have yet to ask (a free place is kept for each),
+/// and the tests waiting for one, by rank and then by arrival.
 struct Places {
     free: usize,
+    expected: BTreeSet<usize>,
     arrivals: u64,
     waiting: BTreeMap<(usize, u64), oneshot::Sender<()>>,
 }
 
 impl Places {
     fn new(free: usize) -> Places {
-        Places { free, arrivals: 0, waiting: BTreeMap::new() }
+        Places { free, expected: BTreeSet::new(), arrivals: 0, waiting: BTreeMap::new() }
     }
 
-    /// A place now, or the turn to wait for.
+    /// Keeps places for the tests of these ranks until they ask.
+    fn keeping(self, ranks: Vec<usize>) -> Places {
+        Places { expected: ranks.into_iter().collect(), ..self }
+    }
+
+    /// How many of the expected tests still to ask rank before `rank`: the places they
+    /// are kept.
+    fn kept_before(&self, rank: usize) -> usize {
+        self.expected.range(..rank).count()
+    }
+
+    /// A place now, or the turn to wait for: a free place beyond those kept for the
+    /// expected tests that rank before this one.
     fn ask(&mut self, rank: usize) -> Result<(), oneshot::Receiver<()>> {
-        if self.free > 0 {
+        self.expected.remove(&rank);
+        if self.free > self.kept_before(rank) {
             self.free -= 1;
             return Ok(());
         }
@@ -113,9 +141,14 @@ impl Places {
         Err(rx)
     }
 
-    /// Hands a place to the first waiting test, or frees it.
+    /// Hands a place to the first waiting test, or frees it: it stays free while it is
+    /// kept for an expected test that ranks before the first waiting one.
     fn give_back(&mut self) {
-        while let Some((_, turn)) = self.waiting.pop_first() {
+        while let Some(&(rank, arrival)) = self.waiting.keys().next() {
+            if self.free < self.kept_before(rank) {
+                break;
+            }
+            let turn = self.waiting.remove(&(rank, arrival)).expect("the first waiting test");
             if turn.send(()).is_ok() {
                 return;
             }
@@ -140,6 +173,33 @@ fn a_freed_place_goes_to_the_longest_waiting_test_then_to_the_first_to_ask() {
     drop(short_second);
     places.give_back();
     assert_eq!(places.free, 1, "a place nobody waits for any more is free again");
+}
+
+#[test]
+fn the_first_places_are_kept_for_the_long_tests_that_will_start_whoever_asks_first() {
+    let mut places = Places::new(2).keeping(vec![0, 1]);
+    let mut short = places.ask(5).unwrap_err();
+    assert!(places.ask(1).is_ok(), "a kept place");
+    assert!(short.try_recv().is_err(), "the other place is still kept for rank 0");
+    assert!(places.ask(0).is_ok(), "the last kept place");
+    places.give_back();
+    assert!(short.try_recv().is_ok(), "nothing is kept any more: the short test's turn");
+
+    let mut places = Places::new(3).keeping(vec![0]);
+    assert!(places.ask(7).is_ok() && places.ask(8).is_ok(), "places beyond the kept one are free to take");
+    let mut third = places.ask(9).unwrap_err();
+    assert!(places.ask(0).is_ok(), "rank 0's kept place");
+    places.give_back();
+    assert!(third.try_recv().is_ok());
+}
+
+#[test]
+fn the_first_places_go_to_the_long_tests_in_their_order_whatever_order_they_ask_in() {
+    let mut places = Places::new(1).keeping(vec![0, 1]);
+    let mut second = places.ask(1).unwrap_err();
+    assert!(places.ask(0).is_ok(), "rank 0 first, though it asked second");
+    places.give_back();
+    assert!(second.try_recv().is_ok(), "then rank 1");
 }
 
 #[test]

@@ -350,6 +350,35 @@ fn background_save_writes_the_same_bytes_as_sync_save() -> Result<()> {
 }
 
 #[test]
+fn a_finished_background_write_is_returned_without_waiting_and_a_running_one_is_not() -> Result<()> {
+    let tmp = TempDir::new("finished");
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    // The writer stops after its first file until released.
+    let hook: FileHook = Arc::new(move |_, _: &Path| {
+        let _ = held.lock().unwrap().recv();
+    });
+    let mut ckpt = Checkpointer::new(&tmp.0, 2)?.after_each_file(hook);
+    assert_eq!(ckpt.finished()?, None, "nothing pending");
+    let (_, snapshot) = ckpt.save_async(payload(5, 0.0)?)?;
+    snapshot.wait();
+    assert_eq!(ckpt.finished()?, None, "the write is held after its first file");
+    drop(release);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        if let Some(done) = ckpt.finished()? {
+            break done;
+        }
+        assert!(std::time::Instant::now() < deadline, "the released write never finished");
+        std::thread::yield_now();
+    };
+    assert_eq!(done.step, 5);
+    assert!(tmp.0.join("step-00000005").is_dir());
+    assert_eq!(ckpt.wait()?, None, "its outcome was returned once");
+    Ok(())
+}
+
+#[test]
 fn a_background_save_holds_its_copy_once_the_snapshot_returns() -> Result<()> {
     let tmp = TempDir::new("snapshot");
     let expected = payload(3, 0.0)?;

@@ -134,6 +134,15 @@ impl Checkpointer {
         Ok((previous, Snapshot { taken: Some(taken_rx) }))
     }
 
+    /// The pending background write's outcome once it has finished, without waiting
+    /// for it; `Ok(None)` while it runs, or when none is pending.
+    pub fn finished(&mut self) -> Result<Option<CheckpointRef>> {
+        match &self.pending {
+            Some(handle) if handle.is_finished() => self.wait(),
+            _ => Ok(None),
+        }
+    }
+
     /// Waits for the pending background write and returns its outcome; `Ok(None)` when
     /// none is pending (its outcome was already returned).
     pub fn wait(&mut self) -> Result<Option<CheckpointRef>> {

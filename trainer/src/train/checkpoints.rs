@@ -105,6 +105,23 @@ impl Trainer {
         self.barrier()
     }
 
+    /// Reports a background checkpoint once its write has finished, not when the next
+    /// one starts: the status shows what is on disk within a sync of its writing.
+    pub(super) fn report_finished_checkpoint(
+        &mut self,
+        checkpoints: &mut Checkpoints,
+        sinks: &mut Sinks,
+    ) -> Result<(), Error> {
+        if !self.rank0() {
+            return Ok(());
+        }
+        let step = self.progress.step;
+        match checkpoints.writer.finished().map_err(|e| self.failed(sinks, e.at_step(step)))? {
+            Some(done) => checkpoints.written(done, sinks),
+            None => Ok(()),
+        }
+    }
+
     /// Waits for a background checkpoint and writes the last step's (`last`), unless
     /// it is already written. A sharded optimizer's state (and fsdp's parameters) were
     /// gathered by every rank, whether rank 0 then writes them or already has; nobody

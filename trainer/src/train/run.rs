@@ -164,6 +164,7 @@ impl Trainer {
         if let Some(ranks) = self.clock.rank_timings.take() {
             sinks.emit(Event::Ranks(&ranks))?;
         }
+        self.report_finished_checkpoint(&mut lap.checkpoints, sinks)?;
         if due.eval {
             sinks.emit(Event::Phase(TrainerPhase::Evaluating))?;
             if let Some((v, per_source)) = self.whole_model(|t| t.evaluate())? {
