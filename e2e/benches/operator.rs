@@ -171,18 +171,7 @@ async fn jobset_peer(dir: &std::path::Path, shapes: &[Shape], nodes: usize, wind
     let watched = jobset::watch(cluster.client.clone());
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(cluster.client.clone(), RUNS_NS, &jobset::resource());
     let start = Instant::now();
-    futures::stream::iter(shapes.iter().map(|s| {
-        let api = api.clone();
-        async move {
-            let js: kube::api::DynamicObject = serde_json::from_value(jobset::manifest(s, RUNS_NS)).expect("a JobSet");
-            api.create(&PostParams::default(), &js)
-                .await
-                .map_err(|e| Error::Setup(format!("creating JobSet {}: {e}", s.name)))
-        }
-    }))
-    .buffer_unordered(32)
-    .try_collect::<Vec<_>>()
-    .await?;
+    create_all(&api, shapes, |s| jobset::manifest(s, RUNS_NS)).await?;
     let limit = Duration::from_secs(90 + shapes.len() as u64 / 5);
     watched
         .wait_fates(shapes, limit)
@@ -198,22 +187,34 @@ async fn jobset_peer(dir: &std::path::Path, shapes: &[Shape], nodes: usize, wind
     Ok(Peer { admission_s, settle_s, settled, usage, etcd_bytes })
 }
 
-/// Every run created, and how long until each run's status shows its fate.
-async fn admit(c: &Cluster, shapes: &[Shape], seen: &Seen) -> Result<Figures, Error> {
-    let api: Api<TrainingRun> = Api::namespaced(c.client.clone(), RUNS_NS);
-    let start = Instant::now();
+/// Creates each shape's object (`manifest`), 32 requests at a time.
+async fn create_all<K>(
+    api: &Api<K>,
+    shapes: &[Shape],
+    manifest: impl Fn(&Shape) -> serde_json::Value,
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     futures::stream::iter(shapes.iter().map(|s| {
-        let api = api.clone();
+        let object: K = serde_json::from_value(manifest(s)).expect("a manifest of its kind");
         async move {
-            let run: TrainingRun = serde_json::from_value(s.manifest(RUNS_NS)).expect("a TrainingRun");
-            api.create(&PostParams::default(), &run)
+            api.create(&PostParams::default(), &object)
                 .await
                 .map_err(|e| Error::Setup(format!("creating {}: {e}", s.name)))
         }
     }))
     .buffer_unordered(32)
     .try_collect::<Vec<_>>()
-    .await?;
+    .await
+    .map(drop)
+}
+
+/// Every run created, and how long until each run's status shows its fate.
+async fn admit(c: &Cluster, shapes: &[Shape], seen: &Seen) -> Result<Figures, Error> {
+    let api: Api<TrainingRun> = Api::namespaced(c.client.clone(), RUNS_NS);
+    let start = Instant::now();
+    create_all(&api, shapes, |s| s.manifest(RUNS_NS)).await?;
     eprintln!("operator bench: {} runs created in {:.1} s", shapes.len(), start.elapsed().as_secs_f64());
     let limit = Duration::from_secs(90 + shapes.len() as u64 / 5);
     let shown = seen.wait("every run's status shows its fate", limit, |runs| fates_shown(runs, shapes)).await;
