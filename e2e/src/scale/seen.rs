@@ -1,7 +1,8 @@
 //! The runs as a watch shows them: each run's phase, observed generation and attempt,
-//! and when its status last changed; waits wake on each event.
+//! and when its status last changed; on request, each run's Jobs too. Waits wake on
+//! each event.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,8 +10,10 @@ use crate::control_plane::Error;
 use crate::scale::cluster::RUNS_NS;
 use crds::TrainingRun;
 use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
+use operator::resources::RUN_LABEL;
 use tokio::sync::Notify;
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -24,6 +27,8 @@ pub struct RunState {
 struct Inner {
     runs: HashMap<String, RunState>,
     changed: HashMap<String, Instant>,
+    /// The names of each run's Jobs that exist now, by run.
+    jobs: BTreeMap<String, BTreeSet<String>>,
 }
 
 #[derive(Clone)]
@@ -61,6 +66,37 @@ pub fn start(client: kube::Client) -> Seen {
 }
 
 impl Seen {
+    /// Also watches the bench namespace's Jobs from now on, for [`Seen::wait_jobs`].
+    pub fn watch_jobs(&self, client: kube::Client) {
+        let feeding = self.clone();
+        let api: Api<Job> = Api::namespaced(client, RUNS_NS);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+            let mut listing = BTreeMap::new();
+            while let Some(event) = events.next().await {
+                let Ok(event) = event else { continue };
+                let mut inner = feeding.inner.lock().expect("the runs' lock");
+                match event {
+                    watcher::Event::Init => listing.clear(),
+                    watcher::Event::InitApply(job) => add_job(&mut listing, &job),
+                    watcher::Event::InitDone => inner.jobs = std::mem::take(&mut listing),
+                    watcher::Event::Apply(job) => add_job(&mut inner.jobs, &job),
+                    watcher::Event::Delete(job) => {
+                        let run = job.labels().get(RUN_LABEL).cloned().unwrap_or_default();
+                        if let Some(names) = inner.jobs.get_mut(&run) {
+                            names.remove(&job.name_any());
+                            if names.is_empty() {
+                                inner.jobs.remove(&run);
+                            }
+                        }
+                    }
+                }
+                drop(inner);
+                feeding.notify.notify_waiters();
+            }
+        });
+    }
+
     /// Waits until `check` of the runs is `Ok`, on each watch event, or fails after
     /// `limit` with the last state it described.
     pub async fn wait(
@@ -69,10 +105,30 @@ impl Seen {
         limit: Duration,
         check: impl Fn(&HashMap<String, RunState>) -> Result<(), String>,
     ) -> Result<(), Error> {
+        self.wait_on(what, limit, |inner| check(&inner.runs)).await
+    }
+
+    /// Waits until `check` of each run's Jobs (by run, from [`Seen::watch_jobs`]) is
+    /// `Ok`, as [`Seen::wait`] does.
+    pub async fn wait_jobs(
+        &self,
+        what: &str,
+        limit: Duration,
+        check: impl Fn(&BTreeMap<String, BTreeSet<String>>) -> Result<(), String>,
+    ) -> Result<(), Error> {
+        self.wait_on(what, limit, |inner| check(&inner.jobs)).await
+    }
+
+    async fn wait_on(
+        &self,
+        what: &str,
+        limit: Duration,
+        check: impl Fn(&Inner) -> Result<(), String>,
+    ) -> Result<(), Error> {
         let start = Instant::now();
         loop {
             let woken = self.notify.notified();
-            let state = match check(&self.inner.lock().expect("the runs' lock").runs) {
+            let state = match check(&self.inner.lock().expect("the runs' lock")) {
                 Ok(()) => return Ok(()),
                 Err(state) => state,
             };
@@ -94,4 +150,9 @@ impl Seen {
     pub fn when(&self, name: &str) -> Option<Instant> {
         self.inner.lock().expect("the runs' lock").changed.get(name).copied()
     }
+}
+
+fn add_job(jobs: &mut BTreeMap<String, BTreeSet<String>>, job: &Job) {
+    let run = job.labels().get(RUN_LABEL).cloned().unwrap_or_default();
+    jobs.entry(run).or_default().insert(job.name_any());
 }

@@ -6,7 +6,7 @@
 //! off and retries: no decision is lost, every run ends where its fate says (training,
 //! failed after exactly one restart, suspended), with one Job of its current attempt.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crds::TrainingRun;
@@ -14,7 +14,6 @@ use e2e::scale::cluster::{Cluster, OPERATOR_USER, RUNS_NS};
 use e2e::scale::load::{Fate, Shape};
 use e2e::scale::seen;
 use e2e::scale::stub::Stub;
-use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use kube::api::PostParams;
 
@@ -62,6 +61,7 @@ async fn a_busy_api_server_refuses_requests_and_no_decision_is_lost() {
         .operator(&workspace_binary("operator"), "operator-0", &env, &dir.join("operator.log"))
         .unwrap_or_else(|e| panic!("the operator: {e}"));
     let watched = seen::start(cluster.client.clone());
+    watched.watch_jobs(cluster.client.clone());
     let api: Api<TrainingRun> = Api::namespaced(cluster.client.clone(), RUNS_NS);
     let start = Instant::now();
     // At once: every create in flight together (the admin is exempt from the limits).
@@ -107,22 +107,22 @@ async fn a_busy_api_server_refuses_requests_and_no_decision_is_lost() {
     {
         assert_eq!(r.status.as_ref().map(|s| s.restarts), Some(1), "{:?}", r.status);
     }
-    let jobs: Vec<String> = Api::<Job>::namespaced(cluster.client.clone(), RUNS_NS)
-        .list(&Default::default())
+    // A run's status is written before its Job is applied, so the last Jobs may still be
+    // on their way (retried after a 429) when the last status shows.
+    let one_job_each = |jobs: &BTreeMap<String, BTreeSet<String>>| {
+        let off: Vec<String> = shapes
+            .iter()
+            .filter_map(|s| {
+                let attempt = if s.fate == Fate::Failing { 2 } else { 1 };
+                let want = BTreeSet::from([format!("{}-a{attempt}", s.name)]);
+                let has = jobs.get(&s.name).cloned().unwrap_or_default();
+                (has != want).then(|| format!("{}: {has:?}, not {want:?}", s.name))
+            })
+            .collect();
+        if off.is_empty() { Ok(()) } else { Err(format!("{} runs off: {off:?}", off.len())) }
+    };
+    watched
+        .wait_jobs("one Job of each run's current attempt", Duration::from_secs(180), one_job_each)
         .await
-        .expect("the Jobs")
-        .items
-        .into_iter()
-        .filter_map(|j| j.metadata.name)
-        .collect();
-    let mut by_run: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for j in jobs {
-        let run = j.rsplit_once("-a").map(|(r, _)| r.to_string()).unwrap_or_default();
-        by_run.entry(run).or_default().push(j);
-    }
-    for s in &shapes {
-        let attempt = if s.fate == Fate::Failing { 2 } else { 1 };
-        let want = vec![format!("{}-a{attempt}", s.name)];
-        assert_eq!(by_run.get(&s.name), Some(&want), "{}'s Jobs", s.name);
-    }
+        .unwrap_or_else(|e| panic!("{e}\nthe operator's log: {}", dir.join("operator.log").display()));
 }
