@@ -151,6 +151,11 @@ async fn bench(runs: usize, nodes: usize, window: Duration) -> Result<(), Error>
     Ok(())
 }
 
+/// How long the admission waits may go with no status changing, and at most: their
+/// length is a figure, so no other deadline bounds them.
+const STALL: Duration = Duration::from_secs(180);
+const ADMISSION_LIMIT: Duration = Duration::from_secs(3 * 3600);
+
 /// The peer's figures: JobSet's controller given the same shapes as JobSets.
 struct Peer {
     admission_s: f64,
@@ -172,9 +177,8 @@ async fn jobset_peer(dir: &std::path::Path, shapes: &[Shape], nodes: usize, wind
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(cluster.client.clone(), RUNS_NS, &jobset::resource());
     let start = Instant::now();
     create_all(&api, shapes, |s| jobset::manifest(s, RUNS_NS)).await?;
-    let limit = Duration::from_secs(90 + shapes.len() as u64 / 5);
     watched
-        .wait_fates(shapes, limit)
+        .wait_fates(shapes, STALL, ADMISSION_LIMIT)
         .await
         .map_err(|e| Error::Setup(format!("{e}\n--- jobset:\n{}", controller.daemon.log_tail(20))))?;
     let admission_s = start.elapsed().as_secs_f64();
@@ -216,8 +220,9 @@ async fn admit(c: &Cluster, shapes: &[Shape], seen: &Seen) -> Result<Figures, Er
     let start = Instant::now();
     create_all(&api, shapes, |s| s.manifest(RUNS_NS)).await?;
     eprintln!("operator bench: {} runs created in {:.1} s", shapes.len(), start.elapsed().as_secs_f64());
-    let limit = Duration::from_secs(90 + shapes.len() as u64 / 5);
-    let shown = seen.wait("every run's status shows its fate", limit, |runs| fates_shown(runs, shapes)).await;
+    let shown = seen
+        .wait_progressing("every run's status shows its fate", STALL, ADMISSION_LIMIT, |runs| fates_shown(runs, shapes))
+        .await;
     shown.map_err(|e| Error::Setup(format!("{e}\nthe first pending pods:\n{}", c.pending_pods())))?;
     let admission_s = start.elapsed().as_secs_f64();
     eprintln!("operator bench: every run's fate shown {admission_s:.1} s after the first was created");

@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::MANAGER;
-use crate::cache::{Caches, Expectations, Source};
+use crate::cache::{Caches, Expectations, Reading, Source};
 use crate::clock::Clock;
 use crate::events::Recorder;
 use crate::metrics::Metrics;
@@ -63,17 +64,23 @@ impl Context {
     }
 
     /// Where a reconcile of the run `uid` in `ns` reads: the caches when they are fresh
-    /// and show the run's last writes ([`crate::cache`]), else the API.
-    pub async fn source(&self, ns: &str, uid: &str) -> Source<'_> {
-        let caches = match self.caches.get() {
-            Some(c) if c.ready().await && self.expectations.met(c, ns, uid) => Some(c),
-            _ => None,
+    /// and show the run's last writes, nowhere yet (`None`: a store is about to show
+    /// one, so the reconcile is deferred), else the API ([`crate::cache`]).
+    pub async fn source(&self, ns: &str, uid: &str) -> Option<Source<'_>> {
+        let caches = self.caches.get();
+        let reading = match caches {
+            Some(c) if c.ready().await => self.expectations.reading(c, ns, uid, Instant::now()),
+            _ => Reading::Api,
         };
-        if caches.is_none() {
-            self.expectations.read_live(uid);
+        self.metrics.read_from(reading);
+        match reading {
+            Reading::Caches => Some(Source { caches, client: &self.client }),
+            Reading::Deferred => None,
+            Reading::Api => {
+                self.expectations.read_live(uid);
+                Some(Source { caches: None, client: &self.client })
+            }
         }
-        self.metrics.read_from(caches.is_some());
-        Source { caches, client: &self.client }
     }
 
     /// Emits an event about `obj`, best effort: a failure is logged.

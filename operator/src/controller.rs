@@ -18,7 +18,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::cache::{Cache, Caches};
+use crate::cache::{Cache, Caches, Trim};
 use crate::context::Context;
 use crate::dependents::Dependents;
 use crate::resources::{self, RUN_LABEL};
@@ -88,17 +88,6 @@ pub fn error_policy(run: Arc<TrainingRun>, err: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Drops from a cached run what no reconcile reads: `managedFields` and the
-/// client-side-apply annotation (a second copy of the spec) are most of a run's bytes,
-/// and the cache holds every run. Its status stays: reconciles plan on it.
-pub fn trim_for_cache(run: &mut TrainingRun) {
-    run.managed_fields_mut().clear();
-    run.annotations_mut().remove(LAST_APPLIED);
-}
-
-/// The annotation `kubectl apply` (client-side) and Argo CD write: the whole manifest again.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// Runs the controller until `shutdown` resolves. `namespace` limits it to one namespace.
 /// Every watch feeds a store of [`crate::cache`] before it triggers reconciles, which
 /// read those stores.
@@ -123,7 +112,7 @@ pub async fn run(
             }
             event
         })
-        .modify(trim_for_cache)
+        .modify(Trim::trim)
         .reflect(writer);
     let triggers = runs.track(run_events).applied_objects();
     let (jobs, job_events) = cached(api::<Job>(&client, &namespace), owned.clone());
@@ -190,53 +179,25 @@ where
     }
 }
 
-/// A watch of `api` feeding a store of its own (managed fields dropped: they are most of
-/// an object's bytes, and no reconcile reads them), and its objects as triggers.
+/// A watch of `api` feeding a store of its own, of objects trimmed to what reconciles
+/// read ([`Trim`]), and its objects as triggers.
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
 ) -> (Cache<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static)
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Trim
+        + Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
     let cache = Cache::new(store);
-    let events =
-        watcher(api, config).default_backoff().modify(|o: &mut K| o.meta_mut().managed_fields = None).reflect(writer);
+    let events = watcher(api, config).default_backoff().modify(K::trim).reflect(writer);
     let triggers = cache.track(events).applied_objects();
     (cache, triggers)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::MANAGER;
-    use crate::resources::testing::{GRPO_SPEC, run};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
-
-    #[test]
-    fn the_cache_keeps_what_reconciles_read() {
-        let mut r = run(GRPO_SPEC);
-        r.metadata.managed_fields =
-            Some(vec![ManagedFieldsEntry { manager: Some(MANAGER.into()), ..Default::default() }]);
-        r.metadata.annotations =
-            Some([(LAST_APPLIED.to_string(), "{...}".to_string()), ("team".to_string(), "nlp".to_string())].into());
-        r.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        r.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
-        r.metadata.resource_version = Some("42".into());
-        r.status = Some(crds::types::TrainingRunStatus { attempt: 3, ..Default::default() });
-        let spec = serde_json::to_value(&r.spec).unwrap();
-
-        trim_for_cache(&mut r);
-
-        assert!(r.managed_fields().is_empty());
-        assert_eq!(r.annotations().keys().collect::<Vec<_>>(), ["team"]);
-        assert_eq!(r.status.as_ref().map(|s| s.attempt), Some(3), "reconciles plan on the cached status");
-        assert_eq!(r.finalizers(), [FINALIZER]);
-        assert!(r.metadata.deletion_timestamp.is_some());
-        assert_eq!((r.name_any(), r.namespace(), r.uid()), ("llm".into(), Some("ml".into()), Some("0d5c-uid".into())));
-        assert_eq!(r.resource_version().as_deref(), Some("42"));
-        assert_eq!(serde_json::to_value(&r.spec).unwrap(), spec);
-        assert_eq!(r.spec.init_from.and_then(|i| i.training_run).as_deref(), Some("base"));
-    }
 }

@@ -313,7 +313,7 @@ impl Metrics {
             reads: IntCounterVec::new(
                 Opts::new(
                     "trainingrun_reconcile_reads_total",
-                    "Reconciles of TrainingRuns by where they read the run and its children: the watches' caches, or the API.",
+                    "Reconciles of TrainingRuns by where they read the run and its children: the watches' caches, the API, or nowhere yet (deferred until a store shows the operator's last write).",
                 ),
                 &["source"],
             )?,
@@ -332,9 +332,9 @@ impl Metrics {
         Ok(m)
     }
 
-    /// A reconcile read from the caches (`true`) or the API.
-    pub fn read_from(&self, cache: bool) {
-        self.reads.with_label_values(&[if cache { "cache" } else { "api" }]).inc();
+    /// Where a reconcile read: the caches, the API, or nowhere yet (deferred).
+    pub fn read_from(&self, reading: crate::cache::Reading) {
+        self.reads.with_label_values(&[reading.label()]).inc();
     }
 
     pub fn reconciled(&self, ok: bool, seconds: f64) {

@@ -117,11 +117,13 @@ pub fn shown(status: &Value) -> &'static str {
 #[derive(Clone)]
 pub struct Watched {
     shown: Arc<Mutex<HashMap<String, &'static str>>>,
+    /// When the watch last showed any JobSet's fate change.
+    last_change: Arc<Mutex<Option<Instant>>>,
     notify: Arc<Notify>,
 }
 
 pub fn watch(client: kube::Client) -> Watched {
-    let w = Watched { shown: Arc::default(), notify: Arc::new(Notify::new()) };
+    let w = Watched { shown: Arc::default(), last_change: Arc::default(), notify: Arc::new(Notify::new()) };
     let feeding = w.clone();
     let api: Api<DynamicObject> = Api::namespaced_with(client, RUNS_NS, &resource());
     tokio::spawn(async move {
@@ -130,7 +132,9 @@ pub fn watch(client: kube::Client) -> Watched {
             let Ok(js) = event else { continue };
             let name = js.metadata.name.clone().unwrap_or_default();
             let now = shown(&js.data["status"]);
-            feeding.shown.lock().expect("the JobSets' lock").insert(name, now);
+            if feeding.shown.lock().expect("the JobSets' lock").insert(name, now) != Some(now) {
+                *feeding.last_change.lock().expect("the JobSets' lock") = Some(Instant::now());
+            }
             feeding.notify.notify_waiters();
         }
     });
@@ -138,9 +142,10 @@ pub fn watch(client: kube::Client) -> Watched {
 }
 
 impl Watched {
-    /// Waits until every shape's JobSet shows its fate, on each watch event; after
-    /// `limit`, fails with how many of each fate show what.
-    pub async fn wait_fates(&self, shapes: &[Shape], limit: Duration) -> Result<(), Error> {
+    /// Waits until every shape's JobSet shows its fate, on each watch event; once no
+    /// fate has changed for `stall`, or after `limit`, fails with how many of each fate
+    /// show what.
+    pub async fn wait_fates(&self, shapes: &[Shape], stall: Duration, limit: Duration) -> Result<(), Error> {
         let start = Instant::now();
         loop {
             let woken = self.notify.notified();
@@ -158,11 +163,13 @@ impl Watched {
             if off.is_empty() {
                 return Ok(());
             }
-            if start.elapsed() >= limit {
+            let last = *self.last_change.lock().expect("the JobSets' lock");
+            let since_progress = last.filter(|t| *t > start).unwrap_or(start).elapsed();
+            if start.elapsed() >= limit || since_progress >= stall {
                 return Err(Error::NotReady {
                     what: "every JobSet's status showing its fate".into(),
                     waited: start.elapsed(),
-                    state: format!("not yet (fate, shown): count: {off:?}"),
+                    state: format!("not yet (fate, shown): count: {off:?}; no fate changed for {since_progress:?}"),
                 });
             }
             let _ = tokio::time::timeout(Duration::from_secs(5), woken).await;

@@ -29,6 +29,8 @@ struct Inner {
     changed: HashMap<String, Instant>,
     /// The names of each run's Jobs that exist now, by run.
     jobs: BTreeMap<String, BTreeSet<String>>,
+    /// When the watch last showed any run's status change.
+    last_change: Option<Instant>,
 }
 
 #[derive(Clone)]
@@ -56,6 +58,7 @@ pub fn start(client: kube::Client) -> Seen {
             let name = run.name_any();
             if inner.runs.get(&name) != Some(&state) {
                 inner.changed.insert(name.clone(), Instant::now());
+                inner.last_change = Some(Instant::now());
                 inner.runs.insert(name, state);
             }
             drop(inner);
@@ -105,7 +108,20 @@ impl Seen {
         limit: Duration,
         check: impl Fn(&HashMap<String, RunState>) -> Result<(), String>,
     ) -> Result<(), Error> {
-        self.wait_on(what, limit, |inner| check(&inner.runs)).await
+        self.wait_on(what, limit, None, |inner| check(&inner.runs)).await
+    }
+
+    /// [`Seen::wait`] for as long as the runs' statuses keep changing: fails once none
+    /// has changed for `stall`, or after `limit` whatever they do. For a wait whose
+    /// length is what is measured.
+    pub async fn wait_progressing(
+        &self,
+        what: &str,
+        stall: Duration,
+        limit: Duration,
+        check: impl Fn(&HashMap<String, RunState>) -> Result<(), String>,
+    ) -> Result<(), Error> {
+        self.wait_on(what, limit, Some(stall), |inner| check(&inner.runs)).await
     }
 
     /// Waits until `check` of each run's Jobs (by run, from [`Seen::watch_jobs`]) is
@@ -116,29 +132,34 @@ impl Seen {
         limit: Duration,
         check: impl Fn(&BTreeMap<String, BTreeSet<String>>) -> Result<(), String>,
     ) -> Result<(), Error> {
-        self.wait_on(what, limit, |inner| check(&inner.jobs)).await
+        self.wait_on(what, limit, None, |inner| check(&inner.jobs)).await
     }
 
     async fn wait_on(
         &self,
         what: &str,
         limit: Duration,
+        stall: Option<Duration>,
         check: impl Fn(&Inner) -> Result<(), String>,
     ) -> Result<(), Error> {
         let start = Instant::now();
         loop {
             let woken = self.notify.notified();
-            let state = match check(&self.inner.lock().expect("the runs' lock")) {
-                Ok(()) => return Ok(()),
-                Err(state) => state,
+            let (state, last_change) = {
+                let inner = self.inner.lock().expect("the runs' lock");
+                match check(&inner) {
+                    Ok(()) => return Ok(()),
+                    Err(state) => (state, inner.last_change),
+                }
             };
-            let left = limit.saturating_sub(start.elapsed());
-            if left.is_zero()
-                || tokio::time::timeout(left.min(Duration::from_secs(5)), woken).await.is_err()
-                    && start.elapsed() >= limit
-            {
+            let since_progress = last_change.filter(|t| *t > start).unwrap_or(start).elapsed();
+            let stalled = stall.is_some_and(|s| since_progress >= s);
+            if start.elapsed() >= limit || stalled {
+                let state = if stalled { format!("{state} (no status changed for {since_progress:?})") } else { state };
                 return Err(Error::NotReady { what: what.to_string(), waited: start.elapsed(), state });
             }
+            let left = limit.saturating_sub(start.elapsed());
+            let _ = tokio::time::timeout(left.min(Duration::from_secs(5)), woken).await;
         }
     }
 

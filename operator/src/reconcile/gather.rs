@@ -26,12 +26,23 @@ use crate::resources::{self, QueuedWorkload, applied_hash, workload};
 use crate::status::is_terminal;
 use crate::{Error, Verb};
 
-/// What one reconcile of `cached` at `now` reads; `None` once the run is gone.
-pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Result<Option<Observed>, Error> {
+/// What one reconcile reads.
+pub enum Gathered {
+    Observed(Box<Observed>),
+    /// The run is gone.
+    Gone,
+    /// A store has yet to show one of the operator's writes of the run.
+    Deferred,
+}
+
+/// What one reconcile of `cached` at `now` reads.
+pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Result<Gathered, Error> {
     let (ns, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
-    let source = ctx.source(&ns, &cached.uid().unwrap_or_default()).await;
+    let Some(source) = ctx.source(&ns, &cached.uid().unwrap_or_default()).await else {
+        return Ok(Gathered::Deferred);
+    };
     let Some(live) = get::<TrainingRun>(&source, &ns, &name).await? else {
-        return Ok(None);
+        return Ok(Gathered::Gone);
     };
     let (run, datasets) = datasets(&source, live).await?;
     let accepted = if reads_accepted(&run) { read_accepted(&source, &run).await? } else { Accepted::default() };
@@ -43,7 +54,7 @@ pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Resu
         Admission::Admitted { cfg, .. } if !is_terminal(&o.run.status.clone().unwrap_or_default()) => {
             cfg.as_ref().clone()
         }
-        _ => return Ok(Some(o)),
+        _ => return Ok(Gathered::Observed(Box::new(o))),
     };
     o.service_hash = live_hash::<Service>(&source, &ns, &resources::service_name(&name)).await?;
     if ctx.settings.network_policy.is_some() {
@@ -51,7 +62,7 @@ pub async fn gather(ctx: &Context, cached: &TrainingRun, now: Timestamp) -> Resu
     }
     o.attempts = attempts(&source, &o.run, &cfg).await?;
     poll(ctx, &mut o, &cfg, now).await;
-    Ok(Some(o))
+    Ok(Gathered::Observed(Box::new(o)))
 }
 
 /// The run with its TrainingDatasets' URIs in place, and whether it waits for them. A

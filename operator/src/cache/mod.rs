@@ -4,10 +4,12 @@
 //! that a run's next reconcile must see ([`Expectations`]).
 //!
 //! A reconcile reads the caches only when every store is fresh and shows the run's last
-//! writes; otherwise it reads the API, as it would with no cache. So a watch that is
-//! re-listing after an outage, a new leader whose stores are still listing, or a store
-//! that lags the status just written never feed a decision stale objects of the
-//! operator's own making.
+//! writes. A store that lags a write (the watch's event is on its way) defers the
+//! reconcile until it shows it, and the API is read only where one lags by more than
+//! [`STORE_LAG_LIMIT`]; a watch that is re-listing after an outage, or a new leader whose
+//! stores are still listing, reads the API, as it would with no cache. So no decision is
+//! fed stale objects of the operator's own making, and a busy API server is not asked
+//! again for what its watches are about to deliver.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -28,6 +30,11 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::resources::RUN_LABEL;
+
+mod expectations;
+mod trim;
+pub use expectations::{Expectations, Expected, Kind, Reading, STORE_LAG_LIMIT};
+pub use trim::{LAST_APPLIED, Trim};
 
 /// One kind's store, and whether it may be read.
 #[derive(Clone)]
@@ -146,7 +153,7 @@ impl Caches {
     }
 
     /// Whether `expected` shows in the stores.
-    fn shows(&self, ns: &str, expected: &Expected) -> bool {
+    pub(super) fn shows(&self, ns: &str, expected: &Expected) -> bool {
         match expected {
             Expected::Live => false,
             Expected::Written { kind, name, version } => {
@@ -170,88 +177,6 @@ impl Caches {
             },
         }
     }
-}
-
-/// The kinds the operator writes that a reconcile reads back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Run,
-    Job,
-    Pod,
-    ConfigMap,
-    Claim,
-    Service,
-    NetworkPolicy,
-}
-
-/// A write of the operator's that the next reconcile of its run must see.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Expected {
-    /// Written at `version` (the resourceVersion the API server answered).
-    Written { kind: Kind, name: String, version: u64 },
-    /// Deleted: gone from the store, or being deleted there.
-    Gone { kind: Kind, name: String },
-    /// The next reconcile reads the API (a write refused as planned on an older run,
-    /// or an answer without a resourceVersion).
-    Live,
-}
-
-impl Expected {
-    /// A write answered with `resource_version`.
-    pub fn written(kind: Kind, name: &str, resource_version: Option<&str>) -> Expected {
-        match resource_version.and_then(|rv| rv.parse::<u64>().ok()) {
-            Some(version) => Expected::Written { kind, name: name.to_string(), version },
-            None => Expected::Live,
-        }
-    }
-}
-
-/// The operator's writes of each run (by uid) that the stores have yet to show.
-#[derive(Default)]
-pub struct Expectations(Mutex<HashMap<String, Vec<Expected>>>);
-
-impl Expectations {
-    pub fn expect(&self, uid: &str, expected: Expected) {
-        let mut all = self.0.lock().expect("expectations lock");
-        let pending = all.entry(uid.to_string()).or_default();
-        // A later write of the same object supersedes the earlier one.
-        pending.retain(|e| !same_object(e, &expected));
-        pending.push(expected);
-    }
-
-    /// Whether the stores show every write of the run `uid` in `ns`; those they show
-    /// are forgotten.
-    pub fn met(&self, caches: &Caches, ns: &str, uid: &str) -> bool {
-        let mut all = self.0.lock().expect("expectations lock");
-        let Some(pending) = all.get_mut(uid) else { return true };
-        pending.retain(|e| !caches.shows(ns, e));
-        let met = pending.is_empty();
-        if met {
-            all.remove(uid);
-        }
-        met
-    }
-
-    /// After a reconcile that read the API: what it read is newer than any write
-    /// before it, but `Live` asked for exactly one such read.
-    pub fn read_live(&self, uid: &str) {
-        let mut all = self.0.lock().expect("expectations lock");
-        if let Some(pending) = all.get_mut(uid) {
-            pending.retain(|e| *e != Expected::Live);
-        }
-    }
-
-    pub fn forget(&self, uid: &str) {
-        self.0.lock().expect("expectations lock").remove(uid);
-    }
-}
-
-fn same_object(a: &Expected, b: &Expected) -> bool {
-    let key = |e: &Expected| match e {
-        Expected::Written { kind, name, .. } | Expected::Gone { kind, name } => Some((*kind, name.clone())),
-        Expected::Live => None,
-    };
-    key(a).is_some() && key(a) == key(b)
 }
 
 /// Where a reconcile reads: the caches (`caches`, where they hold the kind), or the API.
