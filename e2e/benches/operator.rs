@@ -125,6 +125,9 @@ async fn bench(runs: usize, nodes: usize, window: Duration) -> Result<(), Error>
         ("STATUS_POLL_INTERVAL", "10s".to_string()),
         ("STATUS_WRITE_INTERVAL", "10s".to_string()),
         ("CONCURRENCY", "32".to_string()),
+        // The held runs' pods wait for a pool no node has: past the default 10 minutes
+        // their status would change in the middle of the measurement.
+        ("PENDING_TIMEOUT", "3h".to_string()),
     ];
     let bin = operator_binary();
     let mut replicas: Vec<Replica> = (0..2)

@@ -11,10 +11,9 @@
 //! fed stale objects of the operator's own making, and a busy API server is not asked
 //! again for what its watches are about to deliver.
 
-use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crds::TrainingRun;
