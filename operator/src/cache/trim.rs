@@ -1,13 +1,13 @@
 //! What a store keeps of each object: what reconciles read, and nothing else. The
 //! stores hold every run and every child of every run, so at 10,000 runs the fields no
 //! reconcile reads are most of the operator's memory: `managedFields` on every kind, a
-//! Job's pod template, a pod's containers but the trainer's resources, a Service's
-//! spec, a ConfigMap's other keys.
+//! pod's containers but the trainer's resources, a Service's spec, a ConfigMap's other
+//! keys.
 
 use crds::TrainingRun;
 use crds::contract::CONFIG_KEY;
 use crds::types::TrainingDataset;
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Resource, ResourceExt};
@@ -69,19 +69,9 @@ impl Trim for ConfigMap {
     }
 }
 
-/// Its status, its labels and annotations, and whether it is suspended; not its pod
-/// template (the applied-hash stands for it).
-impl Trim for Job {
-    fn trim(&mut self) {
-        trim_meta(self);
-        self.spec = self.spec.take().map(|s| JobSpec {
-            suspend: s.suspend,
-            parallelism: s.parallelism,
-            completions: s.completions,
-            ..Default::default()
-        });
-    }
-}
+/// Whole but for managed fields: a suspension is applied whole from the live Job
+/// (`resources::suspension`: its pod template is immutable and may predate the spec).
+impl Trim for Job {}
 
 /// Its status, its node, and the trainer container's resources (an OOM names its
 /// memory limit).
@@ -155,26 +145,16 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_of_a_job_its_status_labels_hash_and_suspension_not_its_template() {
+    fn a_suspension_built_from_a_cached_job_keeps_its_pod_template() {
         let (mut job, ..) = built();
         job.metadata.managed_fields = managed();
-        job.spec.as_mut().unwrap().suspend = Some(true);
-        job.status = Some(k8s_openapi::api::batch::v1::JobStatus { failed: Some(1), ..Default::default() });
-        let (labels, parallelism) = (job.labels().clone(), job.spec.as_ref().unwrap().parallelism);
-        job.annotations_mut().insert(APPLIED_HASH.into(), "abc".into());
-        let before = serde_json::to_string(&job).unwrap().len();
+        let template = serde_json::to_value(&job.spec.as_ref().unwrap().template).unwrap();
 
         job.trim();
 
         assert!(job.managed_fields().is_empty());
-        assert_eq!(job.labels(), &labels);
-        assert_eq!(job.annotations().get(APPLIED_HASH).map(String::as_str), Some("abc"));
-        let spec = job.spec.as_ref().unwrap();
-        assert_eq!((spec.suspend, spec.parallelism), (Some(true), parallelism));
-        assert!(spec.template.spec.is_none(), "{:?}", spec.template);
-        assert_eq!(job.status.as_ref().and_then(|s| s.failed), Some(1));
-        let after = serde_json::to_string(&job).unwrap().len();
-        assert!(after * 3 < before, "a trimmed Job is {after} bytes of {before}");
+        let suspended = resources::suspension(&job, true, false);
+        assert_eq!(serde_json::to_value(&suspended.spec.unwrap().template).unwrap(), template);
     }
 
     #[test]
