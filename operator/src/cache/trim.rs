@@ -18,13 +18,10 @@ use crate::resources::CONTAINER;
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Drops what no reconcile reads from an object before its store keeps it.
-pub trait Trim: Resource {
+pub trait Trim: Resource + Sized {
+    /// By default: the managed fields and `kubectl apply`'s copy of the manifest.
     fn trim(&mut self) {
-        let meta = self.meta_mut();
-        meta.managed_fields = None;
-        if let Some(a) = meta.annotations.as_mut() {
-            a.remove(LAST_APPLIED);
-        }
+        trim_meta(self);
     }
 }
 
@@ -92,8 +89,11 @@ impl Trim for Pod {
 }
 
 fn trim_meta<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-    obj.annotations_mut().remove(LAST_APPLIED);
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
 }
 
 #[cfg(test)]
