@@ -10,7 +10,7 @@ use crds::types::TrainingDataset;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
 use crate::resources::CONTAINER;
 
@@ -106,6 +106,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+    use kube::ResourceExt;
 
     /// The children the builders make of [`GRPO_SPEC`]'s run.
     fn built() -> (Job, ConfigMap, Service) {
