@@ -11,7 +11,8 @@
 //!   status);
 //! - failover: the leader SIGKILLed; seconds until the other holds the Lease, and until
 //!   it has reconciled as many times as there are runs;
-//! - the leader's RSS and CPU, etcd's size per run;
+//! - the leader's RSS and CPU, etcd's size per run; what its stores hold by kind, whole
+//!   and trimmed (`scale::stores`, counted by this binary's allocator);
 //! - with `BENCH_PEER=jobset` (`make bench-operator` sets it), the peer: JobSet's
 //!   controller on a cluster of its own given the same shapes as JobSets
 //!   (`scale::jobset`), its time to show every fate, its requests once settled, its RSS
@@ -32,11 +33,15 @@ use e2e::scale::jobset;
 use e2e::scale::load::{self, Fate, Shape};
 use e2e::scale::measure::{self, AuditTail};
 use e2e::scale::seen::{self, Seen};
+use e2e::scale::stores::{self, KindBytes};
 use e2e::scale::stub::Stub;
 use futures::{StreamExt, TryStreamExt};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
+
+#[global_allocator]
+static ALLOCATOR: stores::Counting = stores::Counting;
 
 const RSS_GOAL_MIB: f64 = 256.0;
 const P99_GOAL_S: f64 = 1.0;
@@ -104,6 +109,17 @@ struct Figures {
     reconciled_again_s: f64,
     usage: measure::Usage,
     etcd_bytes: f64,
+    stores: Vec<KindBytes>,
+    /// Watch events the API server sent (to every watcher) by resource: during the
+    /// admission, and a second in a settled window.
+    watch_admission: BTreeMap<String, f64>,
+    watch_settled: BTreeMap<String, f64>,
+}
+
+/// The API server's watch events so far, by resource.
+async fn watch_events(c: &Cluster) -> Result<BTreeMap<String, f64>, Error> {
+    let text = measure::apiserver_metrics(&c.client).await?;
+    Ok(measure::metric_by(&text, "apiserver_watch_events_total", &["resource", "kind"]))
 }
 
 async fn bench(runs: usize, nodes: usize, window: Duration) -> Result<(), Error> {
@@ -134,13 +150,21 @@ async fn bench(runs: usize, nodes: usize, window: Duration) -> Result<(), Error>
         .map(|i| cluster.operator(&bin, &format!("operator-{i}"), &env, &dir.join(format!("operator-{i}.log"))))
         .collect::<Result<_, _>>()?;
     let seen = seen::start(cluster.client.clone());
+    let before = watch_events(&cluster).await?;
     let mut fig = admit(&cluster, &shapes, &seen).await?;
+    fig.watch_admission = measure::delta(&before, &watch_events(&cluster).await?);
     settle(&cluster, &stub, &shapes, &seen, window, &mut fig).await?;
+    let (before, from) = (watch_events(&cluster).await?, Instant::now());
+    quiet_window(&cluster, OPERATOR_USER, window).await?;
+    let seconds = from.elapsed().as_secs_f64();
+    fig.watch_settled =
+        measure::delta(&before, &watch_events(&cluster).await?).into_iter().map(|(k, n)| (k, n / seconds)).collect();
     let leader = leader(&cluster).await?;
     let at = replicas.iter().position(|r| r.name == leader).expect("the leader is a replica");
     fig.usage = measure::usage(replicas[at].child.id())?;
     let metrics = measure::apiserver_metrics(&cluster.client).await?;
     fig.etcd_bytes = measure::metric_sum(&metrics, "apiserver_storage_size_bytes");
+    fig.stores = stores::measure(&cluster.client, RUNS_NS).await?;
     churn(&cluster, &shapes, &seen, &mut fig).await?;
     failover(&cluster, &mut replicas, at, runs, &mut fig).await?;
     drop(replicas);
@@ -239,6 +263,9 @@ async fn admit(c: &Cluster, shapes: &[Shape], seen: &Seen) -> Result<Figures, Er
         reconciled_again_s: 0.0,
         usage: Default::default(),
         etcd_bytes: 0.0,
+        stores: Vec::new(),
+        watch_admission: BTreeMap::new(),
+        watch_settled: BTreeMap::new(),
     })
 }
 
@@ -415,6 +442,12 @@ fn report(runs: usize, nodes: usize, window: Duration, fig: &Figures, peer: Opti
         fig.usage.cpu_seconds
     );
     println!("  etcd in use per run                        {:>9.1} KB", fig.etcd_bytes / runs as f64 / 1e3);
+    report_stores(runs, &fig.stores);
+    println!("  watch events sent, every watcher: in the admission (a run) / a second settled");
+    for (k, n) in &fig.watch_admission {
+        let settled = fig.watch_settled.get(k).copied().unwrap_or(0.0);
+        println!("    {k:<40} {n:>9.0} ({:.2}) / {settled:.2}", n / runs as f64);
+    }
     let out = json!({
         "runs": runs, "nodes": nodes, "window_s": seconds,
         "admission_s": fig.admission_s, "settle_s": fig.settle_s,
@@ -425,9 +458,32 @@ fn report(runs: usize, nodes: usize, window: Duration, fig: &Figures, peer: Opti
         "failover_lease_s": fig.lease_s, "failover_reconciled_s": fig.reconciled_again_s,
         "peak_rss_mib": rss, "rss_goal_mib": RSS_GOAL_MIB, "cpu_s": fig.usage.cpu_seconds,
         "etcd_bytes_per_run": fig.etcd_bytes / runs as f64,
+        "watch_events_admission": fig.watch_admission, "watch_events_settled_per_s": fig.watch_settled,
+        "stores": fig.stores.iter().map(|k| json!({
+            "kind": k.kind, "objects": k.objects, "whole_bytes": k.whole, "trimmed_bytes": k.trimmed,
+        })).collect::<Vec<_>>(),
         "peer": peer.map(|p| report_peer(runs, seconds, fig, p)),
     });
     println!("BENCH_JSON {out}");
+}
+
+/// The stores' bytes a run by kind, as a plain reflector would hold them and as the
+/// operator's trimmed ones do.
+fn report_stores(runs: usize, kinds: &[KindBytes]) {
+    let per_run = |b: usize| b as f64 / runs as f64 / 1e3;
+    println!("  stores, KB a run (objects): whole → trimmed (trimmed / whole)");
+    for k in kinds {
+        let ratio = if k.whole > 0 { k.trimmed as f64 / k.whole as f64 } else { 0.0 };
+        println!(
+            "    {:<24} {:>7}  {:>7.2} → {:>6.2}  ({ratio:.2})",
+            k.kind,
+            k.objects,
+            per_run(k.whole),
+            per_run(k.trimmed)
+        );
+    }
+    let (whole, trimmed) = kinds.iter().fold((0, 0), |(w, t), k| (w + k.whole, t + k.trimmed));
+    println!("    {:<24} {:>7}  {:>7.2} → {:>6.2}", "all", "", per_run(whole), per_run(trimmed));
 }
 
 /// The peer's lines, each with ours over its; and its figures for `BENCH_JSON`.

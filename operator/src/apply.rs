@@ -1,4 +1,4 @@
-//! Server-side apply with one field manager, and deletion. Each child carries the hash
+//! Server-side apply with one field manager, merge patches under it, and deletion. Each child carries the hash
 //! of what was last applied to it ([`APPLIED_HASH`]), so a child whose desired state
 //! has not changed is not written at all.
 
@@ -61,6 +61,29 @@ where
         kind_of::<K>(),
         &ns,
         &name,
+    ))?;
+    Ok(written.resource_version())
+}
+
+/// A JSON merge patch of `name` under the operator's field manager, for a change of a
+/// few fields of an object whose others the operator must leave as they are. Returns
+/// the resourceVersion the API server answered with.
+pub async fn merge<K>(
+    api: &Api<K>,
+    namespace: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<Option<String>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+    let written = api.patch(name, &params, &Patch::Merge(patch)).await.map_err(Error::kube(
+        Verb::Patch,
+        kind_of::<K>(),
+        namespace,
+        name,
     ))?;
     Ok(written.resource_version())
 }

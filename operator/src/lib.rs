@@ -37,6 +37,8 @@ pub enum Verb {
     Apply,
     /// Server-side apply of a run's status.
     ApplyStatus,
+    /// A JSON merge patch of a few fields (a Job's suspension).
+    Patch,
     Delete,
 }
 
@@ -47,6 +49,7 @@ impl std::fmt::Display for Verb {
             Verb::List => "list",
             Verb::Apply => "apply",
             Verb::ApplyStatus => "apply status",
+            Verb::Patch => "patch",
             Verb::Delete => "delete",
         })
     }

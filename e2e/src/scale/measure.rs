@@ -99,6 +99,33 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A metric's samples summed by the value of the first of `labels` each carries
+/// (`apiserver_watch_events_total` names the resource `kind` before Kubernetes 1.34
+/// and `resource` since).
+pub fn metric_by(text: &str, name: &str, labels: &[&str]) -> BTreeMap<String, f64> {
+    let mut sums = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else { continue };
+        let Some((set, value)) = rest.rsplit_once("} ") else { continue };
+        let Ok(value) = value.trim().parse::<f64>() else { continue };
+        let label = |l: &str| {
+            set.split(',').find_map(|kv| kv.strip_prefix(l)?.strip_prefix("=\"")?.strip_suffix('"').map(str::to_string))
+        };
+        let key = labels.iter().find_map(|l| label(l)).unwrap_or_default();
+        *sums.entry(key).or_insert(0.0) += value;
+    }
+    sums
+}
+
+/// `after`'s values less `before`'s, by key.
+pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
 /// The API server's `/metrics`, as the admin.
 pub async fn apiserver_metrics(client: &kube::Client) -> Result<String, Error> {
     let request = http::Request::get("/metrics").body(Vec::new()).expect("a GET request");
@@ -130,6 +157,18 @@ mod tests {
     fn a_metric_sums_over_its_labels_and_not_over_longer_names() {
         let text = "# HELP x\nx{a=\"1\"} 2\nx{a=\"2\"} 3.5\nx_total 7\nx 1\n";
         assert_eq!(metric_sum(text, "x"), 6.5);
+    }
+
+    #[test]
+    fn a_metric_sums_by_the_first_label_it_carries() {
+        let text = "apiserver_watch_events_total{group=\"\",kind=\"Pod\",version=\"v1\"} 5\n\
+                    apiserver_watch_events_total{group=\"batch\",resource=\"jobs\",version=\"v1\"} 2\n\
+                    apiserver_watch_events_total{group=\"batch\",resource=\"jobs\",version=\"v2\"} 1\n\
+                    apiserver_watch_events_sizes_sum{kind=\"Pod\"} 900\n";
+        let by = metric_by(text, "apiserver_watch_events_total", &["resource", "kind"]);
+        assert_eq!(by, [("Pod".to_string(), 5.0), ("jobs".to_string(), 3.0)].into());
+        let later = [("Pod".to_string(), 9.0), ("jobs".to_string(), 3.0)].into();
+        assert_eq!(delta(&by, &later), [("Pod".to_string(), 4.0)].into());
     }
 
     #[test]

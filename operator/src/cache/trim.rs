@@ -1,14 +1,16 @@
 //! What a store keeps of each object: what reconciles read, and nothing else. The
 //! stores hold every run and every child of every run, so at 10,000 runs the fields no
 //! reconcile reads are most of the operator's memory: `managedFields` on every kind, a
-//! pod's containers but the trainer's resources, a Service's spec, a ConfigMap's other
-//! keys.
+//! Job's pod template, a pod's containers but the trainer's resources, a Service's
+//! spec, a ConfigMap's other keys.
 
 use crds::TrainingRun;
 use crds::contract::CONFIG_KEY;
 use crds::types::TrainingDataset;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, Pod, PodSpec, Service};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 
@@ -30,7 +32,15 @@ impl Trim for TrainingRun {}
 
 impl Trim for TrainingDataset {}
 
-impl Trim for PersistentVolumeClaim {}
+/// Its applied-hash and its access modes (which never change once it is created).
+impl Trim for PersistentVolumeClaim {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.spec =
+            self.spec.take().map(|s| PersistentVolumeClaimSpec { access_modes: s.access_modes, ..Default::default() });
+        self.status = None;
+    }
+}
 
 /// Its applied-hash is all a reconcile reads of it.
 impl Trim for NetworkPolicy {
@@ -66,9 +76,14 @@ impl Trim for ConfigMap {
     }
 }
 
-/// Whole but for managed fields: a suspension is applied whole from the live Job
-/// (`resources::suspension`: its pod template is immutable and may predate the spec).
-impl Trim for Job {}
+/// Its metadata, `spec.suspend` and status. A suspension patches the live Job
+/// (`resources::suspension`), so no reconcile reads its pod template.
+impl Trim for Job {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.spec = self.spec.take().map(|s| JobSpec { suspend: s.suspend, ..Default::default() });
+    }
+}
 
 /// Its status, its node, and the trainer container's resources (an OOM names its
 /// memory limit).
@@ -103,7 +118,8 @@ mod tests {
     use crate::controller::FINALIZER;
     use crate::resources::testing::{GRPO_SPEC, run};
     use crate::resources::{self, APPLIED_HASH, Inputs};
-    use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+    use k8s_openapi::api::batch::v1::JobStatus;
+    use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaimStatus, PodStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
     use kube::ResourceExt;
@@ -146,16 +162,25 @@ mod tests {
     }
 
     #[test]
-    fn a_suspension_built_from_a_cached_job_keeps_its_pod_template() {
+    fn the_cache_keeps_of_a_job_its_metadata_suspension_and_status_not_its_template() {
         let (mut job, ..) = built();
         job.metadata.managed_fields = managed();
-        let template = serde_json::to_value(&job.spec.as_ref().unwrap().template).unwrap();
+        job.annotations_mut().insert(APPLIED_HASH.into(), "h".into());
+        let spec = job.spec.as_mut().unwrap();
+        spec.suspend = Some(true);
+        job.status = Some(JobStatus { failed: Some(2), ..Default::default() });
+        let (labels, owners) = (job.labels().clone(), job.owner_references().to_vec());
+        assert!(!labels.is_empty() && !owners.is_empty());
 
         job.trim();
 
         assert!(job.managed_fields().is_empty());
-        let suspended = resources::suspension(&job, true, false);
-        assert_eq!(serde_json::to_value(&suspended.spec.unwrap().template).unwrap(), template);
+        assert_eq!((job.labels(), job.owner_references()), (&labels, &owners[..]));
+        assert_eq!(job.annotations().get(APPLIED_HASH).map(String::as_str), Some("h"));
+        assert_eq!(job.status.as_ref().and_then(|s| s.failed), Some(2));
+        let spec = job.spec.unwrap();
+        assert_eq!(spec.suspend, Some(true));
+        assert_eq!(spec.template, Default::default(), "no reconcile reads it: a suspension patches the live Job");
     }
 
     #[test]
@@ -212,5 +237,22 @@ mod tests {
         svc.trim();
         assert!(svc.spec.is_none());
         assert_eq!(svc.annotations().get(APPLIED_HASH).map(String::as_str), Some("h"));
+    }
+
+    #[test]
+    fn the_cache_keeps_of_a_claim_its_hash_and_access_modes() {
+        let r = run(GRPO_SPEC);
+        let cfg = crds::resolve(&r).unwrap_or_else(|e| panic!("{e}"));
+        let mut pvc = resources::pvc(&Inputs { run: &r, cfg: &cfg, trainer_image: "registry/trainer:1" });
+        pvc.annotations_mut().insert(APPLIED_HASH.into(), "h".into());
+        pvc.status = Some(PersistentVolumeClaimStatus { phase: Some("Bound".into()), ..Default::default() });
+        let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
+        assert!(modes.as_ref().is_some_and(|m| !m.is_empty()));
+
+        pvc.trim();
+
+        assert_eq!(pvc.annotations().get(APPLIED_HASH).map(String::as_str), Some("h"));
+        let spec = pvc.spec.unwrap();
+        assert_eq!((spec.access_modes, spec.resources, pvc.status), (modes, None, None));
     }
 }

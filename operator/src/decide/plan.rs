@@ -55,8 +55,8 @@ pub enum Step {
     DeleteJob(String),
     /// A pod no live Job owns.
     DeletePod(String),
-    /// The current attempt's Job with `spec.suspend` set.
-    SuspendJob(Box<Job>),
+    /// The current attempt's Job's `spec.suspend`, merge-patched.
+    SuspendJob(resources::Suspension),
     /// `spec.active` of the current Job's Kueue Workload.
     ActivateWorkload { name: String, active: bool },
 }
@@ -157,7 +157,7 @@ fn acts(o: &Observed, inputs: &Inputs, d: &Decision) -> Vec<Step> {
     if let Some(suspend) = d.suspend_job
         && let Some(live) = live_job(&resources::job_name(&run.name_any(), d.status.attempt))
     {
-        steps.push(Step::SuspendJob(Box::new(resources::suspension(live, suspend, queued))));
+        steps.push(Step::SuspendJob(resources::suspension(&live.name_any(), suspend, queued)));
     }
     if let (Some(active), Some(w)) = (d.workload_active, &o.attempts.workload) {
         steps.push(Step::ActivateWorkload { name: w.name.clone(), active });

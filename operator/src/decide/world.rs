@@ -288,10 +288,12 @@ impl World {
                     self.o.attempts.pods.retain(|p| !p.owner_references().iter().any(|r| r.name == *name));
                 }
                 Step::DeletePod(name) => self.o.attempts.pods.retain(|p| p.name_any() != *name),
-                Step::SuspendJob(job) => {
-                    let mut written = (**job).clone();
-                    written.annotations_mut().insert(APPLIED_HASH.into(), hash_of(&**job));
-                    self.put_job(written);
+                Step::SuspendJob(s) => {
+                    // Merge-patched, as the API server patches it (RFC 7386).
+                    let live = self.o.attempts.jobs.iter_mut().find(|j| j.name_any() == s.job).expect("a live Job");
+                    let mut value = serde_json::to_value(&*live).expect("a Job serializes");
+                    json_patch::merge(&mut value, &s.patch());
+                    *live = serde_json::from_value(value).expect("a patched Job");
                 }
                 Step::ActivateWorkload { .. } => {}
             }

@@ -53,9 +53,10 @@ pub async fn execute(ctx: &Context, run: &TrainingRun, plan: &Plan) -> Result<Ac
                 apply::delete(&Api::<Pod>::namespaced(ctx.client.clone(), &ns), &ns, pod).await?;
                 expect(Expected::Gone { kind: Kind::Pod, name: pod.clone() });
             }
-            Step::SuspendJob(job) => {
-                let rv = apply::write(&Api::<Job>::namespaced(ctx.client.clone(), &ns), (**job).clone()).await?;
-                expect(Expected::written(Kind::Job, &job.name_any(), rv.as_deref()));
+            Step::SuspendJob(s) => {
+                let rv =
+                    apply::merge(&Api::<Job>::namespaced(ctx.client.clone(), &ns), &ns, &s.job, &s.patch()).await?;
+                expect(Expected::written(Kind::Job, &s.job, rv.as_deref()));
             }
             Step::ActivateWorkload { name, active } => {
                 let workloads =

@@ -333,40 +333,6 @@ pub fn failure_policy(container: &str, fatal: Vec<i32>) -> PodFailurePolicy {
     }
 }
 
-/// The live Job with its suspension changed, to apply whole. Suspending sets
-/// `spec.suspend` and the operator's mark; resuming takes the mark off and
-/// un-suspends the Job, except a queued one, which goes back to Kueue suspended for
-/// Kueue to admit again.
-///
-/// Built from the live Job rather than the run: the pod template is immutable and may
-/// predate a change of the spec or of the operator's settings. Applied whole because
-/// server-side apply removes the fields the operator's field manager applied before
-/// and omits now.
-pub fn suspension(live: &Job, suspend: bool, queued: bool) -> Job {
-    let m = &live.metadata;
-    let mut annotations = m.annotations.clone().unwrap_or_default();
-    annotations.remove(APPLIED_HASH);
-    if suspend {
-        annotations.insert(SUSPENDED_BY_OPERATOR.into(), "true".into());
-    } else {
-        annotations.remove(SUSPENDED_BY_OPERATOR);
-    }
-    let mut spec = live.spec.clone().unwrap_or_default();
-    spec.suspend = Some(suspend || queued);
-    Job {
-        metadata: ObjectMeta {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            labels: m.labels.clone(),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            owner_references: m.owner_references.clone(),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        status: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,53 +529,6 @@ mod tests {
             ("/init/base", Some(true)),
             "where the trainer reads <init-dir>/<run>"
         );
-    }
-
-    /// The Job as the API server returns it: server-set metadata, status, and a
-    /// template that no longer matches what the run would build now.
-    fn live(r: &TrainingRun, suspend: bool) -> Job {
-        let mut j = build_with(r, 1, suspend);
-        let m = &mut j.metadata;
-        m.uid = Some("job-uid".into());
-        m.resource_version = Some("42".into());
-        m.generation = Some(3);
-        m.annotations.get_or_insert_with(BTreeMap::new).insert(APPLIED_HASH.into(), "0123".into());
-        let spec = j.spec.as_mut().unwrap();
-        spec.template.spec.as_mut().unwrap().containers[0].image = Some("registry/trainer:0".into());
-        j.status = Some(Default::default());
-        j
-    }
-
-    #[test]
-    fn suspension_keeps_the_live_job_and_changes_only_its_suspension() {
-        let r = run(GPU_SPEC);
-        let running = live(&r, false);
-        let s = suspension(&running, true, false);
-        assert_eq!(s.spec.as_ref().unwrap().suspend, Some(true));
-        assert_eq!(s.metadata.annotations.clone().unwrap()[SUSPENDED_BY_OPERATOR], "true");
-        assert!(!s.metadata.annotations.clone().unwrap().contains_key(APPLIED_HASH));
-        assert_eq!((s.metadata.uid.as_deref(), s.metadata.resource_version.as_deref(), &s.status), (None, None, &None));
-        assert_eq!((s.metadata.name.as_deref(), s.metadata.namespace.as_deref()), (Some("llm-a1"), Some("ml")));
-        assert_eq!(s.metadata.labels, running.metadata.labels);
-        assert_eq!(s.metadata.owner_references, running.metadata.owner_references);
-        let mut spec = s.spec.clone().unwrap();
-        spec.suspend = running.spec.as_ref().unwrap().suspend;
-        assert_eq!(Some(spec), running.spec, "the live template, not the one the run builds now");
-
-        let resumed = suspension(&s, false, false);
-        assert_eq!(resumed.spec.unwrap().suspend, Some(false));
-        assert_eq!(resumed.metadata.annotations, None);
-    }
-
-    #[test]
-    fn a_queued_job_is_resumed_suspended_for_kueue() {
-        let r = run(&format!("{GPU_SPEC}  queueName: team-a\n  suspend: true\n"));
-        let suspended = live(&r, true);
-        let s = suspension(&suspended, false, true);
-        assert_eq!(s.spec.unwrap().suspend, Some(true));
-        assert_eq!(s.metadata.annotations, None);
-        assert_eq!(s.metadata.labels.unwrap()[QUEUE_LABEL], "team-a");
-        assert_eq!(suspension(&suspended, true, true).spec.unwrap().suspend, Some(true));
     }
 
     /// The chart's PodMonitor selects what this Job's pods carry: the run label, node

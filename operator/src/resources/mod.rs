@@ -7,12 +7,13 @@ mod meta;
 pub mod networkpolicy;
 pub mod pvc;
 pub mod service;
+mod suspension;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod workload;
 
 pub use configmap::configmap;
-pub use job::{job, suspension};
+pub use job::job;
 pub use meta::{
     APPLIED_HASH, ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, RUN_LABEL, SUSPENDED_BY_OPERATOR, applied_hash,
     configmap_name, hash_of, job_name, labels, owned_by, pvc_name, run_selector, service_name,
@@ -20,4 +21,5 @@ pub use meta::{
 pub use networkpolicy::network_policy;
 pub use pvc::{access_mode, pvc};
 pub use service::service;
+pub use suspension::{Suspension, suspension};
 pub use workload::QueuedWorkload;
