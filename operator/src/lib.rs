@@ -103,7 +103,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Kube { source, .. } if !matches!(source, kube::Error::Api(_)) => "ApiError",
-            Error::Kube { verb: Verb::Apply, .. } => "ApplyFailed",
+            Error::Kube { verb: Verb::Apply | Verb::Patch, .. } => "ApplyFailed",
             Error::Kube { verb: Verb::Delete, .. } => "DeleteFailed",
             Error::Kube { verb: Verb::ApplyStatus, .. } => "StatusUpdateFailed",
             Error::Kube { verb: Verb::Get | Verb::List, .. } => "ApiError",

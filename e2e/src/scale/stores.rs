@@ -98,7 +98,8 @@ where
         + Clone
         + serde::Serialize
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+        + std::fmt::Debug
+        + 'static,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let mut texts = Vec::new();
@@ -120,7 +121,7 @@ where
 /// The heap a reflector store of `texts` (objects as JSON) takes, each trimmed or not.
 fn store_bytes<K>(texts: &[Vec<u8>], trim: bool) -> usize
 where
-    K: Trim + kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned,
+    K: Trim + kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
 {
     let before = live();
     let (store, mut writer) = reflector::store::<K>();

@@ -22,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::meta::{
-    APPLIED_HASH, ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, SUSPENDED_BY_OPERATOR, configmap_name, job_name,
-    labels, pvc_name, service_name,
+    ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, SUSPENDED_BY_OPERATOR, configmap_name, job_name, labels, pvc_name,
+    service_name,
 };
 
 /// UID and GID of the trainer: the image's `USER` (trainer/Dockerfile, checked by
