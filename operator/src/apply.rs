@@ -1,6 +1,6 @@
-//! Server-side apply with one field manager, merge patches under it, and deletion. Each child carries the hash
-//! of what was last applied to it ([`APPLIED_HASH`]), so a child whose desired state
-//! has not changed is not written at all.
+//! Server-side apply with one field manager, merge patches under it, and deletion.
+//! Each child carries the hash of what was last applied to it ([`APPLIED_HASH`]), so a
+//! child whose desired state has not changed is not written at all.
 
 use std::fmt::Debug;
 

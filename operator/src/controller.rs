@@ -97,7 +97,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
+    let owned = watcher::Config::default().labels(&resources::owned_selector());
     let (runs_store, writer) = reflector::store();
     let runs = Cache::new(runs_store);
     // A run waiting on `initFrom.trainingRun` wakes when that run changes.

@@ -67,7 +67,7 @@ pub struct KindBytes {
 
 /// Each kind's store as the operator's selectors list it in `namespace`.
 pub async fn measure(client: &kube::Client, namespace: &str) -> Result<Vec<KindBytes>, Error> {
-    let owned = ListParams::default().labels("app.kubernetes.io/managed-by=trainingrun-operator");
+    let owned = ListParams::default().labels(&operator::resources::owned_selector());
     let pods = ListParams::default().labels(operator::resources::RUN_LABEL);
     let all = ListParams::default();
     let kinds = vec![

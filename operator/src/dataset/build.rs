@@ -36,7 +36,7 @@ pub fn labels(dataset: &str, step: PrepareStep, generation: i64) -> BTreeMap<Str
         ("app.kubernetes.io/name".into(), "trainingdataset".into()),
         ("app.kubernetes.io/instance".into(), dataset.into()),
         ("app.kubernetes.io/component".into(), format!("prepare-{}", step.as_str())),
-        ("app.kubernetes.io/managed-by".into(), crate::MANAGER.into()),
+        (crate::resources::MANAGED_BY.into(), crate::MANAGER.into()),
         (DATASET_LABEL.into(), dataset.into()),
         (STEP_LABEL.into(), step.as_str().into()),
         (GENERATION_LABEL.into(), generation.to_string()),

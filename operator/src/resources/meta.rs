@@ -77,13 +77,21 @@ pub fn job_name(run: &str, attempt: u32) -> String {
     format!("{run}-a{attempt}")
 }
 
+/// The label on every object the operator creates, with [`crate::MANAGER`] as its value.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// The label selector of every object the operator creates (its stores' watches).
+pub fn owned_selector() -> String {
+    format!("{MANAGED_BY}={}", crate::MANAGER)
+}
+
 /// Standard `app.kubernetes.io/*` labels plus the run label.
 pub fn labels(run: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "trainingrun".into()),
         ("app.kubernetes.io/instance".into(), run.into()),
         ("app.kubernetes.io/component".into(), component.into()),
-        ("app.kubernetes.io/managed-by".into(), crate::MANAGER.into()),
+        (MANAGED_BY.into(), crate::MANAGER.into()),
         (RUN_LABEL.into(), run.into()),
     ])
 }
