@@ -252,10 +252,12 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 extern "C" {
 
 // Rendezvous through a TCPStore (rank 0 hosts it at host:port) and create the Gloo
-// or NCCL backend. gloo_iface/gloo_host pick the Gloo transport device (interface
+// or NCCL backend. The store waits join_timeout_ms for every rank (and serves the
+// backend's own setup, Gloo's full mesh and NCCL's unique id, under that bound); each
+// collective then has timeout_ms. gloo_iface/gloo_host pick the Gloo transport device (interface
 // name, or hostname/address to bind); both empty: libtorch's default device.
-char* shim_pg_new(const char* backend, const char* host, int port, int rank, int world, int64_t timeout_ms,
-                  const char* gloo_iface, const char* gloo_host, int cuda_device, void** out) {
+char* shim_pg_new(const char* backend, const char* host, int port, int rank, int world, int64_t join_timeout_ms,
+                  int64_t timeout_ms, const char* gloo_iface, const char* gloo_host, int cuda_device, void** out) {
   return guarded([&] {
     *out = nullptr;
     TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " of world size ", world);
@@ -268,7 +270,7 @@ char* shim_pg_new(const char* backend, const char* host, int port, int rank, int
     so.isServer = rank == 0;
     so.numWorkers = static_cast<std::size_t>(world);
     so.waitWorkers = true;
-    so.timeout = g->timeout;
+    so.timeout = Ms(join_timeout_ms);
     g->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), so);
     std::string name(backend);
     if (name == "gloo") {

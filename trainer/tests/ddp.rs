@@ -130,7 +130,7 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backwards_of_a_tied_mod
     use crds::presets::{Arch, ModelConfig, preset};
     use tch::nn::VarStore;
     use tch::{Device, Kind};
-    use trainer::dist::{Backend, GlooDevice, GradReducer, GroupOptions, ProcessGroup};
+    use trainer::dist::{Backend, GlooDevice, GradReducer, GroupOptions, ProcessGroup, Timeouts};
     use trainer::model::Model;
 
     let mut cfg = ModelConfig::from(preset("nano").unwrap());
@@ -182,7 +182,7 @@ fn the_reducer_overlaps_the_chunked_and_the_checkpointed_backwards_of_a_tied_mod
                                 master_port: port,
                                 rank,
                                 world_size: 2,
-                                timeout: Duration::from_secs(60),
+                                timeouts: Timeouts::both(Duration::from_secs(60)),
                                 gloo_device: GlooDevice::Host("127.0.0.1".into()),
                                 cuda_device: 0,
                             })
@@ -245,6 +245,7 @@ fn a_rank_whose_world_size_disagrees_with_the_run_is_refused() {
 fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
     let mut cfg = config(&manifest_yaml(2, 4, 1024, "4K"));
     cfg.topology.collective_timeout_seconds = 2;
+    cfg.topology.rendezvous_timeout_seconds = 2;
     let dir = scratch("alone");
     let placement =
         Placement { rank: 1, local_rank: 0, world_size: 2, master_addr: "127.0.0.1".into(), master_port: free_port() };

@@ -10,6 +10,11 @@ use crate::types::{CheckpointRef, RunMetrics};
 
 /// Rendezvous (c10d TCPStore) port on rank 0.
 pub const RENDEZVOUS_PORT: u16 = 29500;
+/// The least time a rank waits at the rendezvous for the rest of its gang. A gang's
+/// pods start apart by however long their volumes take to mount and their images to
+/// pull, which a short `collectiveTimeout` (set so that a dead peer is noticed soon)
+/// must not turn into a restart; torchrun's join timeout plays the same part.
+pub const RENDEZVOUS_JOIN_FLOOR_SECONDS: u64 = 300;
 /// Rank 0's HTTP port: `/status`, `/metrics`, `/healthz`; every pod's, `/healthz` and
 /// [`LINK_PROBE_PATH`].
 pub const STATUS_PORT: u16 = 8080;

@@ -294,9 +294,11 @@ pub struct Topology {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = bounds::SHORT))]
     pub gpu_memory: Option<String>,
-    /// How long rendezvous and each collective may take before the ranks give up
-    /// with reason CollectiveTimeout (a retriable failure), e.g. "10m". A rank that
-    /// dies makes the others fail within this time.
+    /// How long each collective may take before the ranks give up with reason
+    /// CollectiveTimeout (a retriable failure), e.g. "10m". A rank that dies makes the
+    /// others fail within this time. The rendezvous at the start of each attempt waits
+    /// for the whole gang this long, and never less than 5m, so that pods that start
+    /// apart are not a failure.
     #[serde(default = "default_collective_timeout")]
     #[schemars(length(max = bounds::SHORT))]
     pub collective_timeout: String,

@@ -62,7 +62,9 @@ fn p(path: &Path) -> String {
 /// containerd 2.x (config version 3). `restrict_oom_score_adj`: this machine refuses a
 /// process that lowers its OOM score, and every sandbox would fail without it. Network
 /// namespaces and runc's state live under this node's own directories, so that the
-/// nodes of one machine never share them.
+/// nodes of one machine never share them. NRI is off: no node here runs an NRI plugin,
+/// and its one socket, `/var/run/nri/nri.sock`, would be shared by every containerd on
+/// the machine, so two nodes starting at once race to bind it.
 pub fn containerd(f: &NodeFacts) -> String {
     let state = f.dir.join("containerd-state");
     format!(
@@ -73,6 +75,8 @@ state = "{state}"
   address = "{socket}"
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -280,6 +284,19 @@ mod tests {
             "conf_dir = \"/c/nodes/node-1/cni\"",
         ] {
             assert!(text.contains(want), "{want} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn containerd_binds_no_socket_outside_the_node() {
+        let text = containerd(&facts());
+        assert!(
+            text.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n"),
+            "NRI's machine-wide socket is not switched off in:\n{text}"
+        );
+        let addresses: Vec<&str> = text.lines().filter(|l| l.contains("address") || l.contains("socket")).collect();
+        for line in &addresses {
+            assert!(!line.contains("/run/"), "{line} is outside the node's directories");
         }
     }
 

@@ -399,7 +399,7 @@ fn data_parallel(device: Device, params: &[Tensor]) -> Result<(Arc<ProcessGroup>
         master_port: crate::dist::free_port()?,
         rank: 0,
         world_size: 1,
-        timeout: std::time::Duration::from_secs(300),
+        timeouts: crate::dist::Timeouts::both(std::time::Duration::from_secs(300)),
         gloo_device: GlooDevice::Host("127.0.0.1".into()),
         cuda_device: device_index(device),
     })?);

@@ -26,6 +26,7 @@ mod raw {
             port: c_int,
             rank: c_int,
             world: c_int,
+            join_timeout_ms: i64,
             timeout_ms: i64,
             gloo_iface: *const c_char,
             gloo_host: *const c_char,
@@ -86,6 +87,22 @@ pub enum GlooDevice {
     Host(String),
 }
 
+/// How long a rank waits for its peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// At the rendezvous, for every rank to join.
+    pub rendezvous: Duration,
+    /// For each collective once joined.
+    pub collective: Duration,
+}
+
+impl Timeouts {
+    /// The same bound on the rendezvous and on every collective.
+    pub fn both(d: Duration) -> Timeouts {
+        Timeouts { rendezvous: d, collective: d }
+    }
+}
+
 /// Everything a rank needs to join the group.
 #[derive(Clone, Debug)]
 pub struct GroupOptions {
@@ -95,8 +112,7 @@ pub struct GroupOptions {
     pub master_port: u16,
     pub rank: u32,
     pub world_size: u32,
-    /// Rendezvous and every collective fail after this long.
-    pub timeout: Duration,
+    pub timeouts: Timeouts,
     pub gloo_device: GlooDevice,
     /// The CUDA device NCCL uses (the local rank).
     pub cuda_device: usize,
@@ -146,7 +162,7 @@ fn c_string(what: &str, s: &str) -> Result<CString, Error> {
 
 impl ProcessGroup {
     /// Rendezvous at `master_addr:master_port` and create the backend. Blocks until
-    /// every rank has joined or the timeout passes.
+    /// every rank has joined or the rendezvous timeout passes.
     pub fn new(o: &GroupOptions) -> Result<ProcessGroup, Error> {
         flight_recorder_off_unless_asked();
         let (iface, host) = match &o.gloo_device {
@@ -166,7 +182,8 @@ impl ProcessGroup {
                 c_int::from(o.master_port),
                 o.rank as c_int,
                 o.world_size as c_int,
-                o.timeout.as_millis() as i64,
+                o.timeouts.rendezvous.as_millis() as i64,
+                o.timeouts.collective.as_millis() as i64,
                 iface.as_ptr(),
                 host.as_ptr(),
                 o.cuda_device as c_int,
@@ -187,7 +204,7 @@ impl ProcessGroup {
             world_size: o.world_size,
             backend: o.backend,
             cuda_device: o.cuda_device,
-            timeout: o.timeout,
+            timeout: o.timeouts.collective,
         })
     }
 
@@ -372,9 +389,11 @@ impl Drop for Work<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tch::{Device, Kind, Tensor};
 
-    use super::ReduceOp;
+    use super::{Backend, GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Timeouts};
     use crate::Error;
     use crate::dist::loopback::{gloo, on_ranks};
 
@@ -456,6 +475,44 @@ mod tests {
             })
             .unwrap();
         }
+    }
+
+    /// A rank that arrives after the collective timeout but within the rendezvous
+    /// timeout joins; the collectives after it keep their own, shorter bound.
+    #[test]
+    fn a_late_rank_joins_within_the_rendezvous_timeout_not_the_collective_one() {
+        let (rendezvous, collective) = (Duration::from_secs(60), Duration::from_secs(1));
+        let late = collective * 3;
+        let (sum, missing, waited) = on_ranks(2, |rank, port| {
+            if rank == 1 {
+                std::thread::sleep(late);
+            }
+            let g = ProcessGroup::new(&GroupOptions {
+                backend: Backend::Gloo,
+                master_addr: "127.0.0.1".into(),
+                master_port: port,
+                rank,
+                world_size: 2,
+                timeouts: Timeouts { rendezvous, collective },
+                gloo_device: GlooDevice::Host("127.0.0.1".into()),
+                cuda_device: 0,
+            })?;
+            assert_eq!(g.timeout(), collective);
+            let t = Tensor::from_slice(&[f64::from(rank + 1)]);
+            g.allreduce(&t, ReduceOp::Sum)?.wait()?;
+            let sum = values(&t)[0];
+            if rank == 1 {
+                return Ok((sum, None, Duration::ZERO));
+            }
+            let started = std::time::Instant::now();
+            let alone = g.allreduce(&t, ReduceOp::Sum).and_then(|w| w.wait());
+            Ok::<_, Error>((sum, alone.err(), started.elapsed()))
+        })
+        .unwrap();
+        assert_eq!(sum, 3.0, "both ranks joined and reduced");
+        let missing = missing.expect("a collective the peer never joins fails");
+        assert!(matches!(missing, Error::Collective { .. }), "{missing}");
+        assert!(waited < rendezvous / 2, "the collective waited {waited:?}, not its own {collective:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Backend, GlooDevice, GroupOptions, ProcessGroup, free_port};
+use super::{Backend, GlooDevice, GroupOptions, ProcessGroup, Timeouts, free_port};
 use crate::Error;
 
 /// Runs `f(rank, port)` on `world` threads and returns rank 0's result.
@@ -32,7 +32,7 @@ pub fn gloo(rank: u32, world: u32, port: u16) -> Result<ProcessGroup, Error> {
         master_port: port,
         rank,
         world_size: world,
-        timeout: Duration::from_secs(120),
+        timeouts: Timeouts::both(Duration::from_secs(120)),
         gloo_device: GlooDevice::Host("127.0.0.1".into()),
         cuda_device: 0,
     })

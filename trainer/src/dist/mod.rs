@@ -11,12 +11,10 @@ pub mod loopback;
 pub mod reducer;
 pub mod shard;
 
-use std::time::Duration;
-
 use crds::contract::env;
 use tch::{Device, Kind, Tensor};
 
-pub use group::{Backend, GlooDevice, GroupOptions, ProcessGroup, ReduceOp};
+pub use group::{Backend, GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Timeouts};
 pub use reducer::{DEFAULT_BUCKET_CAP_BYTES, GradReducer};
 
 use crate::Error;
@@ -72,14 +70,14 @@ impl Placement {
     }
 
     /// Joins the process group of this placement.
-    pub fn join(&self, device: Device, timeout: Duration) -> Result<ProcessGroup, Error> {
+    pub fn join(&self, device: Device, timeouts: Timeouts) -> Result<ProcessGroup, Error> {
         ProcessGroup::new(&GroupOptions {
             backend: Backend::for_device(device),
             master_addr: self.master_addr.clone(),
             master_port: self.master_port,
             rank: self.rank,
             world_size: self.world_size,
-            timeout,
+            timeouts,
             gloo_device: GroupOptions::gloo_device_for(&self.master_addr),
             cuda_device: self.local_rank as usize,
         })

@@ -3,6 +3,7 @@
 //! the phase, and the gang's reducer and shards.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crds::config::{Device as RunDevice, RunConfig};
 use crds::types::{Attention, Parallelism};
@@ -23,7 +24,7 @@ use crate::data::sources;
 use crate::data::tokenizer::Tokenizer;
 use crate::dist::fsdp::ShardedParams;
 use crate::dist::reducer::BucketItem;
-use crate::dist::{self, GradReducer, Placement, ProcessGroup};
+use crate::dist::{self, GradReducer, Placement, ProcessGroup, Timeouts};
 use crate::grpo::step::Grpo;
 use crate::kernels::choice::KernelRequest;
 use crate::kernels::sdp;
@@ -82,8 +83,11 @@ fn device(wanted: RunDevice, local_rank: u32) -> Result<Device, Error> {
 }
 
 fn join(cfg: &RunConfig, p: &Placement, device: Device) -> Result<Arc<ProcessGroup>, Error> {
-    let timeout = std::time::Duration::from_secs(cfg.topology.collective_timeout_seconds);
-    let group = Arc::new(p.join(device, timeout)?);
+    let timeouts = Timeouts {
+        rendezvous: Duration::from_secs(cfg.topology.rendezvous_timeout_seconds),
+        collective: Duration::from_secs(cfg.topology.collective_timeout_seconds),
+    };
+    let group = Arc::new(p.join(device, timeouts)?);
     if p.rank == 0 {
         tracing::info!(
             "joined a {:?} group of {} ranks at {}:{}",
