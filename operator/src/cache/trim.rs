@@ -2,7 +2,8 @@
 //! stores hold every run and every child of every run, so at 10,000 runs the fields no
 //! reconcile reads are most of the operator's memory: `managedFields` on every kind, a
 //! Job's pod template, a pod's containers but the trainer's resources, a Service's
-//! spec, a ConfigMap's other keys.
+//! spec, a ConfigMap's other keys, and the labels and annotations of a child that are
+//! for people and other controllers.
 
 use crds::TrainingRun;
 use crds::contract::CONFIG_KEY;
@@ -14,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 
-use crate::resources::CONTAINER;
+use crate::resources::{COMPLETION_INDEX, CONTAINER, JOB_NAME_LABEL, KEY_PREFIX};
 
 /// The annotation `kubectl apply` (client-side) and Argo CD write: the whole manifest again.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -35,7 +36,7 @@ impl Trim for TrainingDataset {}
 /// Its applied-hash and its access modes (which never change once it is created).
 impl Trim for PersistentVolumeClaim {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.spec =
             self.spec.take().map(|s| PersistentVolumeClaimSpec { access_modes: s.access_modes, ..Default::default() });
         self.status = None;
@@ -45,7 +46,7 @@ impl Trim for PersistentVolumeClaim {
 /// Its applied-hash is all a reconcile reads of it.
 impl Trim for NetworkPolicy {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.spec = None;
     }
 }
@@ -53,7 +54,7 @@ impl Trim for NetworkPolicy {
 /// Its applied-hash is all a reconcile reads of it.
 impl Trim for Service {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.spec = None;
         self.status = None;
     }
@@ -63,7 +64,7 @@ impl Trim for Service {
 /// applied-hash.
 impl Trim for ConfigMap {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.binary_data = None;
         if let Some(data) = self.data.as_mut() {
             data.retain(|k, _| k == CONFIG_KEY);
@@ -80,7 +81,7 @@ impl Trim for ConfigMap {
 /// (`resources::suspension`), so no reconcile reads its pod template.
 impl Trim for Job {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.spec = self.spec.take().map(|s| JobSpec { suspend: s.suspend, ..Default::default() });
     }
 }
@@ -89,7 +90,7 @@ impl Trim for Job {
 /// memory limit).
 impl Trim for Pod {
     fn trim(&mut self) {
-        trim_meta(self);
+        trim_child_meta(self);
         self.spec = self.spec.take().map(|s| PodSpec {
             node_name: s.node_name,
             containers: s
@@ -100,6 +101,22 @@ impl Trim for Pod {
                 .collect(),
             ..Default::default()
         });
+    }
+}
+
+/// Of a child's labels and annotations, the keys reconciles read: the operator's own and
+/// the Job controller's completion index and Job name. The rest (the recommended
+/// `app.kubernetes.io/*` labels, the Job controller's uid labels, the volume
+/// controllers' annotations on a claim, Kueue's) are for people and other controllers.
+fn read_by_reconciles(key: &str) -> bool {
+    key.starts_with(KEY_PREFIX) || key == COMPLETION_INDEX || key == JOB_NAME_LABEL
+}
+
+fn trim_child_meta<K: Resource>(obj: &mut K) {
+    trim_meta(obj);
+    let meta = obj.meta_mut();
+    for keys in [&mut meta.labels, &mut meta.annotations].into_iter().flatten() {
+        keys.retain(|k, _| read_by_reconciles(k));
     }
 }
 
@@ -117,7 +134,7 @@ mod tests {
     use crate::MANAGER;
     use crate::controller::FINALIZER;
     use crate::resources::testing::{GRPO_SPEC, run};
-    use crate::resources::{self, APPLIED_HASH, Inputs};
+    use crate::resources::{self, APPLIED_HASH, ATTEMPT_LABEL, Inputs, RUN_LABEL};
     use k8s_openapi::api::batch::v1::JobStatus;
     use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaimStatus, PodStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -162,6 +179,16 @@ mod tests {
     }
 
     #[test]
+    fn every_key_of_the_operators_own_is_kept_of_a_child() {
+        for key in [RUN_LABEL, ATTEMPT_LABEL, APPLIED_HASH, resources::SUSPENDED_BY_OPERATOR] {
+            assert!(read_by_reconciles(key), "{key}");
+        }
+        for key in ["app.kubernetes.io/name", resources::MANAGED_BY, resources::QUEUE_LABEL, LAST_APPLIED] {
+            assert!(!read_by_reconciles(key), "{key}");
+        }
+    }
+
+    #[test]
     fn the_cache_keeps_of_a_job_its_metadata_suspension_and_status_not_its_template() {
         let (mut job, ..) = built();
         job.metadata.managed_fields = managed();
@@ -169,13 +196,17 @@ mod tests {
         let spec = job.spec.as_mut().unwrap();
         spec.suspend = Some(true);
         job.status = Some(JobStatus { failed: Some(2), ..Default::default() });
-        let (labels, owners) = (job.labels().clone(), job.owner_references().to_vec());
-        assert!(!labels.is_empty() && !owners.is_empty());
+        job.labels_mut().insert("batch.kubernetes.io/controller-uid".into(), "u".into());
+        let owners = job.owner_references().to_vec();
+        assert!(!owners.is_empty());
+        assert!(job.labels().contains_key("app.kubernetes.io/name"));
 
         job.trim();
 
         assert!(job.managed_fields().is_empty());
-        assert_eq!((job.labels(), job.owner_references()), (&labels, &owners[..]));
+        let labels: Vec<&str> = job.labels().keys().map(String::as_str).collect();
+        assert_eq!(labels, [ATTEMPT_LABEL, RUN_LABEL], "the labels reconciles read");
+        assert_eq!(job.owner_references(), &owners[..]);
         assert_eq!(job.annotations().get(APPLIED_HASH).map(String::as_str), Some("h"));
         assert_eq!(job.status.as_ref().and_then(|s| s.failed), Some(2));
         let spec = job.spec.unwrap();
@@ -196,6 +227,11 @@ mod tests {
             }),
         };
         pod.metadata.managed_fields = managed();
+        pod.annotations_mut().insert(COMPLETION_INDEX.into(), "1".into());
+        for (k, v) in [(COMPLETION_INDEX, "1"), (JOB_NAME_LABEL, "llm-a1"), ("batch.kubernetes.io/controller-uid", "u")]
+        {
+            pod.labels_mut().insert(k.into(), v.into());
+        }
         let trainer = pod.spec.as_mut().unwrap().containers.iter_mut().find(|c| c.name == CONTAINER).unwrap();
         trainer.resources.get_or_insert_default().limits =
             Some([("memory".to_string(), Quantity("8Gi".into()))].into());
@@ -215,6 +251,9 @@ mod tests {
         assert!(spec.volumes.is_none() && spec.init_containers.is_none());
         assert_eq!(pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(Vec::len), Some(1));
         assert!(pod.managed_fields().is_empty());
+        let labels: Vec<&str> = pod.labels().keys().map(String::as_str).collect();
+        assert_eq!(labels, [COMPLETION_INDEX, JOB_NAME_LABEL, ATTEMPT_LABEL, RUN_LABEL]);
+        assert_eq!(crate::failure::completion_index(&pod), Some(1), "a rank is still read from its pod");
     }
 
     #[test]
@@ -245,13 +284,19 @@ mod tests {
         let cfg = crds::resolve(&r).unwrap_or_else(|e| panic!("{e}"));
         let mut pvc = resources::pvc(&Inputs { run: &r, cfg: &cfg, trainer_image: "registry/trainer:1" });
         pvc.annotations_mut().insert(APPLIED_HASH.into(), "h".into());
+        pvc.annotations_mut().insert("volume.kubernetes.io/selected-node".into(), "gpu-7".into());
         pvc.status = Some(PersistentVolumeClaimStatus { phase: Some("Bound".into()), ..Default::default() });
         let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
         assert!(modes.as_ref().is_some_and(|m| !m.is_empty()));
 
         pvc.trim();
 
-        assert_eq!(pvc.annotations().get(APPLIED_HASH).map(String::as_str), Some("h"));
+        assert_eq!(
+            pvc.annotations().keys().collect::<Vec<_>>(),
+            [APPLIED_HASH],
+            "the volume controllers' are not read"
+        );
+        assert_eq!(pvc.labels().keys().collect::<Vec<_>>(), [RUN_LABEL]);
         let spec = pvc.spec.unwrap();
         assert_eq!((spec.access_modes, spec.resources, pvc.status), (modes, None, None));
     }

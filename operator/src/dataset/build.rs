@@ -200,6 +200,15 @@ mod tests {
     use super::*;
     use crate::dataset::validate::validate;
 
+    /// The operator's stores keep of a child only the keys of its own prefix (and the
+    /// Job controller's), so every label the dataset controller reads carries it.
+    #[test]
+    fn the_labels_read_back_carry_the_operators_prefix() {
+        for key in [DATASET_LABEL, STEP_LABEL, GENERATION_LABEL] {
+            assert!(key.starts_with(crate::resources::KEY_PREFIX), "{key}");
+        }
+    }
+
     fn dataset() -> TrainingDataset {
         let mut ds: TrainingDataset = serde_yaml_ng::from_str(
             "apiVersion: training.puretransformer.dev/v1alpha1\nkind: TrainingDataset\nmetadata: {name: web, namespace: ml, uid: u1, generation: 3}\n\

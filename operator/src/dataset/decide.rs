@@ -18,6 +18,7 @@ use super::build::{GENERATION_LABEL, job_name};
 use super::validate::Prepared;
 use crate::decide::Note;
 use crate::failure::completion_index;
+use crate::resources::JOB_NAME_LABEL;
 use crate::status::{self, Cond};
 
 /// What the observe step saw of a dataset's world.
@@ -270,7 +271,7 @@ fn last_failure(obs: &Observed, job: Option<&str>) -> Option<(String, String)> {
     let mut failed: Vec<(&Pod, &ContainerStateTerminated)> = obs
         .pods
         .iter()
-        .filter(|p| job.is_none_or(|j| p.labels().get("job-name").map(String::as_str) == Some(j)))
+        .filter(|p| job.is_none_or(|j| p.labels().get(JOB_NAME_LABEL).map(String::as_str) == Some(j)))
         .filter_map(|p| terminated(p).filter(|t| t.exit_code != 0).map(|t| (p, t)))
         .collect();
     failed.sort_by_key(|(_, t)| t.finished_at.as_ref().map(|f| f.0));
@@ -364,7 +365,7 @@ fn job_of<'a>(obs: &'a Observed, name: &str) -> Option<&'a Job> {
 }
 
 fn pods_of<'a>(obs: &'a Observed, job_name: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
-    obs.pods.iter().filter(move |p| p.labels().get("job-name").map(String::as_str) == Some(job_name))
+    obs.pods.iter().filter(move |p| p.labels().get(JOB_NAME_LABEL).map(String::as_str) == Some(job_name))
 }
 
 /// Pods of earlier generations not yet terminated: they may still write parts.

@@ -4,11 +4,11 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
-use crate::resources::CONTAINER;
+use crate::resources::{COMPLETION_INDEX, CONTAINER};
 
 /// Completion index of an Indexed Job's pod.
 pub fn completion_index(pod: &Pod) -> Option<u32> {
-    const KEY: &str = "batch.kubernetes.io/job-completion-index";
+    const KEY: &str = COMPLETION_INDEX;
     let m = &pod.metadata;
     m.annotations.as_ref().and_then(|a| a.get(KEY)).or_else(|| m.labels.as_ref().and_then(|l| l.get(KEY)))?.parse().ok()
 }

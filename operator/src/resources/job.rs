@@ -22,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::meta::{
-    ATTEMPT_LABEL, CONTAINER, Inputs, QUEUE_LABEL, SUSPENDED_BY_OPERATOR, configmap_name, job_name, labels, pvc_name,
-    service_name,
+    ATTEMPT_LABEL, COMPLETION_INDEX, CONTAINER, Inputs, QUEUE_LABEL, SUSPENDED_BY_OPERATOR, configmap_name, job_name,
+    labels, pvc_name, service_name,
 };
 
 /// UID and GID of the trainer: the image's `USER` (trainer/Dockerfile, checked by
@@ -74,7 +74,7 @@ pub fn environment(i: &Inputs) -> Vec<EnvVar> {
             name: env::NODE_RANK.into(),
             value_from: Some(EnvVarSource {
                 field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.annotations['batch.kubernetes.io/job-completion-index']".into(),
+                    field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -7,6 +7,12 @@ use crds::{RunConfig, TrainingRun};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
+/// The prefix of every label and annotation key of the operator's own.
+pub const KEY_PREFIX: &str = "training.puretransformer.dev/";
+/// The Job controller's mark of a pod's completion index (an annotation, and a label).
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// The Job controller's label naming a pod's Job.
+pub const JOB_NAME_LABEL: &str = "job-name";
 pub const RUN_LABEL: &str = "training.puretransformer.dev/run";
 pub const ATTEMPT_LABEL: &str = "training.puretransformer.dev/attempt";
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";

@@ -15,9 +15,9 @@ pub mod workload;
 pub use configmap::configmap;
 pub use job::job;
 pub use meta::{
-    APPLIED_HASH, ATTEMPT_LABEL, CONTAINER, Inputs, MANAGED_BY, QUEUE_LABEL, RUN_LABEL, SUSPENDED_BY_OPERATOR,
-    applied_hash, configmap_name, hash_of, job_name, labels, owned_by, owned_selector, pvc_name, run_selector,
-    service_name,
+    APPLIED_HASH, ATTEMPT_LABEL, COMPLETION_INDEX, CONTAINER, Inputs, JOB_NAME_LABEL, KEY_PREFIX, MANAGED_BY,
+    QUEUE_LABEL, RUN_LABEL, SUSPENDED_BY_OPERATOR, applied_hash, configmap_name, hash_of, job_name, labels, owned_by,
+    owned_selector, pvc_name, run_selector, service_name,
 };
 pub use networkpolicy::network_policy;
 pub use pvc::{access_mode, pvc};
