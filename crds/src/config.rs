@@ -117,12 +117,17 @@ pub struct ResolvedTopology {
     /// How long a collective may take.
     #[serde(default = "default_collective_timeout_seconds")]
     pub collective_timeout_seconds: u64,
-    /// How long a rank waits at the rendezvous for the rest of its gang.
-    #[serde(default = "default_collective_timeout_seconds")]
-    pub rendezvous_timeout_seconds: u64,
     /// `spec.topology.gpuMemory` in bytes: the run was planned to fit it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_bytes: Option<u64>,
+}
+
+impl ResolvedTopology {
+    /// How long a rank waits at the rendezvous for the rest of its gang: the collective
+    /// timeout, and never less than [`crate::contract::RENDEZVOUS_JOIN_FLOOR_SECONDS`].
+    pub fn rendezvous_timeout_seconds(&self) -> u64 {
+        self.collective_timeout_seconds.max(crate::contract::RENDEZVOUS_JOIN_FLOOR_SECONDS)
+    }
 }
 
 fn default_bucket_cap_mb() -> u32 {
@@ -368,7 +373,6 @@ impl RunConfig {
         // (pretraining; GRPO's check refuses a change, see the trainer's resume).
         c.topology.bucket_cap_mb = 0;
         c.topology.collective_timeout_seconds = 0;
-        c.topology.rendezvous_timeout_seconds = 0;
         c.topology.gpu_memory_bytes = None;
         (c.topology.nodes, c.topology.gpus_per_node, c.topology.procs_per_node, c.topology.world_size) = (0, 0, 0, 0);
         c.topology.display = String::new();

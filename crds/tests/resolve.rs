@@ -141,7 +141,6 @@ fn fingerprint_ignores_attempt_and_memory_knobs_but_not_training_facts() {
     let mut b = a.clone();
     b.attempt = 7;
     b.topology.collective_timeout_seconds = 60;
-    b.topology.rendezvous_timeout_seconds = 300;
     b.topology.bucket_cap_mb = 100;
     // The out-of-memory remedies: the same global batch in smaller pieces, recomputed.
     (b.batch.micro_batch, b.batch.grad_accum) = (a.batch.micro_batch / 2, a.batch.grad_accum * 2);
@@ -545,14 +544,14 @@ fn init_from_rules() {
 fn data_parallel_settings() {
     let cfg = ok(&run());
     assert_eq!((cfg.topology.bucket_cap_mb, cfg.topology.collective_timeout_seconds), (25, 600));
-    assert_eq!(cfg.topology.rendezvous_timeout_seconds, 600, "the rendezvous waits as long as a collective");
+    assert_eq!(cfg.topology.rendezvous_timeout_seconds(), 600, "the rendezvous waits as long as a collective");
     let mut r = run();
     r.spec.topology.collective_timeout = "90s".into();
     r.spec.topology.bucket_cap_mb = 100;
     let cfg = ok(&r);
     assert_eq!((cfg.topology.bucket_cap_mb, cfg.topology.collective_timeout_seconds), (100, 90));
     assert_eq!(
-        cfg.topology.rendezvous_timeout_seconds,
+        cfg.topology.rendezvous_timeout_seconds(),
         crds::contract::RENDEZVOUS_JOIN_FLOOR_SECONDS,
         "a short collective timeout does not shorten the wait for pods that start apart"
     );

@@ -252,9 +252,8 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 extern "C" {
 
 // Rendezvous through a TCPStore (rank 0 hosts it at host:port) and create the Gloo
-// or NCCL backend. The store waits join_timeout_ms for every rank (and serves the
-// backend's own setup, Gloo's full mesh and NCCL's unique id, under that bound); each
-// collective then has timeout_ms. gloo_iface/gloo_host pick the Gloo transport device (interface
+// or NCCL backend. The store waits join_timeout_ms for every rank; each collective
+// then has timeout_ms. gloo_iface/gloo_host pick the Gloo transport device (interface
 // name, or hostname/address to bind); both empty: libtorch's default device.
 char* shim_pg_new(const char* backend, const char* host, int port, int rank, int world, int64_t join_timeout_ms,
                   int64_t timeout_ms, const char* gloo_iface, const char* gloo_host, int cuda_device, void** out) {

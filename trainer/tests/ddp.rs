@@ -243,14 +243,13 @@ fn a_rank_whose_world_size_disagrees_with_the_run_is_refused() {
 
 #[test]
 fn a_rank_alone_fails_rendezvous_with_collective_timeout() {
-    let mut cfg = config(&manifest_yaml(2, 4, 1024, "4K"));
-    cfg.topology.collective_timeout_seconds = 2;
-    cfg.topology.rendezvous_timeout_seconds = 2;
-    let dir = scratch("alone");
+    // A run's rendezvous waits at least 5 minutes (`rendezvous_timeout_seconds`), so the
+    // placement joins with a short bound of its own.
     let placement =
         Placement { rank: 1, local_rank: 0, world_size: 2, master_addr: "127.0.0.1".into(), master_port: free_port() };
     let started = Instant::now();
-    let err = Trainer::new(&cfg, options(&dir, placement)).err().unwrap();
+    let timeouts = dist::Timeouts::both(Duration::from_secs(2));
+    let err = placement.join(tch::Device::Cpu, timeouts).err().unwrap();
     assert_eq!(err.reason(), Some(FailureReason::CollectiveTimeout), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
 }

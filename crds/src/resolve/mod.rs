@@ -268,7 +268,6 @@ fn resolve_topology(e: &mut Errors, spec: &TrainingRunSpec) -> Option<ResolvedTo
         display: format!("{}x{}", t.nodes, t.gpus_per_node),
         bucket_cap_mb: t.bucket_cap_mb,
         collective_timeout_seconds: timeout,
-        rendezvous_timeout_seconds: timeout.max(crate::contract::RENDEZVOUS_JOIN_FLOOR_SECONDS),
         gpu_memory_bytes,
     })
 }

@@ -8,9 +8,13 @@ use crate::resources::{COMPLETION_INDEX, CONTAINER};
 
 /// Completion index of an Indexed Job's pod.
 pub fn completion_index(pod: &Pod) -> Option<u32> {
-    const KEY: &str = COMPLETION_INDEX;
     let m = &pod.metadata;
-    m.annotations.as_ref().and_then(|a| a.get(KEY)).or_else(|| m.labels.as_ref().and_then(|l| l.get(KEY)))?.parse().ok()
+    m.annotations
+        .as_ref()
+        .and_then(|a| a.get(COMPLETION_INDEX))
+        .or_else(|| m.labels.as_ref().and_then(|l| l.get(COMPLETION_INDEX)))?
+        .parse()
+        .ok()
 }
 
 /// The pod's name (empty when it has none).

@@ -84,7 +84,7 @@ fn device(wanted: RunDevice, local_rank: u32) -> Result<Device, Error> {
 
 fn join(cfg: &RunConfig, p: &Placement, device: Device) -> Result<Arc<ProcessGroup>, Error> {
     let timeouts = Timeouts {
-        rendezvous: Duration::from_secs(cfg.topology.rendezvous_timeout_seconds),
+        rendezvous: Duration::from_secs(cfg.topology.rendezvous_timeout_seconds()),
         collective: Duration::from_secs(cfg.topology.collective_timeout_seconds),
     };
     let group = Arc::new(p.join(device, timeouts)?);
